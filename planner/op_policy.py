@@ -1,0 +1,287 @@
+"""Op-level SAC decisions: the exact save/recompute trade-off of one module.
+
+The SAC conventions (PyTorch's and xformers'):
+
+* view-like ops are always recomputed;
+* an in-place op shares the decision of the op whose output it mutates, and
+  one that mutates a module input (its own parent) is always saved;
+* random ops are all saved or all recomputed together (recomputing only some
+  would replay the RNG out of step), and all saved when ``force_store_random``.
+
+Ops tied by these rules form *groups*; each group is saved or recomputed as a
+whole. Choosing which free groups to save is a 0/1 knapsack (bytes kept vs.
+runtime not recomputed). We solve it exactly by building the full Pareto
+frontier with the Nemhauser-Ullmann list merge: every non-dominated
+(saved bytes, saved ms) pair, each with the save list that realizes it.
+No curve fitting, no solver tolerance.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from planner.stats import OpStats
+
+__all__ = ["OpGroups", "Frontier", "op_groups", "ops_from_torch", "module_frontier", "optimal_op_policy"]
+
+FREE, RECOMPUTE, SAVE = -1, 0, 1
+
+
+@dataclass(frozen=True)
+class OpGroups:
+    """Ops tied together by the SAC conventions."""
+
+    members: tuple[tuple[int, ...], ...]
+    group_bytes: np.ndarray  # int64 per group
+    group_ms: np.ndarray  # float64 per group
+    fixed: np.ndarray  # int8 per group: FREE, RECOMPUTE or SAVE
+    n_ops: int
+
+
+@dataclass(frozen=True)
+class Frontier:
+    """Every non-dominated (saved bytes, saved ms) decision of one module.
+
+    Points are sorted by ``saved_bytes`` ascending; ``saved_ms`` rises
+    strictly with it, so ``recompute_ms`` falls strictly.
+    """
+
+    saved_bytes: np.ndarray  # int64, includes ops that are always saved
+    saved_ms: np.ndarray  # float64
+    total_bytes: int
+    total_ms: float
+    _groups: OpGroups
+    _free: np.ndarray  # indices of free groups, in merge order
+    _steps: tuple[tuple[np.ndarray, np.ndarray], ...]  # per merge: (source index, took item)
+
+    def __len__(self) -> int:
+        return len(self.saved_bytes)
+
+    @property
+    def recompute_ms(self) -> np.ndarray:
+        return self.total_ms - self.saved_ms
+
+    def best_within(self, max_saved_bytes: float) -> int:
+        """Index of the point saving the most runtime within ``max_saved_bytes``; -1 if none."""
+        return int(np.searchsorted(self.saved_bytes, max_saved_bytes, side="right")) - 1
+
+    def save_list(self, k: int) -> list[int]:
+        """The per-op 0/1 save decisions realizing point ``k``."""
+        g = self._groups
+        group_save = np.where(g.fixed == SAVE, 1, 0).astype(np.int8)
+        idx = k
+        for step in range(len(self._steps) - 1, -1, -1):
+            src, took = self._steps[step]
+            if took[idx]:
+                group_save[self._free[step]] = 1
+            idx = int(src[idx])
+        out = [0] * g.n_ops
+        for gi, members in enumerate(g.members):
+            if group_save[gi]:
+                for op in members:
+                    out[op] = 1
+        return out
+
+
+def ops_from_torch(sac_stats: Any) -> tuple[list[OpStats], bool]:
+    """Convert PyTorch's ``SACStats`` (object or dict) to our op list and its ``force_store_random``."""
+    get = sac_stats.get if isinstance(sac_stats, Mapping) else lambda k, d=None: getattr(sac_stats, k, d)
+    names = list(get("func_names"))
+    runtimes = list(get("runtimes"))
+    memory = list(get("memory"))
+    n = len(names)
+    if len(runtimes) != n or len(memory) != n:
+        raise ValueError(
+            f"sac_stats lists disagree in length: func_names {n}, runtimes {len(runtimes)}, memory {len(memory)}"
+        )
+    views = set(_indices("view_like_ops", get("view_like_ops", []), n))
+    rands = set(_indices("rand_ops", get("rand_ops", []), n))
+    saved = set(_indices("saved_autograd_ops", get("saved_autograd_ops", []), n))
+    parent: dict[int, int] = {}
+    for k, pair in enumerate(get("inplace_ops", [])):
+        if len(pair) != 2:
+            raise ValueError(f"inplace_ops[{k}] {pair!r} is not an [op, parent] pair")
+        op, par = (int(x) for x in pair)
+        for what, v in (("op", op), ("parent", par)):
+            if not 0 <= v < n:
+                raise ValueError(f"inplace_ops[{k}] {what} {v} is out of range for {n} ops")
+        parent[op] = par
+    ops = [
+        OpStats(
+            name=str(names[i]),
+            runtime_ms=runtimes[i],
+            output_bytes=memory[i],
+            view_like=i in views,
+            random=i in rands,
+            inplace_parent=parent.get(i),
+            saved_by_autograd=i in saved,
+        )
+        for i in range(n)
+    ]
+    return ops, bool(get("force_store_random", False))
+
+
+def _indices(field: str, values: Sequence[int], n: int) -> list[int]:
+    out = []
+    for k, v in enumerate(values):
+        if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or not 0 <= v < n:
+            raise ValueError(f"{field}[{k}] {v!r} is out of range for {n} ops")
+        out.append(int(v))
+    return out
+
+
+def _coerce(op_stats: Any, force_store_random: bool | None) -> tuple[list[OpStats], bool]:
+    if isinstance(op_stats, Mapping) or hasattr(op_stats, "func_names"):
+        ops, fsr = ops_from_torch(op_stats)
+        return ops, fsr if force_store_random is None else force_store_random
+    ops = [op if isinstance(op, OpStats) else OpStats.model_validate(op) for op in op_stats]
+    return ops, bool(force_store_random)
+
+
+def op_groups(ops: Sequence[OpStats], force_store_random: bool = False) -> OpGroups:
+    """Tie ops into groups that share one decision; raise ValueError on contradictory rules."""
+    n = len(ops)
+    root = list(range(n))
+
+    def find(i: int) -> int:
+        while root[i] != i:
+            root[i] = root[root[i]]
+            i = root[i]
+        return i
+
+    def union(a: int, b: int) -> None:
+        ra, rb = find(a), find(b)
+        if ra != rb:
+            root[max(ra, rb)] = min(ra, rb)
+
+    for i, op in enumerate(ops):
+        if op.inplace_parent is not None and op.inplace_parent != i:
+            union(i, op.inplace_parent)
+    rand = [i for i, op in enumerate(ops) if op.random]
+    if not force_store_random:
+        for a, b in zip(rand, rand[1:]):
+            union(a, b)
+
+    gid: dict[int, int] = {}
+    members: list[list[int]] = []
+    for i in range(n):
+        r = find(i)
+        if r not in gid:
+            gid[r] = len(members)
+            members.append([])
+        members[gid[r]].append(i)
+
+    fixed = np.full(len(members), FREE, dtype=np.int8)
+    why: dict[int, str] = {}
+    for i, op in enumerate(ops):
+        g = gid[find(i)]
+        want, reason = None, ""
+        if op.view_like:
+            want, reason = RECOMPUTE, f"op {i} ({op.name}) is view-like, so recomputed"
+        elif op.inplace_parent == i:
+            want, reason = SAVE, f"op {i} ({op.name}) is in-place on a module input, so saved"
+        elif op.random and force_store_random:
+            want, reason = SAVE, f"op {i} ({op.name}) is random with force_store_random, so saved"
+        if want is None:
+            continue
+        if fixed[g] not in (FREE, want):
+            raise ValueError(f"contradictory SAC rules: {why[g]}, but {reason}, and both share one decision")
+        fixed[g], why[g] = want, reason
+
+    group_bytes = np.array([sum(ops[i].output_bytes for i in m) for m in members], dtype=np.int64)
+    group_ms = np.array([math.fsum(ops[i].runtime_ms for i in m) for m in members], dtype=np.float64)
+    return OpGroups(tuple(tuple(m) for m in members), group_bytes, group_ms, fixed, n)
+
+
+def module_frontier(op_stats: Any, force_store_random: bool | None = None) -> Frontier:
+    """The exact memory/recompute trade-off frontier of one module's ops.
+
+    ``op_stats`` is a list of :class:`OpStats` (or dicts of that shape), or a
+    PyTorch ``SACStats`` object or dict. Every valid decision is dominated by
+    (or equal to) a point of the result.
+    """
+    ops, fsr = _coerce(op_stats, force_store_random)
+    groups = op_groups(ops, fsr)
+    total_bytes = int(groups.group_bytes.sum())
+    total_ms = math.fsum(op.runtime_ms for op in ops)
+
+    always = groups.fixed == SAVE
+    base_bytes = int(groups.group_bytes[always].sum())
+    base_ms = float(groups.group_ms[always].sum())
+    free = groups.fixed == FREE
+    # Free groups costing no bytes are always worth saving; free groups saving
+    # no runtime are never worth saving. Only the rest are knapsack items.
+    zero_cost = free & (groups.group_bytes == 0)
+    base_ms += float(groups.group_ms[zero_cost].sum())
+    fixed = groups.fixed.copy()
+    fixed[zero_cost] = SAVE
+    fixed[free & (groups.group_bytes > 0) & (groups.group_ms <= 0)] = RECOMPUTE
+    groups = OpGroups(groups.members, groups.group_bytes, groups.group_ms, fixed, groups.n_ops)
+    items = np.flatnonzero(fixed == FREE)
+    # Big items first keeps the intermediate lists short.
+    items = items[np.lexsort((-groups.group_ms[items], -groups.group_bytes[items]))]
+
+    tol = 1e-12 * (abs(total_ms) + 1.0)
+    w = np.zeros(1, dtype=np.int64)
+    v = np.zeros(1, dtype=np.float64)
+    steps = []
+    for g in items:
+        gw, gv = groups.group_bytes[g], groups.group_ms[g]
+        cw = np.concatenate([w, w + gw])
+        cv = np.concatenate([v, v + gv])
+        src = np.concatenate([np.arange(len(w)), np.arange(len(w))])
+        took = np.concatenate([np.zeros(len(w), bool), np.ones(len(w), bool)])
+        order = np.lexsort((-cv, cw))
+        cw, cv, src, took = cw[order], cv[order], src[order], took[order]
+        best_before = np.maximum.accumulate(cv)
+        keep = np.ones(len(cv), bool)
+        keep[1:] = cv[1:] > best_before[:-1] + tol
+        w, v = cw[keep], cv[keep]
+        steps.append((src[keep], took[keep]))
+    return Frontier(
+        saved_bytes=w + base_bytes,
+        saved_ms=v + base_ms,
+        total_bytes=total_bytes,
+        total_ms=total_ms,
+        _groups=groups,
+        _free=items,
+        _steps=tuple(steps),
+    )
+
+
+def optimal_op_policy(op_stats: Any, memory_budget: float, *, force_store_random: bool | None = None) -> list[int]:
+    """Save (1) / recompute (0) per op, saving the most runtime within the budget.
+
+    Parameters
+    ----------
+    op_stats
+        One module's ops: a list of :class:`OpStats` (or dicts of that shape),
+        or PyTorch's ``SACStats`` (object or dict).
+    memory_budget
+        Fraction in [0, 1] of the module's total op output bytes that may be
+        kept: saved bytes <= ``ceil(memory_budget * total)``.
+    force_store_random
+        Overrides the flag carried by a ``SACStats``; default False for op lists.
+
+    Raises
+    ------
+    ValueError
+        If ``memory_budget`` is outside [0, 1], the ops contradict the SAC
+        rules, or the ops that must be saved alone exceed the budget.
+    """
+    if not isinstance(memory_budget, (int, float)) or not 0 <= memory_budget <= 1:
+        raise ValueError(f"memory_budget must be a fraction in [0, 1], got {memory_budget!r}")
+    frontier = module_frontier(op_stats, force_store_random)
+    cap = math.ceil(memory_budget * frontier.total_bytes)
+    k = frontier.best_within(cap)
+    if k < 0:
+        raise ValueError(
+            f"memory_budget {memory_budget!r} allows {cap} bytes but the ops that must be saved "
+            f"take {int(frontier.saved_bytes[0])} bytes"
+        )
+    return frontier.save_list(k)

@@ -1,0 +1,220 @@
+"""Stats format v1: what a collector measured about one training step.
+
+One document per collected model. The planner, the service and the collector
+all use these models; nothing else defines the format.
+
+Units live in the names: ``*_bytes`` are bytes, ``*_ms`` are milliseconds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+
+__all__ = [
+    "STATS_FORMAT",
+    "Bytes",
+    "Millis",
+    "OpStats",
+    "ModuleStats",
+    "StatsMetadata",
+    "Stats",
+    "stats_hash",
+]
+
+STATS_FORMAT = "sacplan.stats/v1"
+
+# 2**62 keeps every byte count (and sums of a few thousand of them) inside a
+# signed 64-bit database integer.
+MAX_BYTES = 2**62
+
+Bytes = Annotated[int, Field(ge=0, le=MAX_BYTES, strict=False)]
+Millis = Annotated[float, Field(ge=0.0, le=1e12, allow_inf_nan=False)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+
+class OpStats(_Strict):
+    """One ATen op run in a module's forward pass, as SAC sees it."""
+
+    name: str = Field(min_length=1, max_length=512, examples=["aten.mm"])
+    runtime_ms: Millis = Field(description="Estimated or measured runtime of the op.")
+    output_bytes: Bytes = Field(description="Bytes of the op's outputs that SAC would keep if the op is saved.")
+    view_like: bool = Field(False, description="Output aliases an input: always recomputed.")
+    random: bool = Field(False, description="Op draws random numbers (dropout): random ops are saved or recomputed together.")
+    inplace_parent: int | None = Field(
+        None,
+        ge=0,
+        description="For an in-place op, the index of the op that produced the tensor it mutates "
+        "(its own index when it mutates a module input: then it is always saved).",
+    )
+    saved_by_autograd: bool = Field(False, description="Autograd saves this op's output for backward.")
+
+
+class ModuleStats(_Strict):
+    """Memory and time figures of one module (``nn.Module`` instance) in the step."""
+
+    fqn: str = Field(min_length=1, max_length=1024, examples=["Transformer.layers.0"])
+    parent: str | None = Field(None, description="fqn of the enclosing module; null for the root.")
+    is_leaf: bool = Field(description="Module has no submodules; leaf modules are never checkpointed.")
+    param_bytes: Bytes = 0
+    grad_bytes: Bytes = 0
+    act_saved_bytes: Bytes = Field(0, description="IA: activation memory autograd saves inside the module (not its input or output).")
+    act_total_bytes: Bytes = Field(0, description="TA: all activation memory live when the module's forward ends.")
+    act_grad_bytes: Bytes = Field(0, description="AG: activation-gradient memory at the module's backward peak.")
+    act_bw_bytes: Bytes | None = Field(None, description="Activation memory live at the module's backward peak, if known.")
+    grad_total_bytes: Bytes = Field(0, description="TG: gradient memory accumulated up to and including this module's backward.")
+    input_bytes: Bytes = 0
+    output_bytes: Bytes = 0
+    optimizer_state_bytes: Bytes = Field(0, description="Optimizer state of this module's own parameters (root: all of it).")
+    fw_ms: Millis = 0.0
+    bw_ms: Millis = 0.0
+    force_store_random: bool = Field(False, description="Random ops of this module must be saved.")
+    ops: list[OpStats] | None = Field(
+        None, description="Forward ops of a non-leaf module in execution order; null when not collected."
+    )
+
+    @property
+    def op_bytes(self) -> int:
+        """ACM: bytes of every op output in the module."""
+        return sum(op.output_bytes for op in self.ops or ())
+
+    @property
+    def op_ms(self) -> float:
+        """ACT: runtime of every op in the module."""
+        return sum(op.runtime_ms for op in self.ops or ())
+
+
+class StatsMetadata(_Strict):
+    """Where a stats document came from."""
+
+    model_name: str = Field(min_length=1, max_length=256, examples=["llama-3-8b"])
+    batch_size: int | None = Field(None, ge=1, le=2**31)
+    seq_len: int | None = Field(None, ge=1, le=2**31)
+    input_shape: list[Annotated[int, Field(ge=0, le=2**31)]] | None = Field(None, max_length=16)
+    dtype: str | None = Field(None, max_length=32, examples=["bf16"])
+    device: str | None = Field(None, max_length=64, description="Device the collector ran on.", examples=["cpu"])
+    target_device: str | None = Field(None, max_length=64, description="Device the costs model.", examples=["H100-SXM"])
+    optimizer: str | None = Field(None, max_length=32)
+    torch_version: str | None = Field(None, max_length=64)
+    collector_version: str | None = Field(None, max_length=64)
+    tags: dict[Annotated[str, Field(max_length=128)], Annotated[str, Field(max_length=1024)]] = Field(
+        default_factory=dict, max_length=64
+    )
+
+
+class Stats(_Strict):
+    """A stats v1 document: one model's training step, module by module."""
+
+    format: Literal["sacplan.stats/v1"] = STATS_FORMAT
+    metadata: StatsMetadata
+    fw_pre_order: list[str] = Field(description="Module fqns in forward pre-order (root first).")
+    fw_post_order: list[str] = Field(description="Module fqns in forward post-order (root last).")
+    modules: list[ModuleStats] = Field(min_length=1)
+
+    _index: dict[str, ModuleStats] | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _check_consistency(self) -> Stats:
+        _validate(self)
+        return self
+
+    # Derived lookups; cheap and not part of the document.
+    def module(self, fqn: str) -> ModuleStats:
+        """The module with this fqn (KeyError if absent)."""
+        return self._by_fqn()[fqn]
+
+    def _by_fqn(self) -> dict[str, ModuleStats]:
+        if self._index is None:
+            self._index = {m.fqn: m for m in self.modules}
+        return self._index
+
+    @property
+    def root(self) -> ModuleStats:
+        return self.module(self.fw_pre_order[0])
+
+    def canonical_json(self) -> str:
+        """Key-sorted compact JSON: equal documents give equal text."""
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+
+
+def stats_hash(stats: Stats) -> str:
+    """SHA-256 of the canonical document: the identity of a stats upload."""
+    return hashlib.sha256(stats.canonical_json().encode()).hexdigest()
+
+
+def _validate(s: Stats) -> None:
+    index: dict[str, int] = {}
+    for i, m in enumerate(s.modules):
+        if m.fqn in index:
+            raise ValueError(f"modules[{i}].fqn {m.fqn!r} duplicates modules[{index[m.fqn]}]")
+        index[m.fqn] = i
+    _check_order("fw_pre_order", s.fw_pre_order, index)
+    _check_order("fw_post_order", s.fw_post_order, index)
+
+    pre = {f: k for k, f in enumerate(s.fw_pre_order)}
+    post = {f: k for k, f in enumerate(s.fw_post_order)}
+    roots = [i for i, m in enumerate(s.modules) if m.parent is None]
+    if len(roots) != 1:
+        names = [s.modules[i].fqn for i in roots]
+        raise ValueError(f"modules must have exactly one root (parent null), found {len(roots)}: {names[:5]}")
+    root = s.modules[roots[0]].fqn
+    if s.fw_pre_order[0] != root:
+        raise ValueError(f"fw_pre_order[0] {s.fw_pre_order[0]!r} is not the root module {root!r}")
+    if s.fw_post_order[-1] != root:
+        raise ValueError(f"fw_post_order[-1] {s.fw_post_order[-1]!r} is not the root module {root!r}")
+
+    has_children: set[str] = set()
+    for i, m in enumerate(s.modules):
+        if m.parent is None:
+            continue
+        if m.parent not in index:
+            raise ValueError(f"modules[{i}].parent {m.parent!r} is not a module fqn")
+        if not m.fqn.startswith(m.parent + "."):
+            raise ValueError(f"modules[{i}].parent {m.parent!r} is not a prefix module of {m.fqn!r}")
+        if pre[m.parent] > pre[m.fqn] or post[m.parent] < post[m.fqn]:
+            raise ValueError(
+                f"modules[{i}] {m.fqn!r} does not lie inside its parent {m.parent!r} in fw_pre_order/fw_post_order"
+            )
+        has_children.add(m.parent)
+
+    for i, m in enumerate(s.modules):
+        if m.is_leaf and m.fqn in has_children:
+            raise ValueError(f"modules[{i}].is_leaf is true but {m.fqn!r} has submodules")
+        if m.ops is not None:
+            _check_ops(f"modules[{i}]", m)
+
+
+def _check_order(field: str, order: list[str], index: dict[str, int]) -> None:
+    if len(order) != len(index):
+        raise ValueError(f"{field} has {len(order)} entries but there are {len(index)} modules")
+    seen: set[str] = set()
+    for k, fqn in enumerate(order):
+        if fqn not in index:
+            raise ValueError(f"{field}[{k}] {fqn!r} is not a module fqn")
+        if fqn in seen:
+            raise ValueError(f"{field}[{k}] {fqn!r} appears twice")
+        seen.add(fqn)
+
+
+def _check_ops(where: str, m: ModuleStats) -> None:
+    ops = m.ops or []
+    n = len(ops)
+    for k, op in enumerate(ops):
+        p = op.inplace_parent
+        if p is not None and p >= n:
+            raise ValueError(f"{where}.ops[{k}].inplace_parent {p} is out of range for {n} ops")
+        if p is not None and p > k:
+            raise ValueError(f"{where}.ops[{k}].inplace_parent {p} comes after the op itself")
+    # The SAC conventions must leave every op a consistent decision.
+    from planner.op_policy import op_groups  # local: op_policy imports this module
+
+    try:
+        op_groups(ops, m.force_store_random)
+    except ValueError as exc:
+        raise ValueError(f"{where}.ops: {exc}") from None

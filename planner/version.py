@@ -1,0 +1,3 @@
+"""The planner's version: part of every plan cache key."""
+
+PLANNER_VERSION = "0.1.0"
