@@ -1,0 +1,1 @@
+"""The HTTP API: dependencies and one router per resource."""

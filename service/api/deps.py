@@ -1,0 +1,73 @@
+"""Every route dependency, as an ``Annotated`` alias."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import Depends, Path, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.orm import Session, sessionmaker
+
+from service.config import Settings
+from service.db import session_scope
+from service.errors import Unauthorized
+from service.solver import SolverPool
+
+__all__ = ["IdPath", "SessionDep", "SessionFactoryDep", "SettingsDep", "SolverDep", "ProjectDep", "DEFAULT_PROJECT"]
+
+DEFAULT_PROJECT = "default"
+
+_bearer = HTTPBearer(auto_error=False, description="An API key from SACPLAN_API_KEYS (only when keys are set).")
+
+
+def get_settings(request: Request) -> Settings:
+    return request.app.state.settings
+
+
+def get_session_factory(request: Request) -> sessionmaker[Session]:
+    return request.app.state.session_factory
+
+
+def get_db(request: Request) -> Iterator[Session]:
+    """The request's session: committed when the handler returns, rolled back if it raises."""
+    yield from session_scope(request.app.state.session_factory)
+
+
+def get_solver(request: Request) -> SolverPool:
+    return request.app.state.solver
+
+
+def _digest(key: str) -> bytes:
+    return hashlib.sha256(key.encode()).digest()
+
+
+def get_project(
+    settings: Annotated[Settings, Depends(get_settings)],
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> str:
+    """The project the caller's API key belongs to (everything is 'default' when auth is off)."""
+    if not settings.auth_enabled:
+        return DEFAULT_PROJECT
+    if credentials is None:
+        raise Unauthorized()
+    offered = _digest(credentials.credentials)
+    project = None
+    # Compare against every key, digests of equal length, so timing says nothing about which matched.
+    for key, name in settings.api_key_secrets():
+        if hmac.compare_digest(offered, _digest(key.get_secret_value())):
+            project = name
+    if project is None:
+        raise Unauthorized()
+    return project
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+SessionDep = Annotated[Session, Depends(get_db, scope="function")]
+SessionFactoryDep = Annotated[sessionmaker[Session], Depends(get_session_factory)]
+SolverDep = Annotated[SolverPool, Depends(get_solver)]
+ProjectDep = Annotated[str, Depends(get_project)]
+# Ids are 64-bit database integers: larger ones are refused before any query.
+IdPath = Annotated[int, Path(ge=1, le=2**62)]

@@ -1,0 +1,111 @@
+"""Sweeps: plans at many budgets (the recompute-vs-memory Pareto curve), each point a cached plan."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from fastapi import APIRouter, Response
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+from starlette.concurrency import run_in_threadpool
+
+from service.api.deps import IdPath, ProjectDep, SessionDep, SessionFactoryDep, SettingsDep, SolverDep
+from service.api.routes.plans import PNG, check_time_limit
+from service.cache import CachedPlan, as_utc, get_stats, plans_for
+from service.charts import sweep_chart_png
+from service.errors import NotFound
+from service.models import PlanRecord, StatsRecord, SweepRecord
+from service.schemas import ErrorOut, SweepOut, SweepPoint, SweepRequest
+
+router = APIRouter(prefix="/v1/sweeps", tags=["sweeps"])
+
+_404 = {404: {"model": ErrorOut, "description": "No such id in your project"}}
+
+
+def _point(p: CachedPlan) -> SweepPoint:
+    plan = p.plan()
+    return SweepPoint(plan_id=p.id, memory_budget_gib=plan["memory_budget_gib"], status=plan["status"],
+                      peak_bytes=plan.get("peak_bytes"), recompute_ms=plan.get("recompute_ms"),
+                      min_feasible_budget_gib=plan.get("min_feasible_budget_gib"), cached=p.cached)
+
+
+def _out(row: SweepRecord, stats: StatsRecord, points: list[SweepPoint], cached: bool) -> SweepOut:
+    return SweepOut(id=row.id, stats_id=row.stats_id, cached=cached, created_at=as_utc(row.created_at),
+                    baseline_peak_bytes=stats.baseline_peak_bytes, compute_ms=stats.compute_ms, points=points,
+                    chart_url=f"/v1/sweeps/{row.id}/chart.png")
+
+
+def _record(factory: sessionmaker[Session], project: str, stats_id: int, request: dict[str, Any],
+            plans: list[CachedPlan]) -> tuple[SweepRecord, StatsRecord]:
+    plan_ids = [p.id for p in plans]
+    key = hashlib.sha256(",".join(str(i) for i in plan_ids).encode()).hexdigest()
+    with factory() as session:
+        stats = get_stats(session, project, stats_id)
+        find = select(SweepRecord).where(SweepRecord.stats_id == stats_id, SweepRecord.cache_key == key)
+        row = session.execute(find).scalar_one_or_none()
+        if row is None:
+            row = SweepRecord(stats_id=stats_id, cache_key=key, request=request, plan_ids=plan_ids)
+            try:
+                with session.begin_nested():
+                    session.add(row)
+            except IntegrityError:  # the same sweep stored concurrently
+                row = session.execute(find).scalar_one()
+        session.commit()
+        return row, stats
+
+
+@router.post(
+    "",
+    response_model=SweepOut,
+    responses={**_404, 422: {"model": ErrorOut, "description": "Invalid request field (named)"},
+               503: {"model": ErrorOut, "description": "Solver queue full: retry after Retry-After seconds"}},
+)
+async def create_sweep(
+    body: SweepRequest, project: ProjectDep, settings: SettingsDep, factory: SessionFactoryDep, solver: SolverDep
+) -> SweepOut:
+    """Plans at each budget (missing ones solved in one job); the curve is also a chart."""
+    check_time_limit(body.time_limit_s, settings.max_time_limit_s)
+    budgets = body.budgets()
+    plans = await plans_for(factory, solver, project, body.stats_id, budgets, body)
+    points = [_point(p) for p in plans]
+    if any(p.id is None for p in plans):  # a solver error: answer, but store no sweep of it
+        stats = await run_in_threadpool(lambda: _stats_row(factory, project, body.stats_id))
+        return SweepOut(id=None, stats_id=body.stats_id, cached=False, created_at=as_utc(stats.created_at),
+                        baseline_peak_bytes=stats.baseline_peak_bytes, compute_ms=stats.compute_ms,
+                        points=points, chart_url=None)
+    request = {**body.cache_fields(), "budgets_gib": budgets}
+    row, stats = await run_in_threadpool(_record, factory, project, body.stats_id, request, plans)
+    return _out(row, stats, points, cached=all(p.cached for p in plans))
+
+
+def _stats_row(factory: sessionmaker[Session], project: str, stats_id: int) -> StatsRecord:
+    with factory() as session:
+        return get_stats(session, project, stats_id)
+
+
+def _load(session: Session, project: str, sweep_id: int) -> tuple[SweepRecord, StatsRecord, list[CachedPlan]]:
+    row = session.execute(
+        select(SweepRecord).join(StatsRecord).where(SweepRecord.id == sweep_id, StatsRecord.project == project)
+    ).scalar_one_or_none()
+    if row is None:
+        raise NotFound(f"sweep id {sweep_id} does not exist")
+    stats = get_stats(session, project, row.stats_id)
+    found = {r.id: r for r in session.execute(select(PlanRecord).where(PlanRecord.id.in_(row.plan_ids))).scalars()}
+    return row, stats, [CachedPlan.of(found[i], cached=True) for i in row.plan_ids]
+
+
+@router.get("/{sweep_id}", response_model=SweepOut, responses=_404)
+def read_sweep(sweep_id: IdPath, project: ProjectDep, session: SessionDep) -> SweepOut:
+    """A stored sweep."""
+    row, stats, plans = _load(session, project, sweep_id)
+    return _out(row, stats, [_point(p) for p in plans], cached=True)
+
+
+@router.get("/{sweep_id}/chart.png", response_class=Response, responses={**PNG, **_404})
+def sweep_chart(sweep_id: IdPath, project: ProjectDep, session: SessionDep) -> Response:
+    """Recompute time against memory budget for the sweep's points."""
+    _, stats, plans = _load(session, project, sweep_id)
+    png = sweep_chart_png(stats.model_name, [p.plan() for p in plans], stats.baseline_peak_bytes)
+    return Response(png, media_type="image/png")

@@ -1,0 +1,169 @@
+"""The plan cache: keys, lookups, storing solved plans, and solving what is missing.
+
+A plan is stored under ``(stats_id, cache_key)``; the key covers the stats
+content hash, every request field that changes the result and the planner
+version, so a planner upgrade never serves a stale plan. Plans with status
+``error`` are returned but never stored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+from starlette.concurrency import run_in_threadpool
+
+from planner import PLANNER_VERSION
+from service.errors import InvalidInput, NotFound
+from service.models import PlanRecord, StatsRecord
+from service.schemas import PlanOptions
+from service.solver import SolverPool, solve_job
+
+__all__ = ["CachedPlan", "plan_cache_key", "get_stats", "get_plan", "plans_for", "plan_json"]
+
+
+@dataclass(frozen=True)
+class CachedPlan:
+    """A plan as served: its stored JSON plus the envelope fields."""
+
+    id: int | None
+    stats_id: int
+    created_at: datetime | None
+    request: dict[str, Any]
+    result: str  # the Plan, as JSON text
+    cached: bool
+
+    @classmethod
+    def of(cls, row: PlanRecord, cached: bool) -> CachedPlan:
+        return cls(row.id, row.stats_id, as_utc(row.created_at), row.request, row.result, cached)
+
+    def plan(self) -> dict[str, Any]:
+        return json.loads(self.result)
+
+
+def as_utc(t: datetime | None) -> datetime | None:
+    """SQLite hands back naive datetimes; everything stored is UTC."""
+    return t.replace(tzinfo=timezone.utc) if t is not None and t.tzinfo is None else t
+
+
+def plan_json(p: CachedPlan) -> bytes:
+    """The PlanOut JSON of ``p`` without re-parsing the stored plan (cached reads stay cheap)."""
+    envelope = {
+        "id": p.id,
+        "stats_id": p.stats_id,
+        "cached": p.cached,
+        "created_at": p.created_at.isoformat() if p.created_at else None,
+        "request": p.request,
+    }
+    head = json.dumps(envelope, separators=(",", ":"))
+    return (head[:-1] + "," + p.result[1:]).encode()
+
+
+def plan_cache_key(content_hash: str, memory_budget_gib: float, fields: dict[str, Any]) -> str:
+    """SHA-256 over everything that changes a plan."""
+    doc = {"stats": content_hash, "memory_budget_gib": float(memory_budget_gib), "planner": PLANNER_VERSION, **fields}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def get_stats(session: Session, project: str, stats_id: int) -> StatsRecord:
+    """The project's stats upload ``stats_id``; another project's id is as absent as a missing one."""
+    row = session.get(StatsRecord, stats_id)
+    if row is None or row.project != project:
+        raise NotFound(f"stats_id {stats_id} does not exist")
+    return row
+
+
+def get_plan(session: Session, project: str, plan_id: int) -> PlanRecord:
+    row = session.execute(
+        select(PlanRecord).join(StatsRecord).where(PlanRecord.id == plan_id, StatsRecord.project == project)
+    ).scalar_one_or_none()
+    if row is None:
+        raise NotFound(f"plan id {plan_id} does not exist")
+    return row
+
+
+def _lookup(session: Session, project: str, stats_id: int, keys: list[str]) -> tuple[str, dict[str, CachedPlan]]:
+    stats = get_stats(session, project, stats_id)
+    rows = session.execute(
+        select(PlanRecord).where(PlanRecord.stats_id == stats_id, PlanRecord.cache_key.in_(keys))
+    ).scalars()
+    return stats.content_hash, {r.cache_key: CachedPlan.of(r, cached=True) for r in rows}
+
+
+def _document(factory: sessionmaker[Session], stats_id: int) -> str:
+    with factory() as session:
+        doc = session.execute(select(StatsRecord.document).where(StatsRecord.id == stats_id)).scalar_one_or_none()
+    if doc is None:
+        raise NotFound(f"stats_id {stats_id} does not exist")
+    return doc
+
+
+def _store(factory: sessionmaker[Session], stats_id: int, entries: list[tuple[str, dict, dict]]) -> dict[str, CachedPlan]:
+    """Store solved plans; a plan another process stored first under the same key wins."""
+    out: dict[str, CachedPlan] = {}
+    with factory() as session:
+        for key, request, plan in entries:
+            if plan["status"] == "error":
+                out[key] = CachedPlan(None, stats_id, None, request, json.dumps(plan), cached=False)
+                continue
+            row = PlanRecord(
+                stats_id=stats_id, cache_key=key, planner_version=plan["planner_version"], request=request,
+                memory_budget_gib=plan["memory_budget_gib"], world_size=plan["world_size"], status=plan["status"],
+                peak_bytes=plan.get("peak_bytes"), recompute_ms=plan.get("recompute_ms"),
+                solve_seconds=plan.get("solve_seconds", 0.0), result=json.dumps(plan, separators=(",", ":")),
+            )
+            try:
+                with session.begin_nested():
+                    session.add(row)
+                out[key] = CachedPlan.of(row, cached=False)
+            except IntegrityError:
+                existing = session.execute(
+                    select(PlanRecord).where(PlanRecord.stats_id == stats_id, PlanRecord.cache_key == key)
+                ).scalar_one_or_none()
+                if existing is None:  # the stats were deleted while we solved
+                    raise NotFound(f"stats_id {stats_id} does not exist") from None
+                out[key] = CachedPlan.of(existing, cached=True)
+        session.commit()
+    return out
+
+
+async def plans_for(
+    factory: sessionmaker[Session], pool: SolverPool, project: str, stats_id: int,
+    budgets_gib: list[float], options: PlanOptions,
+) -> list[CachedPlan]:
+    """One plan per budget: from the cache, else solved (once, however many ask) and stored."""
+    fields = options.cache_fields()
+
+    def lookup() -> tuple[str, dict[str, CachedPlan], list[str]]:
+        with factory() as session:
+            content_hash = get_stats(session, project, stats_id).content_hash
+            keys = [plan_cache_key(content_hash, b, fields) for b in budgets_gib]
+            return (*_lookup(session, project, stats_id, keys), keys)
+
+    _, found, keys = await run_in_threadpool(lookup)
+    missing = [(k, b) for k, b in zip(keys, budgets_gib) if k not in found]
+    if missing:
+        flight_key = f"{stats_id}:" + ",".join(k for k, _ in missing)
+
+        async def solve() -> dict[str, CachedPlan]:
+            document = await run_in_threadpool(_document, factory, stats_id)
+            solver_options = {**fields, "time_limit_s": options.time_limit_s}
+            out = await pool.run(solve_job, document, [b for _, b in missing], solver_options)
+            if "invalid" in out:
+                raise InvalidInput(out["invalid"])
+            request = {**fields}
+            entries = [
+                (k, {**request, "memory_budget_gib": b}, plan) for (k, b), plan in zip(missing, out["plans"])
+            ]
+            return await run_in_threadpool(_store, factory, stats_id, entries)
+
+        solved, joined = await pool.single_flight(flight_key, solve)
+        for k, p in solved.items():
+            found[k] = CachedPlan(p.id, p.stats_id, p.created_at, p.request, p.result, cached=p.cached or joined)
+    return [found[k] for k in keys]

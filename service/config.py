@@ -1,0 +1,69 @@
+"""Service settings: one pydantic-settings class, read from ``SACPLAN_*`` variables."""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["Settings", "get_settings", "default_data_dir"]
+
+MIB = 2**20
+
+
+def default_data_dir() -> Path:
+    """``$XDG_DATA_HOME/sacplan`` (``~/.local/share/sacplan``), or ``./data`` without a home."""
+    xdg = os.environ.get("XDG_DATA_HOME")
+    if xdg:
+        return Path(xdg) / "sacplan"
+    home = Path.home() if "HOME" in os.environ else None
+    return home / ".local" / "share" / "sacplan" if home else Path("data")
+
+
+class Settings(BaseSettings):
+    """Everything the service can be told; ``SACPLAN_<NAME>`` sets ``<name>``."""
+
+    model_config = SettingsConfigDict(env_prefix="SACPLAN_", extra="ignore")
+
+    data_dir: Path = Field(default_factory=default_data_dir, description="Holds the SQLite file by default.")
+    database_url: str | None = Field(
+        None, description="Any SQLAlchemy URL (sqlite:///..., postgresql+psycopg://...); default: SQLite in data_dir."
+    )
+    api_keys: dict[str, str] = Field(
+        default_factory=dict,
+        description='JSON object key -> project name. Empty: no auth, everything in project "default".',
+    )
+    max_body_bytes: int = Field(64 * MIB, ge=1024, description="Larger request bodies get 413.")
+    solver_workers: int = Field(1, ge=1, le=64, description="Solver processes per service process.")
+    solver_queue_size: int = Field(8, ge=0, le=10_000, description="Solves waiting beyond the running ones; then 503.")
+    retry_after_s: int = Field(5, ge=1, description="Retry-After sent with 503 when the solver queue is full.")
+    max_time_limit_s: float = Field(600.0, gt=0, description="Upper bound on a request's time_limit_s.")
+    sqlite_busy_timeout_ms: int = Field(10_000, ge=0)
+    log_level: str = "info"
+
+    @property
+    def sqlalchemy_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'sacplan.db').resolve()}"
+
+    @property
+    def auth_enabled(self) -> bool:
+        return bool(self.api_keys)
+
+    def api_key_secrets(self) -> list[tuple[SecretStr, str]]:
+        """(key, project) pairs, keys wrapped so they never show in logs or reprs."""
+        return [(SecretStr(k), p) for k, p in self.api_keys.items()]
+
+    def __repr_args__(self):  # keep keys out of reprs and logs
+        for name, value in super().__repr_args__():
+            yield (name, "**********" if name == "api_keys" and value else value)
+
+
+@lru_cache
+def get_settings() -> Settings:
+    """Settings from the environment, read once per process."""
+    return Settings()

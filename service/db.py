@@ -1,0 +1,83 @@
+"""Engine, sessions and schema upgrades. Tables come only from the Alembic migrations."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+__all__ = ["make_engine", "make_sessionmaker", "session_scope", "upgrade", "alembic_config"]
+
+
+def make_engine(url: str, *, sqlite_busy_timeout_ms: int = 10_000) -> Engine:
+    """An engine for ``url``; SQLite gets WAL, a busy timeout and enforced foreign keys."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        return create_engine(url, pool_pre_ping=True)
+    if parsed.database and parsed.database != ":memory:":
+        Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(
+        url,
+        connect_args={"check_same_thread": False, "timeout": sqlite_busy_timeout_ms / 1000},
+        pool_size=8,
+        max_overflow=32,
+    )
+
+    @event.listens_for(engine, "connect")
+    def _sqlite_pragmas(dbapi_conn, _record) -> None:
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute(f"PRAGMA busy_timeout={int(sqlite_busy_timeout_ms)}")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.close()
+
+    return engine
+
+
+def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
+    return sessionmaker(engine, expire_on_commit=False)
+
+
+def session_scope(factory: sessionmaker[Session]) -> Iterator[Session]:
+    """One session per request: commit on success, roll back on any error."""
+    session = factory()
+    try:
+        yield session
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()
+
+
+def alembic_config(url: str):
+    """Alembic config pointing at the packaged ``migrations`` directory."""
+    from alembic.config import Config
+
+    import migrations
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(Path(migrations.__file__).parent))
+    cfg.attributes["url"] = url  # not via set_main_option: '%' in URLs breaks configparser
+    return cfg
+
+
+def upgrade(url: str, revision: str = "head", *, engine: Engine | None = None) -> None:
+    """Bring the database at ``url`` to ``revision`` (creating it if new)."""
+    from alembic import command
+
+    cfg = alembic_config(url)
+    owned = engine is None
+    engine = engine or make_engine(url)
+    try:
+        with engine.begin() as conn:
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, revision)
+    finally:
+        if owned:
+            engine.dispose()

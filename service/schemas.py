@@ -1,0 +1,209 @@
+"""Request and response bodies of the API (pydantic); database models are in ``service.models``."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from planner import Plan
+from service.examples import EXAMPLE_PLAN_REQUEST, EXAMPLE_SWEEP_REQUEST
+
+__all__ = [
+    "ErrorOut", "HealthOut", "ReadyOut", "SolverStatsOut",
+    "StatsSummary", "StatsDetail", "StatsPage", "ModuleNode",
+    "PlanOptions", "PlanRequest", "PlanOut", "PlanSummary", "PlanPage",
+    "SweepRequest", "SweepPoint", "SweepOut",
+]
+
+# Ids are database integers: bounded so no request can overflow a 64-bit column.
+Id = Annotated[int, Field(ge=1, le=2**62)]
+Gib = Annotated[float, Field(ge=0.0, le=1e9, allow_inf_nan=False)]
+MAX_UNITS = 100_000
+MAX_SWEEP_POINTS = 64
+
+
+class _In(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ErrorOut(BaseModel):
+    detail: str = Field(description="What was wrong, naming the field and value.")
+    errors: list[dict[str, Any]] | None = Field(None, description="Field-by-field details: loc, msg, input.")
+
+
+class SolverStatsOut(BaseModel):
+    workers: int
+    capacity: int = Field(description="Solves running or queued at most; beyond it: 503 with Retry-After.")
+    in_flight: int
+    solves_started: int = Field(description="Solver jobs started by this service process since it started.")
+
+
+class HealthOut(BaseModel):
+    status: str = "ok"
+    service_version: str
+    planner_version: str
+    solver: SolverStatsOut
+
+
+class ReadyOut(BaseModel):
+    status: str = "ready"
+    database: str = Field(description="Database backend name, e.g. sqlite or postgresql.")
+
+
+# --- stats ---------------------------------------------------------------------------------------
+
+
+class StatsSummary(BaseModel):
+    id: int
+    model_name: str
+    content_hash: str = Field(description="SHA-256 of the canonical stats v1 document: its identity.")
+    source_format: str = Field(description="'v1' (sacplan.stats/v1) or 'torch' (PyTorch's module_info + sac_stats).")
+    module_count: int
+    op_count: int
+    baseline_peak_bytes: int = Field(description="Peak memory with no checkpointing (world_size 1).")
+    baseline_peak_gib: float
+    compute_ms: float = Field(description="Forward + backward time of the step without recomputation.")
+    tags: dict[str, str]
+    created_at: datetime
+
+
+class ModuleNode(BaseModel):
+    fqn: str
+    is_leaf: bool
+    op_count: int | None = Field(description="Forward ops recorded for SAC; null when not collected.")
+    act_saved_bytes: int
+    fw_ms: float
+    bw_ms: float
+    children: list[ModuleNode] = Field(default_factory=list)
+
+
+class StatsDetail(StatsSummary):
+    module_tree: ModuleNode
+
+
+class StatsPage(BaseModel):
+    items: list[StatsSummary]
+    total: int
+    limit: int
+    offset: int
+
+
+# --- plans ---------------------------------------------------------------------------------------
+
+
+class PlanOptions(_In):
+    """Everything besides the budget that changes a plan."""
+
+    world_size: int = Field(1, ge=1, le=2**20, description="Ranks sharing parameters and gradients (FSDP).")
+    ac_units: list[Annotated[str, Field(max_length=1024)]] | None = Field(
+        None, max_length=MAX_UNITS, description="fqns of the modules that may be checkpointed; null: all non-leaf modules."
+    )
+    fsdp_units: list[Annotated[str, Field(max_length=1024)]] | None = Field(
+        None, max_length=MAX_UNITS, description="fqns of the FSDP-wrapped modules; null: the whole model is one unit."
+    )
+    time_limit_s: float = Field(60.0, gt=0.0, le=3600.0, allow_inf_nan=False, description="Solver time limit.")
+
+    def cache_fields(self) -> dict[str, Any]:
+        """The request fields that change the result, normalised (unit lists are sets)."""
+        return {
+            "world_size": self.world_size,
+            "ac_units": None if self.ac_units is None else sorted(set(self.ac_units)),
+            "fsdp_units": None if self.fsdp_units is None else sorted(set(self.fsdp_units)),
+            "time_limit_s": float(self.time_limit_s),
+        }
+
+
+class PlanRequest(PlanOptions):
+    """Plan one stats upload for one memory budget."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [EXAMPLE_PLAN_REQUEST]})
+
+    stats_id: Id
+    memory_budget_gib: Gib = Field(description="Peak memory allowed per rank, GiB.")
+
+
+class PlanOut(Plan):
+    """A plan with its id; ``cached`` says it came from the store without a solve."""
+
+    id: int | None = Field(description="null only for status 'error' (not stored).")
+    stats_id: int
+    cached: bool = Field(description="True: served from the plan cache; no solver ran for this request.")
+    created_at: datetime | None
+    request: dict[str, Any] = Field(description="The normalised request fields the plan was cached under.")
+
+
+class PlanSummary(BaseModel):
+    id: int
+    stats_id: int
+    memory_budget_gib: float
+    world_size: int
+    status: str
+    peak_bytes: int | None
+    recompute_ms: float | None
+    solve_seconds: float
+    planner_version: str
+    created_at: datetime
+
+
+class PlanPage(BaseModel):
+    items: list[PlanSummary]
+    total: int
+    limit: int
+    offset: int
+
+
+# --- sweeps --------------------------------------------------------------------------------------
+
+
+class SweepRequest(PlanOptions):
+    """Plans at several budgets: give ``budgets_gib``, or ``from_gib``/``to_gib``/``points``."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [EXAMPLE_SWEEP_REQUEST]})
+
+    stats_id: Id
+    budgets_gib: list[Gib] | None = Field(None, min_length=1, max_length=MAX_SWEEP_POINTS)
+    from_gib: Gib | None = None
+    to_gib: Gib | None = None
+    points: int | None = Field(None, ge=2, le=MAX_SWEEP_POINTS)
+
+    @model_validator(mode="after")
+    def _one_way(self) -> SweepRequest:
+        ranged = (self.from_gib, self.to_gib, self.points)
+        if self.budgets_gib is not None:
+            if any(v is not None for v in ranged):
+                raise ValueError("give either budgets_gib or from_gib/to_gib/points, not both")
+        elif any(v is None for v in ranged):
+            raise ValueError("give budgets_gib, or all of from_gib, to_gib and points")
+        elif self.to_gib <= self.from_gib:
+            raise ValueError(f"to_gib {self.to_gib} must be above from_gib {self.from_gib}")
+        return self
+
+    def budgets(self) -> list[float]:
+        """The budgets asked for, ascending and without repeats."""
+        if self.budgets_gib is not None:
+            return sorted(set(float(b) for b in self.budgets_gib))
+        step = (self.to_gib - self.from_gib) / (self.points - 1)
+        return sorted(set(round(self.from_gib + k * step, 9) for k in range(self.points)))
+
+
+class SweepPoint(BaseModel):
+    plan_id: int | None
+    memory_budget_gib: float
+    status: str
+    peak_bytes: int | None
+    recompute_ms: float | None
+    min_feasible_budget_gib: float | None
+    cached: bool
+
+
+class SweepOut(BaseModel):
+    id: int | None = Field(description="null only when a point failed with status 'error' (nothing stored).")
+    stats_id: int
+    cached: bool = Field(description="True when every point came from the plan cache.")
+    created_at: datetime
+    baseline_peak_bytes: int
+    compute_ms: float
+    points: list[SweepPoint]
+    chart_url: str | None
