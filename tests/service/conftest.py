@@ -1,0 +1,89 @@
+"""Service test fixtures: a per-test SQLite file built by the migrations, one shared solver pool."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import func, select
+
+from service.config import Settings
+from service.db import make_engine, upgrade
+from service.examples import EXAMPLE_STATS
+from service.main import create_app
+from service.models import PlanRecord, StatsRecord, StatsTag, SweepRecord
+from service.solver import SolverPool
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+L4_PATH = DATA / "torch_format_transformer_L4.json"
+
+
+@pytest.fixture(scope="session")
+def solver() -> Iterator[SolverPool]:
+    """One real process pool for the whole session (spawning workers per test would be slow)."""
+    pool = SolverPool(workers=1, queue_size=8)
+    pool.start()
+    yield pool
+    pool.shutdown()
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    s = Settings(data_dir=tmp_path, database_url=f"sqlite:///{tmp_path / 'test.db'}", api_keys={})
+    upgrade(s.sqlalchemy_url)
+    return s
+
+
+@pytest.fixture
+def make_client(solver: SolverPool):
+    """Build a TestClient for settings (with the shared solver); closed at teardown."""
+    clients: list[TestClient] = []
+
+    def make(settings: Settings) -> TestClient:
+        client = TestClient(create_app(settings, solver=solver))
+        client.__enter__()
+        clients.append(client)
+        return client
+
+    yield make
+    for c in clients:
+        c.__exit__(None, None, None)
+
+
+@pytest.fixture
+def client(make_client, settings: Settings) -> TestClient:
+    return make_client(settings)
+
+
+@pytest.fixture
+def count_rows(settings: Settings):
+    """Rows per table, read straight from the database file."""
+    engine = make_engine(settings.sqlalchemy_url)
+
+    def count() -> dict[str, int]:
+        with engine.connect() as conn:
+            return {m.__tablename__: conn.execute(select(func.count()).select_from(m)).scalar_one()
+                    for m in (StatsRecord, StatsTag, PlanRecord, SweepRecord)}
+
+    yield count
+    engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def l4_doc() -> dict:
+    return json.loads(L4_PATH.read_text())
+
+
+@pytest.fixture
+def example_doc() -> dict:
+    return json.loads(json.dumps(EXAMPLE_STATS))
+
+
+@pytest.fixture
+def example_id(client: TestClient, example_doc: dict) -> int:
+    r = client.post("/v1/stats", json=example_doc)
+    assert r.status_code == 201, r.text
+    return r.json()["id"]
