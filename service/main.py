@@ -50,7 +50,7 @@ def _error(status: int, detail: str, errors: list[dict[str, Any]] | None = None,
            headers: dict[str, str] | None = None) -> JSONResponse:
     content: dict[str, Any] = {"detail": detail}
     if errors is not None:
-        content["errors"] = errors
+        content["errors"] = [{**e, "input": _short(e["input"])} if "input" in e else e for e in errors]
     return JSONResponse(content, status_code=status, headers=headers)
 
 

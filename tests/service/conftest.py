@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -87,3 +88,20 @@ def example_id(client: TestClient, example_doc: dict) -> int:
     r = client.post("/v1/stats", json=example_doc)
     assert r.status_code == 201, r.text
     return r.json()["id"]
+
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def check_png(data: bytes) -> None:
+    """A PNG by signature that also decodes to a real picture."""
+    from matplotlib import image as mpimg
+
+    assert data[:8] == PNG_SIGNATURE
+    pixels = mpimg.imread(io.BytesIO(data), format="png")
+    assert pixels.ndim == 3 and pixels.shape[0] > 100 and pixels.shape[1] > 100
+
+
+@pytest.fixture
+def assert_png():
+    return check_png

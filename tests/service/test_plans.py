@@ -1,0 +1,166 @@
+"""POST/GET /v1/plans: the cache, single-flight, the bounded solver queue, charts."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+
+from planner import PLANNER_VERSION
+from service.main import create_app
+from service.schemas import PlanOut
+from service.solver import SolverPool
+
+def _plan(client, stats_id, budget, **extra):
+    return client.post("/v1/plans", json={"stats_id": stats_id, "memory_budget_gib": budget, **extra})
+
+
+def _solves(client) -> int:
+    return client.get("/healthz").json()["solver"]["solves_started"]
+
+
+def test_plan_then_cached_without_a_solve(client, example_id, count_rows):
+    first = _plan(client, example_id, 4.5, time_limit_s=30)
+    assert first.status_code == 200, first.text
+    plan = PlanOut.model_validate(first.json())
+    assert plan.cached is False and first.headers["x-cache"] == "miss"
+    assert plan.status == "optimal", plan.message
+    assert plan.peak_bytes <= 4.5 * 2**30
+    assert plan.planner_version == PLANNER_VERSION
+    rows, solves = count_rows()["plans"], _solves(client)
+
+    again = _plan(client, example_id, 4.5, time_limit_s=30)
+    assert again.status_code == 200
+    assert again.json()["cached"] is True and again.headers["x-cache"] == "hit"
+    assert again.json()["id"] == plan.id
+    assert {k: v for k, v in again.json().items() if k != "cached"} == {
+        k: v for k, v in first.json().items() if k != "cached"}
+    assert _solves(client) == solves  # no solver job started
+    assert count_rows()["plans"] == rows
+
+    read = client.get(f"/v1/plans/{plan.id}")
+    assert read.status_code == 200 and read.json()["status"] == "optimal"
+
+
+def test_every_result_changing_field_is_in_the_cache_key(client, example_id, count_rows):
+    base = {"time_limit_s": 30}
+    ids = {_plan(client, example_id, 4.5, **base).json()["id"]}
+    for change in ({"world_size": 2}, {"time_limit_s": 31}, {"ac_units": ["Net.layers.0"]},
+                   {"fsdp_units": ["Net.layers.0", "Net.layers.1"]}):
+        r = _plan(client, example_id, 4.5, **{**base, **change})
+        assert r.status_code == 200, (change, r.text)
+        assert r.json()["cached"] is False, change
+        ids.add(r.json()["id"])
+    assert len(ids) == 5
+    assert count_rows()["plans"] == 5
+    # Unit lists are sets: another order is the same request.
+    r = _plan(client, example_id, 4.5, **base, fsdp_units=["Net.layers.1", "Net.layers.0"])
+    assert r.json()["cached"] is True
+
+
+def test_infeasible_budget_is_200_with_minimum(client, example_id):
+    r = _plan(client, example_id, 0.5, time_limit_s=30)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["status"] == "infeasible"
+    assert body["min_feasible_budget_gib"] is not None and body["min_feasible_budget_gib"] > 0.5
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [({"memory_budget_gib": -1}, "memory_budget_gib"), ({"memory_budget_gib": 1e308}, "memory_budget_gib"),
+     ({"world_size": 0}, "world_size"), ({"world_size": 10**30}, "world_size"),
+     ({"time_limit_s": 0}, "time_limit_s"), ({"time_limit_s": 10**6}, "time_limit_s"),
+     ({"stats_id": 10**30}, "stats_id"), ({"surprise": 1}, "surprise"), ({"ac_units": "Net"}, "ac_units")],
+)
+def test_bad_plan_requests_are_422(client, example_id, count_rows, extra, field):
+    r = client.post("/v1/plans", json={"stats_id": example_id, "memory_budget_gib": 4.5, **extra})
+    assert r.status_code == 422, r.text
+    assert field in r.json()["detail"]
+    assert count_rows()["plans"] == 0
+
+
+def test_nan_budget_is_422(client, example_id):
+    body = b'{"stats_id": %d, "memory_budget_gib": NaN}' % example_id
+    r = client.post("/v1/plans", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 422
+    r = client.post("/v1/plans", content=b"stats_id=1", headers={"content-type": "text/plain"})
+    assert r.status_code == 422
+
+
+def test_planner_rejection_is_422_and_stores_nothing(client, example_id, count_rows):
+    r = _plan(client, example_id, 4.5, ac_units=["Net.no_such_module"])
+    assert r.status_code == 422, r.text
+    assert "Net.no_such_module" in r.json()["detail"]
+    assert count_rows()["plans"] == 0
+
+
+def test_unknown_ids_are_404(client, example_id):
+    assert _plan(client, 999, 4.5).status_code == 404
+    assert client.get("/v1/plans/999").status_code == 404
+    assert client.get("/v1/plans/999/chart.png").status_code == 404
+
+
+def test_chart_is_a_png(client, example_id, assert_png):
+    plan_id = _plan(client, example_id, 4.5, time_limit_s=30).json()["id"]
+    r = client.get(f"/v1/plans/{plan_id}/chart.png")
+    assert r.status_code == 200 and r.headers["content-type"] == "image/png"
+    assert_png(r.content)
+
+
+def test_stats_plans_listing_and_delete_cascade(client, example_id, count_rows):
+    for b in (4.5, 5.0):
+        assert _plan(client, example_id, b, time_limit_s=30).status_code == 200
+    listing = client.get(f"/v1/stats/{example_id}/plans").json()
+    assert [p["memory_budget_gib"] for p in listing["items"]] == [4.5, 5.0]
+    assert client.delete(f"/v1/stats/{example_id}").status_code == 204
+    assert count_rows()["plans"] == 0
+    assert client.get(f"/v1/plans/{listing['items'][0]['id']}").status_code == 404
+
+
+def test_concurrent_identical_requests_run_one_solve(settings, solver, example_doc, count_rows):
+    app = create_app(settings, solver=solver)
+
+    async def run():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+            stats_id = (await c.post("/v1/stats", json=example_doc)).json()["id"]
+            before = solver.solves_started
+            req = {"stats_id": stats_id, "memory_budget_gib": 5.0, "time_limit_s": 30}
+            answers = await asyncio.gather(*(c.post("/v1/plans", json=req) for _ in range(6)))
+            return before, answers
+
+    before, answers = asyncio.run(run())
+    assert all(a.status_code == 200 for a in answers), [a.text for a in answers]
+    assert solver.solves_started == before + 1
+    assert len({a.json()["id"] for a in answers}) == 1
+    assert sum(not a.json()["cached"] for a in answers) == 1
+    assert count_rows()["plans"] == 1
+
+
+def test_full_solver_queue_is_503_with_retry_after(settings, example_doc, count_rows):
+    pool = SolverPool(workers=1, queue_size=0, retry_after_s=7)
+    app = create_app(settings, solver=pool)
+
+    async def run():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+            stats_id = (await c.post("/v1/stats", json=example_doc)).json()["id"]
+            busy = asyncio.ensure_future(pool.run(time.sleep, 1.0))  # holds the only slot
+            while pool.in_flight == 0:
+                await asyncio.sleep(0.01)
+            r = await c.post("/v1/plans", json={"stats_id": stats_id, "memory_budget_gib": 5.0})
+            health = await c.get("/healthz")  # not blocked by the running job
+            await busy
+            return r, health
+
+    try:
+        r, health = asyncio.run(run())
+    finally:
+        pool.shutdown()
+    assert r.status_code == 503
+    assert r.headers["retry-after"] == "7"
+    assert health.status_code == 200 and health.json()["solver"]["in_flight"] == 1
+    assert count_rows()["plans"] == 0
