@@ -1,0 +1,503 @@
+"""One-pass stats collector: forward, backward and optimizer step under FakeTensorMode.
+
+The model's parameters, buffers and the example inputs are swapped for fake
+tensors (no memory, no compute), one training step runs, and three things
+watch it:
+
+* global module hooks give the forward pre/post order and, through
+  multi-grad hooks, each module's backward span (modules whose backward hooks
+  never fire, e.g. rotary embeddings, simply have no backward span);
+* a dispatch mode sees every ATen op: it registers new storages in a
+  :class:`StorageBook`, prices the op with the cost model and, in forward,
+  appends it to the op list of every active non-leaf module;
+* ``saved_tensors_hooks`` record which storages autograd saves.
+
+The op lists skip exactly ``torch.utils.checkpoint.SAC_IGNORED_OPS``, so they
+are the sequence a selective-checkpoint policy function sees when the module
+runs under ``torch.utils.checkpoint``: :func:`estimators.apply_plan` matches
+ops by position and checks their names.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_map
+from torch.utils.checkpoint import SAC_IGNORED_OPS
+
+from estimators.models import hf_fake_as_real
+from estimators.tracking import ACT, BUFFER, GRAD, INPUT, OPT, PARAM, TEMP, StorageBook, storages_of, tensors_in
+from planner.stats import ModuleStats, OpStats, Stats, StatsMetadata
+
+__all__ = ["collect_stats", "op_name", "module_fqns", "OPTIMIZERS"]
+
+OPTIMIZERS = ("adamw", "adam", "sgd", "none")
+Progress = Callable[[str, int, int], None]
+
+
+def op_name(func: Any) -> str:
+    """The name an op gets in the stats: its overload packet, e.g. ``aten.mm``."""
+    return str(func.overloadpacket)
+
+
+def module_fqns(model: nn.Module) -> dict[nn.Module, str]:
+    """fqn of every submodule, rooted at the model's class name (``Transformer.layers.0``)."""
+    root = type(model).__name__
+    out: dict[nn.Module, str] = {}
+    for name, mod in model.named_modules(remove_duplicate=True):
+        out[mod] = f"{root}.{name}" if name else root
+    return out
+
+
+def _is_view(func: Any) -> bool:
+    return bool(func.is_view) or torch.Tag.inplace_view in func.tags
+
+
+def _is_inplace(func: Any) -> bool:
+    return torch.Tag.inplace in func.tags or (func._schema.name.endswith("_") and not func.is_view)
+
+
+def _is_random(func: Any, args: tuple, kwargs: dict) -> bool:
+    for i, a in enumerate(func._schema.arguments):
+        if a.name == "dropout_p":  # attention kernels: random only with dropout
+            p = kwargs.get("dropout_p", args[i] if i < len(args) else a.default_value)
+            return bool(p)
+    return torch.Tag.nondeterministic_seeded in func.tags
+
+
+@dataclass
+class _Op:
+    name: str
+    runtime_ms: float
+    output_bytes: int
+    out_serials: frozenset[int]
+    view_like: bool
+    random: bool
+    inplace: bool
+    mutated_serial: int | None
+
+
+@dataclass
+class _Mod:
+    fqn: str
+    parent: str | None
+    is_leaf: bool
+    ops: list[int] = field(default_factory=list)  # indices into the global op list
+    act_before: int = 0
+    act_after: int = 0
+    input_bytes: int = 0
+    output_bytes: int = 0
+    fw_ms: float = 0.0
+    bw_ms: float = 0.0
+    temp_start: int = 0
+    temp_peak: int = 0
+    grad_total: int | None = None
+    bw_state: str = "none"  # none -> open -> closed
+    done_fw: bool = False
+
+
+class _Collector(TorchDispatchMode):
+    def __init__(self, book: StorageBook, cost: Callable[..., float], mods: dict[nn.Module, _Mod]):
+        super().__init__()
+        self.book = book
+        self.cost = cost
+        self.mods = mods
+        self.phase = ACT
+        self.ops: list[_Op] = []
+        self.fw_stack: list[_Mod] = []
+        self.bw_open: list[_Mod] = []
+        self.saved: set[int] = set()
+        book.on_alloc.append(self._on_alloc)
+
+    def _on_alloc(self, category: str, live: dict[str, int]) -> None:
+        if category == TEMP:
+            for m in self.bw_open:
+                m.temp_peak = max(m.temp_peak, live[TEMP])
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        mutated = None
+        if _is_inplace(func) and args and isinstance(args[0], torch.Tensor):
+            mutated = self.book.serial(args[0].untyped_storage())
+        out = func(*args, **kwargs)
+        ms = self.cost(func, args, kwargs, out)
+        serials, out_bytes = set(), 0
+        for st in storages_of(out):
+            serial, _ = self.book.add(st, self.phase)
+            serials.add(serial)
+            out_bytes += self.book.nbytes(st)
+        if self.phase == ACT:
+            for m in self.fw_stack:
+                m.fw_ms += ms
+            if func not in SAC_IGNORED_OPS and self.fw_stack:
+                self._record(func, args, kwargs, ms, out_bytes, serials, mutated)
+        elif self.phase == TEMP:
+            for m in self.bw_open:
+                m.bw_ms += ms
+        return out
+
+    def _record(self, func, args, kwargs, ms, out_bytes, serials, mutated) -> None:
+        # Bytes follow PyTorch's SACEstimator (every output storage of a
+        # non-view op) except in-place ops: their storage is their parent's,
+        # which carries the bytes, and the two share one decision.
+        view = _is_view(func)
+        inplace = _is_inplace(func) and not view
+        idx = len(self.ops)
+        self.ops.append(
+            _Op(op_name(func), ms, 0 if view or inplace else out_bytes, frozenset(serials), view,
+                _is_random(func, args, kwargs), inplace, mutated)
+        )
+        for m in self.fw_stack:
+            if not m.is_leaf and not m.done_fw:
+                m.ops.append(idx)
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        if self.phase == ACT and t.layout == torch.strided:
+            serial = self.book.serial(t.untyped_storage())
+            if serial is not None:
+                self.saved.add(serial)
+        return t
+
+
+def _live_act(book: StorageBook) -> int:
+    return book.live[ACT]
+
+
+class _ModuleHooks:
+    """Forward pre/post and backward pre/post events of every module of the model."""
+
+    def __init__(self, col: _Collector, book: StorageBook, mods: dict[nn.Module, _Mod], progress: Progress | None):
+        self.col, self.book, self.mods, self.progress = col, book, mods, progress
+        self.pre_order: list[str] = []
+        self.post_order: list[str] = []
+        self._repeat: list[bool] = []
+        self._seen: set[str] = set()
+        self._handles: list[Any] = []
+
+    def __enter__(self) -> _ModuleHooks:
+        from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+
+        self._handles = [
+            register_module_forward_pre_hook(self._fw_pre),
+            register_module_forward_hook(self._fw_post, always_call=True),
+        ]
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for h in self._handles:
+            h.remove()
+
+    def _fw_pre(self, module: nn.Module, args: Any) -> None:
+        m = self.mods.get(module)
+        if m is None or self.col.phase != ACT:
+            return
+        first = m.fqn not in self._seen
+        self._repeat.append(not first)
+        if first:
+            self._seen.add(m.fqn)
+            self.pre_order.append(m.fqn)
+            m.act_before = _live_act(self.book)
+            m.input_bytes = sum(self.book.nbytes(s) for s in storages_of(args))
+            grads = [t for t in tensors_in(args) if t.requires_grad]
+            if grads:
+                torch.autograd.graph.register_multi_grad_hook(grads, lambda _g, m=m: self._bw_post(m))
+        self.col.fw_stack.append(m)
+
+    def _fw_post(self, module: nn.Module, args: Any, output: Any) -> None:
+        m = self.mods.get(module)
+        if m is None or self.col.phase != ACT or not self.col.fw_stack or self.col.fw_stack[-1] is not m:
+            return
+        self.col.fw_stack.pop()
+        if self._repeat.pop():
+            return
+        m.done_fw = True
+        self.post_order.append(m.fqn)
+        m.act_after = _live_act(self.book)
+        m.output_bytes = sum(self.book.nbytes(s) for s in storages_of(output))
+        outs = [t for t in tensors_in(output) if t.requires_grad]
+        if outs:
+            torch.autograd.graph.register_multi_grad_hook(outs, lambda _g, m=m: self._bw_pre(m), mode="any")
+        if self.progress:
+            self.progress("forward", len(self.post_order), len(self.mods))
+
+    def _bw_pre(self, m: _Mod) -> None:
+        if m.bw_state != "none":
+            return
+        m.bw_state = "open"
+        m.temp_start = m.temp_peak = self.book.live[TEMP]
+        self.col.bw_open.append(m)
+
+    def _bw_post(self, m: _Mod) -> None:
+        if m.bw_state != "open":
+            return
+        self.close(m)
+
+    def close(self, m: _Mod) -> None:
+        m.bw_state = "closed"
+        m.grad_total = self.book.live[GRAD]
+        if m in self.col.bw_open:
+            self.col.bw_open.remove(m)
+        if self.progress:
+            self.progress("backward", sum(x.bw_state == "closed" for x in self.mods.values()), len(self.mods))
+
+
+def _fakeify(model: nn.Module, fake: FakeTensorMode, device: torch.device, dtype: torch.dtype | None):
+    """Swap parameters and buffers for fake tensors; return what restores the originals."""
+    memo: dict[int, torch.Tensor] = {}
+    saved: list[tuple[dict, str, Any]] = []
+
+    def convert(t: torch.Tensor, is_param: bool) -> torch.Tensor:
+        if id(t) in memo:
+            return memo[id(t)]
+        want = dtype if (dtype is not None and t.is_floating_point()) else t.dtype
+        with fake:
+            f = torch.empty_strided(t.shape, t.stride(), dtype=want, device=device)
+        if is_param:
+            f = nn.Parameter(f, requires_grad=t.requires_grad)
+        memo[id(t)] = f
+        return f
+
+    for mod in model.modules():
+        for table, is_param in ((mod._parameters, True), (mod._buffers, False)):
+            for name, t in list(table.items()):
+                if t is not None:
+                    saved.append((table, name, t))
+                    table[name] = convert(t, is_param)
+
+    def restore() -> None:
+        for table, name, t in saved:
+            table[name] = t
+
+    return restore
+
+
+def _fake_inputs(inputs: Any, fake: FakeTensorMode, device: torch.device, dtype: torch.dtype | None) -> Any:
+    def conv(x: Any) -> Any:
+        if not isinstance(x, torch.Tensor):
+            return x
+        want = dtype if (dtype is not None and x.is_floating_point()) else x.dtype
+        with fake:
+            return torch.empty_strided(x.shape, x.stride(), dtype=want, device=device).requires_grad_(x.requires_grad)
+
+    return tree_map(conv, inputs)
+
+
+def _default_loss(output: Any) -> torch.Tensor:
+    loss = getattr(output, "loss", None)
+    if isinstance(loss, torch.Tensor):
+        return loss
+    logits = getattr(output, "logits", None)
+    if isinstance(logits, torch.Tensor):
+        return logits.sum()
+    ts = [t for t in tensors_in(output) if t.is_floating_point()]
+    if not ts:
+        raise ValueError("the model output has no floating-point tensor to take a loss from; pass loss_fn")
+    return ts[0].sum()
+
+
+def call_model(model: nn.Module, inputs: Any) -> Any:
+    """Call the model on example inputs: a dict is keyword arguments, a tuple/list positional."""
+    if isinstance(inputs, dict):
+        return model(**inputs)
+    if isinstance(inputs, (tuple, list)):
+        return model(*inputs)
+    return model(inputs)
+
+
+def _make_optimizer(name: str, params: list[nn.Parameter]) -> torch.optim.Optimizer | None:
+    if name == "none" or not params:
+        return None
+    if name == "adamw":
+        return torch.optim.AdamW(params, foreach=False)
+    if name == "adam":
+        return torch.optim.Adam(params, foreach=False)
+    return torch.optim.SGD(params, lr=0.01, momentum=0.9, foreach=False)
+
+
+def collect_stats(
+    model: nn.Module,
+    inputs: Any,
+    *,
+    loss_fn: Callable[[Any], torch.Tensor] | None = None,
+    optimizer: str = "adamw",
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | None = None,
+    cost_model: Callable[..., float],
+    emulate_cuda_attention: bool = False,
+    round_bytes_to: int = 1,
+    metadata: StatsMetadata | None = None,
+    progress: Progress | None = None,
+) -> Stats:
+    """Stats v1 of one training step of ``model`` on ``inputs``, collected under FakeTensorMode.
+
+    The model may live on any device, ``meta`` included; its parameters and
+    buffers are replaced by fake tensors on ``device`` (cast to ``dtype`` if
+    given) for the duration of the call and restored afterwards.
+    ``cost_model(func, args, kwargs, out) -> ms`` prices each op.
+    ``emulate_cuda_attention`` routes attention to CUDA's kernels (see
+    :mod:`estimators.emulation`). ``round_bytes_to`` rounds every storage up
+    (512 mimics the CUDA caching allocator).
+    """
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
+    device = torch.device(device)
+    fqns = module_fqns(model)
+    parents: dict[str, str | None] = {}
+    for mod, fqn in fqns.items():
+        for name, child in mod.named_children():
+            parents.setdefault(fqns[child], fqn)
+    mods = {mod: _Mod(fqn, parents.get(fqn), not any(True for _ in mod.children())) for mod, fqn in fqns.items()}
+
+    fake = FakeTensorMode(allow_non_fake_inputs=False)
+    book = StorageBook(round_bytes_to)
+    restore = _fakeify(model, fake, device, dtype)
+    t0 = time.perf_counter()
+    try:
+        params = [p for p in model.parameters() if p.requires_grad]
+        fake_in = _fake_inputs(inputs, fake, device, dtype)
+        for p in model.parameters():
+            book.add_tensors([p], PARAM)
+        book.add_tensors(model.buffers(), BUFFER)
+        book.add_tensors(tensors_in(fake_in), INPUT)
+        for p in params:
+            p.register_post_accumulate_grad_hook(lambda q: book.recategorize(q.grad.untyped_storage(), GRAD))
+        col = _Collector(book, cost_model, mods)
+        emulation = _emulation(emulate_cuda_attention)
+        with fake, col, _ModuleHooks(col, book, mods, progress) as hooks:
+            with torch.autograd.graph.saved_tensors_hooks(col.pack, lambda t: t), emulation, hf_fake_as_real(model):
+                output = call_model(model, fake_in)
+                loss = (loss_fn or _default_loss)(output)
+            del output
+            col.phase = TEMP
+            loss.backward()
+            del loss
+            for m in mods.values():
+                if m.bw_state == "open":
+                    hooks.close(m)
+            col.phase = OPT
+            opt = _make_optimizer(optimizer, params)
+            if opt is not None:
+                opt.step()
+                if progress:
+                    progress("optimizer", 1, 1)
+            opt_bytes = _optimizer_bytes(opt, book)
+        stats = _build(model, fqns, mods, col, hooks, opt_bytes, book, metadata)
+    finally:
+        restore()
+    stats.metadata.tags.setdefault("collect_seconds", f"{time.perf_counter() - t0:.3f}")
+    if emulate_cuda_attention:
+        stats.metadata.tags["attention_kernels"] = ",".join(f"{k}:{v}" for k, v in sorted(emulation.kernels.items()))
+    return stats
+
+
+def _emulation(enabled: bool) -> Any:
+    from contextlib import nullcontext
+
+    if not enabled:
+        return nullcontext()
+    from estimators.emulation import CudaAttentionEmulation
+
+    return CudaAttentionEmulation()
+
+
+def _optimizer_bytes(opt: torch.optim.Optimizer | None, book: StorageBook) -> dict[int, int]:
+    out: dict[int, int] = {}
+    if opt is None:
+        return out
+    for p, state in opt.state.items():
+        out[id(p)] = sum(book.nbytes(s) for s in storages_of(list(state.values())))
+    return out
+
+
+def _build(model, fqns, mods, col, hooks, opt_bytes, book, metadata) -> Stats:
+    by_fqn = {m.fqn: (mod, m) for mod, m in mods.items()}
+    # Only modules that ran in forward are in the stats; parents fall back to the nearest that ran.
+    ran = set(hooks.post_order)
+    modules = []
+    for fqn in hooks.pre_order:
+        mod, m = by_fqn[fqn]
+        parent = m.parent
+        while parent is not None and parent not in ran:
+            parent = by_fqn[parent][1].parent
+        pbytes, obytes = _param_bytes(mod, book, opt_bytes)
+        grad_total = m.grad_total
+        if grad_total is None:  # backward never reached this module: take its parent's figure
+            p = parent
+            while p is not None and by_fqn[p][1].grad_total is None:
+                p = by_fqn[p][1].parent
+            grad_total = by_fqn[p][1].grad_total if p is not None else book.live[GRAD]
+        ops = None if m.is_leaf else _op_stats(m, col)
+        modules.append(
+            ModuleStats(
+                fqn=fqn,
+                parent=parent,
+                is_leaf=m.is_leaf,
+                param_bytes=pbytes,
+                grad_bytes=_grad_bytes(mod, book),
+                act_saved_bytes=max(0, m.act_after - m.act_before - m.output_bytes),
+                act_total_bytes=m.act_after,
+                act_grad_bytes=max(0, m.temp_peak - m.temp_start),
+                grad_total_bytes=grad_total or 0,
+                input_bytes=m.input_bytes,
+                output_bytes=m.output_bytes,
+                optimizer_state_bytes=obytes,
+                fw_ms=m.fw_ms,
+                bw_ms=m.bw_ms,
+                ops=ops,
+            )
+        )
+    return Stats(
+        metadata=metadata or StatsMetadata(model_name=type(model).__name__),
+        fw_pre_order=hooks.pre_order,
+        fw_post_order=hooks.post_order,
+        modules=modules,
+    )
+
+
+def _param_bytes(mod: nn.Module, book: StorageBook, opt_bytes: dict[int, int]) -> tuple[int, int]:
+    params = list(mod.parameters())
+    pbytes = sum(book.nbytes(s) for s in storages_of(params))
+    return pbytes, sum(opt_bytes.get(id(p), 0) for p in {id(p): p for p in params}.values())
+
+
+def _grad_bytes(mod: nn.Module, book: StorageBook) -> int:
+    return sum(book.nbytes(s) for s in storages_of([p for p in mod.parameters() if p.requires_grad]))
+
+
+def _op_stats(m: _Mod, col: _Collector) -> list[OpStats]:
+    ops = [col.ops[i] for i in m.ops]
+    out: list[OpStats] = []
+    for k, op in enumerate(ops):
+        parent = None
+        if op.inplace:
+            parent = k
+            if op.mutated_serial is not None:
+                for j in range(k):
+                    if op.mutated_serial in ops[j].out_serials:
+                        parent = j
+                        break
+        out.append(
+            OpStats(
+                name=op.name,
+                runtime_ms=op.runtime_ms,
+                output_bytes=op.output_bytes,
+                view_like=op.view_like,
+                random=op.random,
+                inplace_parent=parent,
+                saved_by_autograd=bool(op.out_serials) and op.out_serials <= col.saved,
+            )
+        )
+    # The block output is kept anyway: PyTorch's SACEstimator zeroes the last
+    # op that is neither view-like nor in-place.
+    for k in range(len(out) - 1, -1, -1):
+        if not out[k].view_like and out[k].inplace_parent is None:
+            out[k].output_bytes = 0
+            break
+    return out

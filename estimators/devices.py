@@ -1,0 +1,132 @@
+"""Datasheet figures of training devices, for the roofline cost model.
+
+Peak FLOP/s are dense (no structured sparsity) tensor-core figures per dtype;
+``fp32`` is the non-tensor-core FP32 rate, which is what PyTorch uses for fp32
+matmuls unless TF32 is enabled (``torch.backends.cuda.matmul.allow_tf32``).
+Memory bandwidth is the HBM/GDDR peak. Sources, one per device:
+
+* A100-40GB, A100-80GB: NVIDIA A100 Tensor Core GPU datasheet (SXM columns),
+  https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf
+  BF16/FP16 312, TF32 156, FP32 19.5 TFLOP/s; 1,555 GB/s (40GB), 2,039 GB/s (80GB).
+* H100-SXM, H100-PCIe: NVIDIA H100 Tensor Core GPU datasheet,
+  https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet
+  SXM: BF16 1,979 / TF32 989 TFLOP/s *with sparsity* (dense: half), FP32 67, 3.35 TB/s;
+  PCIe: BF16 1,513 / TF32 756 with sparsity (dense: half), FP32 51, 2 TB/s.
+* H200: NVIDIA H200 Tensor Core GPU datasheet (SXM),
+  https://resources.nvidia.com/en-us-data-center-overview-mc/en-us-data-center-overview/hpc-datasheet-sc23-h200
+  same compute as H100-SXM, 4.8 TB/s.
+* L40S: NVIDIA L40S datasheet,
+  https://resources.nvidia.com/en-us-l40s/l40s-datasheet-28413
+  BF16 733 / TF32 366 TFLOP/s with sparsity (dense: half), FP32 91.6, 864 GB/s.
+* MI300X: AMD Instinct MI300X accelerator datasheet,
+  https://www.amd.com/content/dam/amd/en/documents/instinct-tech-docs/data-sheets/amd-instinct-mi300x-data-sheet.pdf
+  BF16/FP16 1,307.4, TF32 653.7, FP32 (matrix) 163.4 TFLOP/s; 5.3 TB/s.
+
+``cpu`` is not a datasheet entry: a deliberately rough placeholder (1 TFLOP/s,
+50 GB/s) for collecting on a CPU for a CPU run; pass ``--peak-tflops`` and
+``--mem-bandwidth-gbps`` for a real figure.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+
+__all__ = ["DeviceSpec", "DEVICES", "device_spec", "device_names"]
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """Roofline figures of one device."""
+
+    name: str
+    kind: str  # "cuda" (what a CUDA/ROCm build reports as device type) or "cpu"
+    peak_tflops: dict[str, float]  # dtype name -> dense TFLOP/s
+    mem_bandwidth_gbps: float  # GB/s (10**9 bytes per second)
+    source: str
+    compute_efficiency: float = 1.0  # fraction of peak FLOP/s reached
+    memory_efficiency: float = 1.0  # fraction of peak bandwidth reached
+
+    def tflops(self, dtype: str) -> float:
+        """Peak dense TFLOP/s for a dtype name (fp32, tf32, bf16, fp16, ...)."""
+        if dtype in self.peak_tflops:
+            return self.peak_tflops[dtype]
+        # Integer/fp8 and unknown dtypes: use the 16-bit tensor-core rate.
+        return self.peak_tflops.get("bf16", max(self.peak_tflops.values()))
+
+
+def _spec(name: str, bf16: float, tf32: float, fp32: float, gbps: float, source: str, kind: str = "cuda") -> DeviceSpec:
+    return DeviceSpec(name, kind, {"bf16": bf16, "fp16": bf16, "tf32": tf32, "fp32": fp32, "fp64": fp32 / 2},
+                      gbps, source)
+
+
+_NV_A100 = "NVIDIA A100 datasheet (nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf), SXM, dense"
+_NV_H100 = "NVIDIA H100 Tensor Core GPU datasheet, dense (half the with-sparsity figures)"
+DEVICES: dict[str, DeviceSpec] = {
+    s.name.lower(): s
+    for s in (
+        _spec("A100-40GB", 312.0, 156.0, 19.5, 1555.0, _NV_A100),
+        _spec("A100-80GB", 312.0, 156.0, 19.5, 2039.0, _NV_A100),
+        _spec("H100-SXM", 989.5, 494.5, 67.0, 3350.0, _NV_H100 + ", SXM5"),
+        _spec("H100-PCIe", 756.5, 378.0, 51.0, 2000.0, _NV_H100 + ", PCIe"),
+        _spec("H200", 989.5, 494.5, 67.0, 4800.0, "NVIDIA H200 Tensor Core GPU datasheet, SXM, dense"),
+        _spec("L40S", 366.5, 183.0, 91.6, 864.0, "NVIDIA L40S datasheet, dense (half the with-sparsity figures)"),
+        _spec("MI300X", 1307.4, 653.7, 163.4, 5300.0, "AMD Instinct MI300X data sheet, dense matrix"),
+        _spec("cpu", 1.0, 1.0, 1.0, 50.0, "placeholder, not a datasheet figure: override it", kind="cpu"),
+    )
+}
+
+# Names as torch.cuda.get_device_name reports them -> table entries.
+_ALIASES = (
+    (r"a100.*80", "a100-80gb"),
+    (r"a100", "a100-40gb"),
+    (r"h100.*pcie", "h100-pcie"),
+    (r"h100", "h100-sxm"),
+    (r"h200", "h200"),
+    (r"l40s", "l40s"),
+    (r"mi300x", "mi300x"),
+)
+
+
+def device_names() -> list[str]:
+    """The table's device names, as printed."""
+    return [s.name for s in DEVICES.values()]
+
+
+def device_spec(
+    name: str,
+    *,
+    peak_tflops: float | None = None,
+    mem_bandwidth_gbps: float | None = None,
+    compute_efficiency: float | None = None,
+    memory_efficiency: float | None = None,
+) -> DeviceSpec:
+    """The table entry for ``name`` (case-insensitive), with user overrides.
+
+    ``peak_tflops`` replaces the peak of every dtype. Names reported by
+    ``torch.cuda.get_device_name`` (``NVIDIA H100 80GB HBM3``) are matched too.
+    """
+    key = name.strip().lower()
+    spec = DEVICES.get(key)
+    if spec is None:
+        for pattern, entry in _ALIASES:
+            if re.search(pattern, key):
+                spec = DEVICES[entry]
+                break
+    if spec is None:
+        raise ValueError(f"target device {name!r} is not in the table; known: {', '.join(device_names())}")
+    for field, value in (("peak_tflops", peak_tflops), ("mem_bandwidth_gbps", mem_bandwidth_gbps)):
+        if value is not None and not value > 0:
+            raise ValueError(f"{field} must be positive, got {value!r}")
+    for field, value in (("compute_efficiency", compute_efficiency), ("memory_efficiency", memory_efficiency)):
+        if value is not None and not 0 < value <= 1:
+            raise ValueError(f"{field} must be in (0, 1], got {value!r}")
+    if peak_tflops is not None:
+        spec = replace(spec, peak_tflops={k: peak_tflops for k in spec.peak_tflops})
+    if mem_bandwidth_gbps is not None:
+        spec = replace(spec, mem_bandwidth_gbps=mem_bandwidth_gbps)
+    if compute_efficiency is not None:
+        spec = replace(spec, compute_efficiency=compute_efficiency)
+    if memory_efficiency is not None:
+        spec = replace(spec, memory_efficiency=memory_efficiency)
+    return spec

@@ -1,0 +1,80 @@
+"""Target emulation: make a CPU collection see the kernels a CUDA target runs.
+
+On a CPU, ``scaled_dot_product_attention`` with dropout falls back to the math
+path, which materializes the (batch, heads, seq, seq) attention matrix and
+saves it for backward. A CUDA target runs flash or memory-efficient attention,
+which save only the output and a logsumexp. Under FakeTensorMode the CUDA
+attention ops run fine on CPU fake tensors (they have meta kernels), so while
+collecting for a CUDA target we call them directly.
+
+Emulated choices, following PyTorch's CUDA priority order (flash, then
+memory-efficient, then math):
+
+* flash attention (``aten._scaled_dot_product_flash_attention``): fp16/bf16,
+  no ``attn_mask``, head dim <= 256, query/key/value with equal head counts;
+* memory-efficient attention (``aten._scaled_dot_product_efficient_attention``):
+  any other case with equal head counts (fp32 included, masks as additive
+  bias; a boolean mask is converted to a 0/-inf bias as CUDA does);
+* everything else (grouped-query attention with ``enable_gqa=True`` and
+  differing head counts) is left to PyTorch's own dispatch: the math path.
+
+cuDNN attention (picked first on some H100 builds) is not emulated; its saved
+tensors match flash attention's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+__all__ = ["CudaAttentionEmulation", "attention_kernel"]
+
+aten = torch.ops.aten
+
+
+def attention_kernel(q: torch.Tensor, k: torch.Tensor, attn_mask: Any, enable_gqa: bool) -> str:
+    """Which kernel a CUDA target would pick: 'flash', 'efficient' or 'math'."""
+    if q.dim() != 4 or k.dim() != 4 or q.size(1) != k.size(1):
+        return "math"
+    if q.dtype in (torch.float16, torch.bfloat16) and attn_mask is None and q.size(-1) <= 256:
+        return "flash"
+    return "efficient"
+
+
+def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    kernel = attention_kernel(query, key, attn_mask, enable_gqa)
+    return kernel, _run(kernel, query, key, value, attn_mask, dropout_p, is_causal, scale)
+
+
+def _run(kernel, query, key, value, attn_mask, dropout_p, is_causal, scale):
+    if kernel == "flash":
+        return aten._scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal, scale=scale)[0]
+    if kernel == "efficient":
+        bias = attn_mask
+        if bias is not None and bias.dtype == torch.bool:
+            bias = torch.zeros_like(bias, dtype=query.dtype).masked_fill_(~bias, float("-inf"))
+        needs_lse = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+        return aten._scaled_dot_product_efficient_attention(
+            query, key, value, bias, needs_lse, dropout_p, is_causal, scale=scale
+        )[0]
+    return None
+
+
+class CudaAttentionEmulation(TorchFunctionMode):
+    """Routes ``F.scaled_dot_product_attention`` to the CUDA kernel a target would run."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kernels: dict[str, int] = {}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention:
+            kernel, out = _sdpa(*args, **kwargs)
+            self.kernels[kernel] = self.kernels.get(kernel, 0) + 1
+            if out is not None:
+                return out
+        return func(*args, **kwargs)

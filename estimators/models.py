@@ -1,0 +1,172 @@
+"""Building the model to collect: a user factory (``file.py:factory``) or a Hugging Face config.
+
+Factory contract: a function taking any of the keyword arguments
+``batch_size``, ``seq_len``, ``dtype`` (a ``torch.dtype``) and ``device`` (a
+``torch.device``; ``meta`` is fine and recommended for big models) and
+returning ``(model, inputs)`` or ``(model, inputs, loss_fn)``. ``inputs`` is a
+tensor, a tuple of positional arguments or a dict of keyword arguments;
+``loss_fn(output)`` returns the scalar loss (default: ``output.loss`` if
+present, else the sum of the first floating-point output). Only the
+arguments the factory declares are passed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["BuiltModel", "DTYPES", "load_factory", "build_from_factory", "build_from_hf_config"]
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass
+class BuiltModel:
+    model: nn.Module
+    inputs: Any
+    loss_fn: Callable[[Any], torch.Tensor] | None
+    name: str
+    input_shape: list[int] | None
+
+
+def load_factory(spec: str) -> Callable[..., Any]:
+    """The function named by ``path/to/file.py:factory``."""
+    path, sep, name = spec.rpartition(":")
+    if not sep or not path or not name:
+        raise ValueError(f"--model must look like path/to/file.py:factory, got {spec!r}")
+    file = Path(path)
+    if not file.is_file():
+        raise ValueError(f"--model file {path!r} does not exist")
+    mod_spec = importlib.util.spec_from_file_location(f"sacplan_user_{file.stem}", file)
+    module = importlib.util.module_from_spec(mod_spec)
+    mod_spec.loader.exec_module(module)
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise ValueError(f"--model {spec!r}: {path} has no function {name!r}")
+    return fn
+
+
+def build_from_factory(
+    factory: Callable[..., Any], *, batch_size: int, seq_len: int, dtype: torch.dtype, device: torch.device
+) -> BuiltModel:
+    """Call a factory with the arguments it declares and check what it returns."""
+    offered = {"batch_size": batch_size, "seq_len": seq_len, "dtype": dtype, "device": device}
+    params = inspect.signature(factory).parameters
+    takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    result = factory(**{k: v for k, v in offered.items() if takes_all or k in params})
+    if not isinstance(result, tuple) or len(result) not in (2, 3) or not isinstance(result[0], nn.Module):
+        raise ValueError(
+            f"factory {getattr(factory, '__name__', factory)!r} must return (model, inputs) or "
+            f"(model, inputs, loss_fn), got {type(result).__name__}"
+        )
+    model, inputs = result[0], result[1]
+    loss_fn = result[2] if len(result) == 3 else None
+    first = next((t for t in _flat(inputs) if isinstance(t, torch.Tensor)), None)
+    shape = list(first.shape) if first is not None else None
+    return BuiltModel(model, inputs, loss_fn, type(model).__name__, shape)
+
+
+def _flat(inputs: Any) -> list[Any]:
+    from torch.utils._pytree import tree_flatten
+
+    return tree_flatten(inputs)[0]
+
+
+def build_from_hf_config(
+    config: str | Path | dict, *, batch_size: int, seq_len: int, dtype: torch.dtype, device: torch.device
+) -> BuiltModel:
+    """A causal LM from a Hugging Face config (file or dict), random weights, built on ``meta``.
+
+    Nothing is downloaded. Inputs are ``input_ids`` and ``labels`` of shape
+    (batch_size, seq_len), so the model computes its own loss.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if isinstance(config, (str, Path)):
+        try:
+            doc = json.loads(Path(config).read_text())
+        except FileNotFoundError:
+            raise ValueError(f"--hf-config file {str(config)!r} does not exist") from None
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"--hf-config file {str(config)!r} is not valid JSON: {exc}") from None
+    else:
+        doc = dict(config)
+    model_type = doc.pop("model_type", None)
+    if not model_type:
+        raise ValueError("--hf-config has no model_type (e.g. \"llama\")")
+    cfg = AutoConfig.for_model(model_type, **doc)
+    cfg.use_cache = False
+    if getattr(cfg, "_attn_implementation_internal", None) is None:
+        cfg._attn_implementation = "sdpa"
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    model.train()
+    vocab = int(getattr(cfg, "vocab_size", 32000))
+    with torch.device(device):
+        ids = torch.randint(0, vocab, (batch_size, seq_len))
+    name = (getattr(cfg, "name_or_path", "") or "") or f"{model_type}-{type(model).__name__}"
+    return BuiltModel(model, {"input_ids": ids, "labels": ids}, None, name, [batch_size, seq_len])
+
+
+def hf_fake_as_real(model: nn.Module) -> Any:
+    """A context under which a Hugging Face model takes the same mask path on fake tensors as on real ones.
+
+    ``transformers.masking_utils`` treats any fake tensor as tracing and then
+    materializes the causal mask, so SDPA gets an ``attn_mask`` and, with
+    grouped-query attention, HF repeats key/value heads itself; on real
+    tensors it passes ``is_causal=True`` and ``enable_gqa`` instead. The op
+    sequences then differ and a plan made from fake stats would not apply.
+
+    So under fakes: the scalar offset check is answered as for real tensors,
+    and position ids are taken to hold one sequence per row (no packing: the
+    values are unknown), which is what an unpacked real run finds. A padding
+    mask still counts as tracing. What remains different: the real run's
+    packing check reads a value (``select``, ``eq``, ``all``,
+    ``_local_scalar_dense`` in the base model's own ops, outside the decoder
+    layers), so only the root and base-model op lists differ by those ops.
+    """
+    from contextlib import ExitStack, nullcontext
+    from unittest import mock
+
+    mu = _masking_utils(model)
+    if mu is None or not hasattr(mu, "is_tracing"):
+        return nullcontext()
+    from torch._subclasses.fake_tensor import is_fake
+
+    original = mu.is_tracing
+
+    def is_tracing(tensor: Any = None) -> bool:
+        if isinstance(tensor, torch.Tensor) and is_fake(tensor) and tensor.numel() <= 1:
+            return original(None)
+        return original(tensor) if tensor is not None else original()
+
+    stack = ExitStack()
+    stack.enter_context(mock.patch.object(mu, "is_tracing", is_tracing))
+    find_packed = getattr(mu, "find_packed_sequence_indices", None)
+    if find_packed is not None:
+
+        def unpacked(position_ids: torch.Tensor) -> Any:
+            if not is_fake(position_ids):
+                return find_packed(position_ids)
+            with mock.patch.object(mu, "is_tracing", lambda tensor=None: True):
+                find_packed(position_ids)  # the same ops as a real run, up to reading the values
+            return None
+
+        stack.enter_context(mock.patch.object(mu, "find_packed_sequence_indices", unpacked))
+    return stack
+
+
+def _masking_utils(model: nn.Module) -> Any:
+    import sys
+
+    if not type(model).__module__.startswith("transformers.") or "transformers.masking_utils" not in sys.modules:
+        return None
+    return sys.modules["transformers.masking_utils"]

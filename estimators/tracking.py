@@ -1,0 +1,105 @@
+"""Storage bookkeeping for the collector: live bytes per category, by weak reference.
+
+Every tensor storage the step creates is registered once, with its bytes and
+a category (parameter, activation, gradient, ...). A weak reference callback
+takes it off the books when the storage is freed, so the live totals follow
+the step exactly as a caching allocator would see it (fake tensors included:
+their storages are real ``StorageImpl`` objects without data).
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+__all__ = ["StorageBook", "tensors_in", "storages_of"]
+
+PARAM, BUFFER, INPUT, ACT, TEMP, GRAD, OPT = "param", "buffer", "input", "act", "temp", "grad", "opt"
+CATEGORIES = (PARAM, BUFFER, INPUT, ACT, TEMP, GRAD, OPT)
+
+
+def tensors_in(tree: object) -> list[torch.Tensor]:
+    flat, _ = tree_flatten(tree)
+    return [t for t in flat if isinstance(t, torch.Tensor)]
+
+
+def storages_of(tree: object) -> list[torch.UntypedStorage]:
+    """Distinct storages of the tensors in a pytree (outputs, args)."""
+    seen: dict[int, torch.UntypedStorage] = {}
+    for t in tensors_in(tree):
+        if t.layout != torch.strided:
+            continue
+        st = t.untyped_storage()
+        seen.setdefault(st._cdata, st)
+    return list(seen.values())
+
+
+@dataclass
+class _Entry:
+    serial: int
+    nbytes: int
+    category: str
+    ref: weakref.ref = field(repr=False)
+
+
+class StorageBook:
+    """Live storages and bytes per category; ``serial`` numbers never repeat."""
+
+    def __init__(self, round_to: int = 1):
+        self.round_to = round_to
+        self.live: dict[str, int] = dict.fromkeys(CATEGORIES, 0)
+        self._entries: dict[int, _Entry] = {}
+        self._serial = 0
+        self.on_alloc: list = []  # callables(category, live) run after each new storage
+
+    def nbytes(self, st: torch.UntypedStorage) -> int:
+        n = st.nbytes()
+        return math.ceil(n / self.round_to) * self.round_to if n else 0
+
+    def serial(self, st: torch.UntypedStorage) -> int | None:
+        e = self._entries.get(st._cdata)
+        return e.serial if e else None
+
+    def category(self, st: torch.UntypedStorage) -> str | None:
+        e = self._entries.get(st._cdata)
+        return e.category if e else None
+
+    def add(self, st: torch.UntypedStorage, category: str) -> tuple[int, bool]:
+        """Register ``st`` if new; return (serial, was_new)."""
+        key = st._cdata
+        e = self._entries.get(key)
+        if e is not None:
+            return e.serial, False
+        self._serial += 1
+        n = self.nbytes(st)
+
+        def _freed(_ref: weakref.ref, key: int = key, serial: int = self._serial) -> None:
+            entry = self._entries.get(key)
+            if entry is not None and entry.serial == serial:
+                del self._entries[key]
+                self.live[entry.category] -= entry.nbytes
+
+        self._entries[key] = _Entry(self._serial, n, category, weakref.ref(st, _freed))
+        self.live[category] += n
+        for fn in self.on_alloc:
+            fn(category, self.live)
+        return self._serial, True
+
+    def add_tensors(self, tensors: Iterable[torch.Tensor], category: str) -> None:
+        for st in storages_of(list(tensors)):
+            self.add(st, category)
+
+    def recategorize(self, st: torch.UntypedStorage, category: str) -> None:
+        e = self._entries.get(st._cdata)
+        if e is None:
+            self.add(st, category)
+            return
+        if e.category != category:
+            self.live[e.category] -= e.nbytes
+            self.live[category] += e.nbytes
+            e.category = category

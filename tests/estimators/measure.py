@@ -1,0 +1,66 @@
+"""Real-run measurements the fidelity tests compare the stats against."""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+
+def _storages(tree: Any) -> dict[int, torch.UntypedStorage]:
+    flat, _ = tree_flatten(tree)
+    out = {}
+    for t in flat:
+        if isinstance(t, torch.Tensor) and t.layout == torch.strided:
+            st = t.untyped_storage()
+            out[st.data_ptr() or id(st)] = st
+    return out
+
+
+def saved_bytes_by_hooks(model: torch.nn.Module, call: Any) -> tuple[int, Any]:
+    """Bytes of the unique storages autograd saves while ``call()`` runs the model's forward.
+
+    Parameters, the inputs' and the output's storages are left out: the stats'
+    IA counts activations saved inside the module, not its input or output.
+    """
+    saved: dict[int, torch.UntypedStorage] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved.update(_storages(t))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = call()
+    exclude = set(_storages(list(model.parameters()) + list(model.buffers()))) | set(_storages(out))
+    return sum(st.nbytes() for k, st in saved.items() if k not in exclude), out
+
+
+class _Watch(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.refs: dict[int, tuple[weakref.ref, int]] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for key, st in _storages(out).items():
+            if key not in self.refs or self.refs[key][0]() is None:
+                self.refs[key] = (weakref.ref(st), st.nbytes())
+        return out
+
+
+def live_activation_bytes(model: torch.nn.Module, call: Any) -> tuple[int, Any]:
+    """Bytes of storages created during ``call()`` that are still alive after it, minus its output.
+
+    Under selective checkpointing these are exactly the tensors kept for
+    backward: autograd-saved tensors outside checkpointed regions plus the
+    op outputs the policy caches.
+    """
+    watch = _Watch()
+    with watch:
+        out = call()
+    exclude = set(_storages(list(model.parameters()) + list(model.buffers()))) | set(_storages(out))
+    total = sum(n for key, (ref, n) in watch.refs.items() if ref() is not None and key not in exclude)
+    return total, out
