@@ -11,15 +11,22 @@ Emulated choices, following PyTorch's CUDA priority order (flash, then
 memory-efficient, then math):
 
 * flash attention (``aten._scaled_dot_product_flash_attention``): fp16/bf16,
-  no ``attn_mask``, head dim <= 256, query/key/value with equal head counts;
+  no ``attn_mask``, head dim <= 256, equal head counts or grouped-query
+  attention with ``enable_gqa=True`` (flash handles it natively);
 * memory-efficient attention (``aten._scaled_dot_product_efficient_attention``):
   any other case with equal head counts (fp32 included, masks as additive
   bias; a boolean mask is converted to a 0/-inf bias as CUDA does);
-* everything else (grouped-query attention with ``enable_gqa=True`` and
-  differing head counts) is left to PyTorch's own dispatch: the math path.
+* everything else (grouped-query attention that flash cannot take) is left
+  to PyTorch's own dispatch: the math path.
 
 cuDNN attention (picked first on some H100 builds) is not emulated; its saved
 tensors match flash attention's.
+
+Dropout is emulated too: on a CPU, ``F.dropout`` builds a float mask
+(``empty_like``, ``bernoulli_``, ``div_``, ``mul``: four bytes per element
+kept), while CUDA runs the fused ``aten.native_dropout`` with a one-byte
+boolean mask. Out-of-place training dropout with 0 < p < 1 is routed to
+``native_dropout``, as CUDA's ``at::dropout`` does.
 """
 
 from __future__ import annotations
@@ -37,11 +44,14 @@ aten = torch.ops.aten
 
 def attention_kernel(q: torch.Tensor, k: torch.Tensor, attn_mask: Any, enable_gqa: bool) -> str:
     """Which kernel a CUDA target would pick: 'flash', 'efficient' or 'math'."""
-    if q.dim() != 4 or k.dim() != 4 or q.size(1) != k.size(1):
+    if q.dim() != 4 or k.dim() != 4:
         return "math"
+    same_heads = q.size(1) == k.size(1)
+    grouped = enable_gqa and k.size(1) > 0 and q.size(1) % k.size(1) == 0
     if q.dtype in (torch.float16, torch.bfloat16) and attn_mask is None and q.size(-1) <= 256:
-        return "flash"
-    return "efficient"
+        if same_heads or grouped:
+            return "flash"
+    return "efficient" if same_heads else "math"
 
 
 def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
@@ -63,8 +73,14 @@ def _run(kernel, query, key, value, attn_mask, dropout_p, is_causal, scale):
     return None
 
 
+def _dropout(input, p=0.5, training=True, inplace=False):
+    if not training or inplace or not 0 < p < 1 or input.numel() == 0:
+        return None
+    return aten.native_dropout(input, p, True)[0]
+
+
 class CudaAttentionEmulation(TorchFunctionMode):
-    """Routes ``F.scaled_dot_product_attention`` to the CUDA kernel a target would run."""
+    """Routes attention and dropout to the CUDA kernels a target would run (see the module doc)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -72,6 +88,11 @@ class CudaAttentionEmulation(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func is F.dropout:
+            out = _dropout(*args, **kwargs)
+            if out is not None:
+                self.kernels["native_dropout"] = self.kernels.get("native_dropout", 0) + 1
+                return out
         if func is F.scaled_dot_product_attention:
             kernel, out = _sdpa(*args, **kwargs)
             self.kernels[kernel] = self.kernels.get(kernel, 0) + 1

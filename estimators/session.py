@@ -1,0 +1,126 @@
+"""One ``sacplan collect`` run as a library call: build the model, pick the cost model, collect."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from estimators.collector import collect_stats
+from estimators.cost_model import BenchmarkCostModel, RooflineCostModel
+from estimators.devices import DeviceSpec, device_spec
+from estimators.models import DTYPES, BuiltModel, build_from_factory, build_from_hf_config, load_factory
+from planner.memory_model import baseline_peak_bytes
+from planner.stats import Stats, StatsMetadata
+from planner.version import PLANNER_VERSION
+
+__all__ = ["CollectRequest", "CollectResult", "run_collection", "COLLECTOR_VERSION"]
+
+COLLECTOR_VERSION = f"sacplan-estimators {PLANNER_VERSION}"
+# The CUDA caching allocator hands out blocks in multiples of 512 bytes.
+CUDA_BLOCK_BYTES = 512
+
+
+@dataclass
+class CollectRequest:
+    model: str | None = None
+    hf_config: str | dict | None = None
+    batch: int = 1
+    seq: int = 512
+    dtype: str = "fp32"
+    optimizer: str = "adamw"
+    device: str = "cpu"
+    target_device: str | None = None
+    peak_tflops: float | None = None
+    mem_bandwidth_gbps: float | None = None
+    compute_efficiency: float | None = None
+    memory_efficiency: float | None = None
+    allow_tf32: bool = False
+    benchmark: bool = False
+    name: str | None = None
+
+    @classmethod
+    def from_args(cls, args: Any) -> CollectRequest:
+        fields = cls.__dataclass_fields__
+        return cls(**{k: getattr(args, k) for k in fields if hasattr(args, k)})
+
+    def describe(self) -> str:
+        src = self.model or (self.hf_config if isinstance(self.hf_config, str) else "HF config")
+        return f"{src}: batch {self.batch}, seq {self.seq}, {self.dtype}, {self.optimizer}, on {self.device}"
+
+
+@dataclass
+class CollectResult:
+    stats: Stats
+    parameter_count: int
+    baseline_peak_bytes: int
+    seconds: float
+    target: DeviceSpec
+
+
+def _target(req: CollectRequest) -> DeviceSpec:
+    name = req.target_device
+    if name is None:
+        name = torch.cuda.get_device_name() if req.device == "cuda" else "cpu"
+    return device_spec(name, peak_tflops=req.peak_tflops, mem_bandwidth_gbps=req.mem_bandwidth_gbps,
+                       compute_efficiency=req.compute_efficiency, memory_efficiency=req.memory_efficiency)
+
+
+def _build(req: CollectRequest, device: torch.device) -> BuiltModel:
+    dtype = DTYPES[req.dtype]
+    if req.model:
+        factory = load_factory(req.model)
+        return build_from_factory(factory, batch_size=req.batch, seq_len=req.seq, dtype=dtype, device=device)
+    if req.hf_config is None:
+        raise ValueError("give a model: --model FILE.py:FACTORY or --hf-config CONFIG.json")
+    return build_from_hf_config(req.hf_config, batch_size=req.batch, seq_len=req.seq, dtype=dtype, device=device)
+
+
+def run_collection(req: CollectRequest, *, progress: Any = None) -> CollectResult:
+    """Build the requested model and collect its stats."""
+    if req.dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {req.dtype!r}")
+    if req.device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("--device cuda: torch.cuda.is_available() is False; use --device cpu "
+                           "with --target-device NAME to plan for a GPU from this machine")
+    target = _target(req)
+    cost = RooflineCostModel(target, allow_tf32=req.allow_tf32)
+    if req.benchmark:
+        if req.device != "cuda":
+            raise ValueError("--benchmark times real kernels and needs --device cuda")
+        cost = BenchmarkCostModel(cost)
+    # Build on meta: nothing is allocated, whatever the model's size.
+    built = _build(req, torch.device("meta"))
+    n_params = sum(p.numel() for p in built.model.parameters())
+    emulate = req.device == "cpu" and target.kind == "cuda"
+    meta = StatsMetadata(
+        model_name=(req.name or built.name)[:256],
+        batch_size=req.batch,
+        seq_len=req.seq,
+        input_shape=built.input_shape,
+        dtype=req.dtype,
+        device=req.device,
+        target_device=target.name,
+        optimizer=req.optimizer,
+        torch_version=torch.__version__,
+        collector_version=COLLECTOR_VERSION,
+        tags={"cost_model": "benchmark" if req.benchmark else "roofline"},
+    )
+    t0 = time.perf_counter()
+    stats = collect_stats(
+        built.model,
+        built.inputs,
+        loss_fn=built.loss_fn,
+        optimizer=req.optimizer,
+        device=torch.device(req.device),
+        dtype=DTYPES[req.dtype],
+        cost_model=cost,
+        emulate_cuda_attention=emulate,
+        round_bytes_to=CUDA_BLOCK_BYTES if target.kind == "cuda" else 1,
+        metadata=meta,
+        progress=progress,
+    )
+    seconds = time.perf_counter() - t0
+    return CollectResult(stats, n_params, baseline_peak_bytes(stats), seconds, target)
