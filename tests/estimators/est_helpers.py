@@ -1,4 +1,4 @@
-"""Real-run measurements the fidelity tests compare the stats against."""
+"""Test helpers: the tiny HF config and the real-run measurements the fidelity tests use."""
 
 from __future__ import annotations
 
@@ -8,6 +8,19 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
+
+# The issue's "tiny HF Llama": built from this dict, random weights, nothing downloaded.
+TINY_LLAMA = {
+    "model_type": "llama",
+    "vocab_size": 256,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 64,
+    "attention_dropout": 0.1,
+}
 
 
 def _storages(tree: Any) -> dict[int, torch.UntypedStorage]:

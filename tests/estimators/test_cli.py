@@ -1,0 +1,131 @@
+"""``sacplan collect`` end to end: files written, stats valid, upload to a real service."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from planner import load_stats  # noqa: E402
+from planner.cli import main  # noqa: E402
+from est_helpers import TINY_LLAMA  # noqa: E402
+
+FACTORY = '''
+import torch
+from torch.testing._internal.distributed._tensor.common_dtensor import ModelArgs, Transformer
+
+
+def make(batch_size, seq_len, device):
+    args = ModelArgs(n_layers=2, vocab_size=128, max_seq_len=seq_len, dim=64, n_heads=4, dropout_p=0.1)
+    with torch.device(device):
+        model = Transformer(args)
+        tokens = torch.randint(0, 128, (batch_size, seq_len))
+    return model, (tokens,)
+'''
+
+
+@pytest.fixture
+def hf_config(tmp_path: Path) -> Path:
+    path = tmp_path / "llama.json"
+    path.write_text(json.dumps(TINY_LLAMA))
+    return path
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_collect_hf_config_writes_valid_stats(tmp_path, hf_config, capsys):
+    out = tmp_path / "stats.json"
+    rc = main(["collect", "--hf-config", str(hf_config), "--batch", "2", "--seq", "32", "--out", str(out), "--quiet"])
+    assert rc == 0
+    stats = load_stats(out)
+    assert stats.metadata.batch_size == 2 and stats.metadata.seq_len == 32
+    assert stats.metadata.target_device == "cpu"
+    assert "LlamaForCausalLM.model.layers.1" in stats.fw_post_order
+    # The rotary embedding's backward hooks never fire (its outputs need no grad): it is still there.
+    rotary = stats.module("LlamaForCausalLM.model.rotary_emb")
+    assert rotary.bw_ms == 0 and rotary.act_grad_bytes == 0
+    assert "baseline peak" in capsys.readouterr().out
+
+
+def test_collect_factory_for_gpu_target_emulates_flash(tmp_path, capsys):
+    factory = tmp_path / "model.py"
+    factory.write_text(FACTORY)
+    out = tmp_path / "stats.json"
+    rc = main(["collect", "--model", f"{factory}:make", "--batch", "2", "--seq", "64", "--dtype", "bf16",
+               "--target-device", "H100-sxm", "--out", str(out), "--quiet"])
+    assert rc == 0
+    stats = load_stats(out)
+    assert stats.metadata.target_device == "H100-SXM"
+    names = {op.name for op in stats.module("Transformer.layers.0").ops}
+    assert "aten._scaled_dot_product_flash_attention" in names
+    assert "aten.native_dropout" in names
+
+
+def test_collect_rejects_bad_factory(tmp_path, capsys):
+    rc = main(["collect", "--model", str(tmp_path / "missing.py") + ":make", "--out", str(tmp_path / "s.json")])
+    assert rc == 2
+    assert "missing.py" in capsys.readouterr().err
+
+
+def test_upload_unreachable_server_keeps_file(tmp_path, hf_config, capsys):
+    out = tmp_path / "stats.json"
+    url = f"http://127.0.0.1:{_free_port()}"
+    rc = main(["collect", "--hf-config", str(hf_config), "--batch", "1", "--seq", "16", "--out", str(out),
+               "--quiet", "--upload", url])
+    assert rc == 1
+    assert "cannot reach" in capsys.readouterr().err
+    load_stats(out)
+
+
+@pytest.fixture
+def service_url(tmp_path):
+    """The real sacplan service on 127.0.0.1, SQLite built by the migrations, one API key."""
+    uvicorn = pytest.importorskip("uvicorn")
+    from service.config import Settings
+    from service.db import upgrade
+    from service.main import create_app
+
+    settings = Settings(data_dir=tmp_path, database_url=f"sqlite:///{tmp_path / 'svc.db'}",
+                        api_keys={"secret-key": "team"})
+    upgrade(settings.sqlalchemy_url)
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="error"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server.started
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(timeout=30)
+
+
+def test_upload_to_service(tmp_path, hf_config, service_url, capsys):
+    out = tmp_path / "stats.json"
+    args = ["collect", "--hf-config", str(hf_config), "--batch", "1", "--seq", "16", "--out", str(out), "--quiet",
+            "--upload", service_url]
+    assert main(args + ["--api-key", "wrong"]) == 1
+    assert "answered 401" in capsys.readouterr().err
+
+    assert main(args + ["--api-key", "secret-key"]) == 0
+    text = capsys.readouterr().out
+    assert "stats id" in text and f"{service_url}/docs" in text
+    stats_id = text.split("stats id ")[1].split()[0]
+
+    import urllib.request
+
+    req = urllib.request.Request(f"{service_url}/v1/stats/{stats_id}", headers={"Authorization": "Bearer secret-key"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        doc = json.loads(resp.read())
+    assert doc["model_name"] == load_stats(out).metadata.model_name
