@@ -1,0 +1,56 @@
+"""Device table and roofline cost model."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from estimators import RooflineCostModel, device_spec  # noqa: E402
+from estimators.devices import DEVICES  # noqa: E402
+
+aten = torch.ops.aten
+
+
+@pytest.mark.parametrize("name", ["A100-40GB", "A100-80GB", "H100-SXM", "H100-PCIe", "H200", "L40S", "MI300X"])
+def test_every_required_device_is_in_the_table_with_a_source(name):
+    for spelling in (name, name.lower(), name.upper()):
+        spec = device_spec(spelling)
+        assert spec.name == name and spec.kind == "cuda"
+    assert "datasheet" in spec.source.lower() or "data sheet" in spec.source.lower()
+
+
+def test_datasheet_figures():
+    # NVIDIA A100 datasheet: 312 TFLOP/s BF16 dense, 2,039 GB/s for the 80GB SXM part.
+    a100 = device_spec("a100-80gb")
+    assert a100.tflops("bf16") == 312.0 and a100.mem_bandwidth_gbps == 2039.0
+    # H100 SXM datasheet: 1,979 TFLOP/s BF16 with sparsity, i.e. 989.5 dense; 3.35 TB/s.
+    h100 = device_spec("H100-SXM")
+    assert h100.tflops("bf16") == 989.5 and h100.mem_bandwidth_gbps == 3350.0
+    assert device_spec("NVIDIA H100 80GB HBM3").name == "H100-SXM"  # torch.cuda.get_device_name spelling
+    assert len(DEVICES) >= 8
+
+
+def test_overrides_and_bad_values():
+    spec = device_spec("h200", peak_tflops=100, mem_bandwidth_gbps=1000, compute_efficiency=0.5)
+    assert spec.tflops("bf16") == 100 and spec.tflops("fp32") == 100
+    assert spec.mem_bandwidth_gbps == 1000 and spec.compute_efficiency == 0.5
+    with pytest.raises(ValueError, match="target device 'tpu-v5' is not in the table"):
+        device_spec("tpu-v5")
+    with pytest.raises(ValueError, match="compute_efficiency must be in \\(0, 1\\], got 1.5"):
+        device_spec("h200", compute_efficiency=1.5)
+    with pytest.raises(ValueError, match="mem_bandwidth_gbps must be positive, got -1"):
+        device_spec("h200", mem_bandwidth_gbps=-1)
+
+
+def test_roofline_times():
+    cost = RooflineCostModel(device_spec("cpu", peak_tflops=1.0, mem_bandwidth_gbps=1.0))
+    a, b = torch.ones(64, 32), torch.ones(32, 16)
+    out = aten.mm.default(a, b)
+    # mm FLOPs = 2*M*N*K = 65,536 -> 65.5 ns at 1 TFLOP/s; bytes = 4*(64*32 + 32*16 + 64*16) = 14,336
+    # -> 14.3 us at 1 GB/s: memory bound.
+    assert cost(aten.mm.default, (a, b), {}, out) == pytest.approx(14336 / 1e9 * 1e3)
+    fast_memory = RooflineCostModel(device_spec("cpu", peak_tflops=1e-6, mem_bandwidth_gbps=1e6))
+    assert fast_memory(aten.mm.default, (a, b), {}, out) == pytest.approx(65536 / 1e6 * 1e3)
+    view = aten.view.default(a, [32, 64])
+    assert cost(aten.view.default, (a, [32, 64]), {}, view) == 0.0
