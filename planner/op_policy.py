@@ -27,9 +27,13 @@ import numpy as np
 
 from planner.stats import OpStats
 
-__all__ = ["OpGroups", "Frontier", "op_groups", "ops_from_torch", "module_frontier", "optimal_op_policy"]
+__all__ = ["OpGroups", "Frontier", "FrontierTooLarge", "op_groups", "ops_from_torch", "module_frontier", "optimal_op_policy"]
 
 FREE, RECOMPUTE, SAVE = -1, 0, 1
+
+
+class FrontierTooLarge(RuntimeError):
+    """The frontier has more points than the caller allowed."""
 
 
 @dataclass(frozen=True)
@@ -198,12 +202,15 @@ def op_groups(ops: Sequence[OpStats], force_store_random: bool = False) -> OpGro
     return OpGroups(tuple(tuple(m) for m in members), group_bytes, group_ms, fixed, n)
 
 
-def module_frontier(op_stats: Any, force_store_random: bool | None = None) -> Frontier:
+def module_frontier(
+    op_stats: Any, force_store_random: bool | None = None, *, max_points: int | None = None
+) -> Frontier:
     """The exact memory/recompute trade-off frontier of one module's ops.
 
     ``op_stats`` is a list of :class:`OpStats` (or dicts of that shape), or a
     PyTorch ``SACStats`` object or dict. Every valid decision is dominated by
-    (or equal to) a point of the result.
+    (or equal to) a point of the result. Raises :class:`FrontierTooLarge` when
+    the list grows past ``max_points``.
     """
     ops, fsr = _coerce(op_stats, force_store_random)
     groups = op_groups(ops, fsr)
@@ -243,6 +250,8 @@ def module_frontier(op_stats: Any, force_store_random: bool | None = None) -> Fr
         keep[1:] = cv[1:] > best_before[:-1] + tol
         w, v = cw[keep], cv[keep]
         steps.append((src[keep], took[keep]))
+        if max_points is not None and len(w) > max_points:
+            raise FrontierTooLarge(f"frontier exceeds {max_points} points")
     return Frontier(
         saved_bytes=w + base_bytes,
         saved_ms=v + base_ms,
@@ -276,12 +285,28 @@ def optimal_op_policy(op_stats: Any, memory_budget: float, *, force_store_random
     """
     if not isinstance(memory_budget, (int, float)) or not 0 <= memory_budget <= 1:
         raise ValueError(f"memory_budget must be a fraction in [0, 1], got {memory_budget!r}")
-    frontier = module_frontier(op_stats, force_store_random)
-    cap = math.ceil(memory_budget * frontier.total_bytes)
+    ops, fsr = _coerce(op_stats, force_store_random)
+    total = sum(op.output_bytes for op in ops)
+    cap = math.ceil(memory_budget * total)
+    try:
+        frontier = module_frontier(ops, fsr, max_points=_POLICY_FRONTIER_LIMIT)
+    except FrontierTooLarge:
+        from planner.knapsack import best_saved_within, group_classes
+
+        classes = group_classes(op_groups(ops, fsr))
+        counts = best_saved_within(classes, cap)
+        if counts is None:
+            raise ValueError(_over_budget(memory_budget, cap, classes.always_saved_bytes)) from None
+        return classes.save_list(counts)
     k = frontier.best_within(cap)
     if k < 0:
-        raise ValueError(
-            f"memory_budget {memory_budget!r} allows {cap} bytes but the ops that must be saved "
-            f"take {int(frontier.saved_bytes[0])} bytes"
-        )
+        raise ValueError(_over_budget(memory_budget, cap, int(frontier.saved_bytes[0])))
     return frontier.save_list(k)
+
+
+_POLICY_FRONTIER_LIMIT = 200_000
+
+
+def _over_budget(memory_budget: float, cap: int, forced: int) -> str:
+    return (f"memory_budget {memory_budget!r} allows {cap} bytes but the ops that must be saved "
+            f"take {forced} bytes")

@@ -1,10 +1,17 @@
-"""Module-level planning: which modules to checkpoint and how, under a budget."""
+"""Module-level planning: which modules to checkpoint and how, under a memory budget."""
+
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+import time
+from collections.abc import Callable, Sequence
 
-from planner.plan_format import Plan
+from planner.dp import solve_dp
+from planner.memory_model import GIB, compute_ms
+from planner.milp import Problem, Solution, prepare, solve_budget, solve_min_peak
+from planner.plan_format import Plan, PlannedModule
 from planner.stats import Stats
+from planner.version import PLANNER_VERSION
 
 __all__ = ["plan", "sweep"]
 
@@ -20,11 +27,155 @@ def plan(
     mip_rel_gap: float = 1e-6,
     include_optimizer_state: bool = False,
     reserve_gib: float = 0.0,
+    solver: str = "auto",
 ) -> Plan:
-    """Plan for one budget (stub until the MILP lands)."""
-    raise NotImplementedError
+    """Plan selective checkpointing for one memory budget.
+
+    Parameters
+    ----------
+    stats
+        The collected stats (see :func:`planner.load_stats`).
+    memory_budget_gib
+        Peak memory allowed per rank, in GiB.
+    world_size
+        Ranks that parameters and gradients (and, if included, optimizer
+        state) are sharded over.
+    ac_units
+        If given, only these modules may be checkpointed.
+    fsdp_units
+        FSDP-wrapped modules: no checkpointed module may contain one.
+    time_limit_s
+        Solver time limit; on expiry the best plan is returned as ``feasible``
+        with its proven gap.
+    mip_rel_gap
+        Relative optimality gap at which the solver stops and calls the plan optimal.
+    include_optimizer_state, reserve_gib
+        Opt-in memory terms: the root's optimizer state (sharded) and a fixed
+        reserve added at every point of the step. Off by default, so
+        PyTorch-format stats plan under PyTorch's model.
+
+    Returns
+    -------
+    Plan
+        ``optimal``, ``feasible`` (time limit hit, with gap), ``infeasible``
+        (with ``min_feasible_budget_gib``), ``time_limit`` or ``error``.
+
+    Raises
+    ------
+    ValueError
+        If an option is out of range or names an unknown module.
+    """
+    return sweep(
+        stats, [memory_budget_gib], world_size=world_size, ac_units=ac_units, fsdp_units=fsdp_units,
+        time_limit_s=time_limit_s, mip_rel_gap=mip_rel_gap, include_optimizer_state=include_optimizer_state,
+        reserve_gib=reserve_gib, solver=solver,
+    )[0]
 
 
-def sweep(stats: Stats, budgets_gib: Sequence[float], **options) -> list[Plan]:
-    """Plans for several budgets (stub until the MILP lands)."""
-    raise NotImplementedError
+def sweep(
+    stats: Stats,
+    budgets_gib: Sequence[float],
+    *,
+    world_size: int = 1,
+    ac_units: Sequence[str] | None = None,
+    fsdp_units: Sequence[str] | None = None,
+    time_limit_s: float = 60.0,
+    mip_rel_gap: float = 1e-6,
+    include_optimizer_state: bool = False,
+    reserve_gib: float = 0.0,
+    solver: str = "auto",
+    progress: Callable[[int, int, Plan], None] | None = None,
+) -> list[Plan]:
+    """Plans for several budgets: the memory/recompute Pareto curve.
+
+    The module analysis, op classes, frontiers and the minimum feasible peak
+    are computed once and shared by every budget. ``progress(i, n, plan)`` is
+    called after each budget. Options as for :func:`plan`.
+    """
+    budgets = _validate(budgets_gib, world_size, time_limit_s, mip_rel_gap, reserve_gib)
+    if solver not in ("auto", "milp", "dp"):
+        raise ValueError(f"solver must be 'auto', 'milp' or 'dp', got {solver!r}")
+    prob = prepare(stats, world_size=world_size, ac_units=ac_units, fsdp_units=fsdp_units,
+                   include_optimizer_state=include_optimizer_state, reserve_bytes=reserve_gib * GIB)
+    baseline = int(math.ceil(prob.model.peak_bytes()))
+    plans = []
+    for i, budget in enumerate(budgets):
+        started = time.perf_counter()
+        sol = solve_dp(prob, budget * GIB) if solver in ("auto", "dp") else None
+        if sol is None and solver == "dp":
+            raise ValueError("solver 'dp' does not apply to these stats (a module frontier is too large); use 'milp'")
+        if sol is None:
+            sol = solve_budget(prob, budget * GIB, time_limit_s=time_limit_s, mip_rel_gap=mip_rel_gap)
+        min_budget = None
+        if sol.status == "infeasible":
+            min_budget, sol = _min_feasible(prob, sol, time_limit_s)
+        p = _to_plan(prob, sol, budget, world_size, baseline, time.perf_counter() - started, min_budget)
+        plans.append(p)
+        if progress:
+            progress(i, len(budgets), p)
+    return plans
+
+
+def _validate(budgets_gib, world_size, time_limit_s, mip_rel_gap, reserve_gib) -> list[float]:
+    budgets = []
+    for k, b in enumerate(budgets_gib):
+        if isinstance(b, bool) or not isinstance(b, (int, float)) or not math.isfinite(b) or b <= 0:
+            where = "memory_budget_gib" if len(budgets_gib) == 1 else f"budgets_gib[{k}]"
+            raise ValueError(f"{where} must be a positive number of GiB, got {b!r}")
+        budgets.append(float(b))
+    if not budgets:
+        raise ValueError("budgets_gib is empty")
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+    if not isinstance(time_limit_s, (int, float)) or not math.isfinite(time_limit_s) or time_limit_s <= 0:
+        raise ValueError(f"time_limit_s must be a positive number of seconds, got {time_limit_s!r}")
+    if not isinstance(mip_rel_gap, (int, float)) or not 0 <= mip_rel_gap < 1:
+        raise ValueError(f"mip_rel_gap must be in [0, 1), got {mip_rel_gap!r}")
+    if not isinstance(reserve_gib, (int, float)) or not math.isfinite(reserve_gib) or reserve_gib < 0:
+        raise ValueError(f"reserve_gib must be a non-negative number of GiB, got {reserve_gib!r}")
+    return budgets
+
+
+def _min_feasible(prob: Problem, sol: Solution, time_limit_s: float) -> tuple[float | None, Solution]:
+    best = solve_min_peak(prob, time_limit_s=time_limit_s)
+    if best.peak_bytes is None:
+        return None, sol
+    # Round up to a whole KiB-ish step so the advertised budget is itself feasible.
+    return math.ceil(best.peak_bytes / GIB * 1e6) / 1e6, sol
+
+
+def _to_plan(prob: Problem, sol: Solution, budget: float, world_size: int, baseline: int,
+             seconds: float, min_budget: float | None) -> Plan:
+    modules = []
+    for fqn in prob.stats.fw_pre_order:
+        if not sol.decisions or fqn not in sol.decisions:
+            continue
+        save, saved_bytes, saved_ms = sol.decisions[fqn]
+        m = prob.stats.module(fqn)
+        total = m.op_bytes
+        modules.append(PlannedModule(
+            fqn=fqn,
+            discard_ratio=1.0 - saved_bytes / total if total else 0.0,
+            discarded_bytes=m.act_saved_bytes - saved_bytes,
+            saved_bytes=saved_bytes,
+            recompute_ms=m.op_ms - saved_ms,
+            save=save,
+        ))
+    message = sol.message
+    if sol.status == "infeasible" and min_budget is not None:
+        message = f"no plan fits {budget:g} GiB; the smallest budget with a plan is {min_budget:g} GiB"
+    return Plan(
+        status=sol.status,
+        message=message,
+        memory_budget_gib=budget,
+        world_size=world_size,
+        peak_bytes=None if sol.peak_bytes is None else int(math.ceil(sol.peak_bytes)),
+        recompute_ms=sol.recompute_ms,
+        baseline_peak_bytes=baseline,
+        compute_ms=compute_ms(prob.stats),
+        solve_seconds=seconds,
+        mip_gap=sol.mip_gap,
+        planner_version=PLANNER_VERSION,
+        min_feasible_budget_gib=min_budget,
+        modules=modules,
+    )
