@@ -78,7 +78,9 @@ def _describe(exc: ValidationError) -> str:
     for e in exc.errors(include_url=False)[:5]:
         loc = _path(e["loc"])
         msg = e["msg"].removeprefix("Value error, ")
-        if loc and e["type"] not in ("value_error",):
+        if loc and e["type"] == "missing":
+            parts.append(f"{loc}: field required")
+        elif loc and e["type"] not in ("value_error",):
             parts.append(f"{loc}: {msg} (got {_short(e.get('input'))!r})")
         elif loc:
             parts.append(f"{loc}: {msg}")
