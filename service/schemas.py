@@ -17,8 +17,8 @@ __all__ = [
     "SweepRequest", "SweepPoint", "SweepOut",
 ]
 
-# Ids are database integers: bounded so no request can overflow a 64-bit column.
-Id = Annotated[int, Field(ge=1, le=2**62)]
+# Ids are database integers (32-bit on PostgreSQL): bounded so no request overflows a column.
+Id = Annotated[int, Field(ge=1, le=2**31 - 1)]
 Gib = Annotated[float, Field(ge=0.0, le=1e9, allow_inf_nan=False)]
 MAX_UNITS = 100_000
 MAX_SWEEP_POINTS = 64

@@ -16,6 +16,9 @@ from service.db import session_scope
 from service.errors import Unauthorized
 from service.solver import SolverPool
 
+# The cheap dependencies are ``async def``: FastAPI runs sync ones in the thread
+# pool, and a thread hop per dependency is most of a cached read's cost.
+
 __all__ = ["IdPath", "SessionDep", "SessionFactoryDep", "SettingsDep", "SolverDep", "ProjectDep", "DEFAULT_PROJECT"]
 
 DEFAULT_PROJECT = "default"
@@ -23,11 +26,11 @@ DEFAULT_PROJECT = "default"
 _bearer = HTTPBearer(auto_error=False, description="An API key from SACPLAN_API_KEYS (only when keys are set).")
 
 
-def get_settings(request: Request) -> Settings:
+async def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
-def get_session_factory(request: Request) -> sessionmaker[Session]:
+async def get_session_factory(request: Request) -> sessionmaker[Session]:
     return request.app.state.session_factory
 
 
@@ -36,7 +39,7 @@ def get_db(request: Request) -> Iterator[Session]:
     yield from session_scope(request.app.state.session_factory)
 
 
-def get_solver(request: Request) -> SolverPool:
+async def get_solver(request: Request) -> SolverPool:
     return request.app.state.solver
 
 
@@ -44,7 +47,7 @@ def _digest(key: str) -> bytes:
     return hashlib.sha256(key.encode()).digest()
 
 
-def get_project(
+async def get_project(
     settings: Annotated[Settings, Depends(get_settings)],
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> str:
@@ -69,5 +72,5 @@ SessionDep = Annotated[Session, Depends(get_db, scope="function")]
 SessionFactoryDep = Annotated[sessionmaker[Session], Depends(get_session_factory)]
 SolverDep = Annotated[SolverPool, Depends(get_solver)]
 ProjectDep = Annotated[str, Depends(get_project)]
-# Ids are 64-bit database integers: larger ones are refused before any query.
-IdPath = Annotated[int, Path(ge=1, le=2**62)]
+# Ids are database integers (32-bit on PostgreSQL): larger ones are refused before any query.
+IdPath = Annotated[int, Path(ge=1, le=2**31 - 1)]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import inspect
@@ -47,3 +49,28 @@ def test_upgrade_is_idempotent_and_sqlite_uses_wal(tmp_path):
         assert set(inspect(engine).get_table_names()) == set(Base.metadata.tables) | {"alembic_version"}
     finally:
         engine.dispose()
+
+
+def test_migrations_render_for_postgresql():
+    # No PostgreSQL server here: render the migration as PostgreSQL SQL (offline mode) instead.
+    import io
+
+    from alembic import command
+
+    from service.db import alembic_config
+
+    cfg = alembic_config("postgresql+psycopg://user:pw@localhost/sacplan")
+    cfg.output_buffer = io.StringIO()
+    command.upgrade(cfg, "head", sql=True)
+    sql = cfg.output_buffer.getvalue()
+    for table in Base.metadata.tables:
+        assert f"CREATE TABLE {table} (" in sql
+    assert "TIMESTAMP WITH TIME ZONE" in sql and "ON DELETE CASCADE" in sql
+
+
+def test_service_never_imports_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, service.main, service.cli; sys.exit(1 if 'torch' in sys.modules else 0)"
+    assert subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2]).returncode == 0

@@ -44,9 +44,12 @@ async def create_plan(
 
 
 @router.get("/{plan_id}", response_model=PlanOut, responses=_404)
-def read_plan(plan_id: IdPath, project: ProjectDep, session: SessionDep) -> Response:
+async def read_plan(plan_id: IdPath, project: ProjectDep, factory: SessionFactoryDep) -> Response:
     """A stored plan."""
-    return plan_response(CachedPlan.of(get_plan(session, project, plan_id), cached=True))
+    # One primary-key read, on the event loop: a thread hop costs more than the
+    # query (and SQLite WAL readers never wait for writers).
+    with factory() as session:
+        return plan_response(CachedPlan.of(get_plan(session, project, plan_id), cached=True))
 
 
 @router.get("/{plan_id}/chart.png", response_class=Response, responses={**PNG, **_404})

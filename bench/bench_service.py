@@ -1,0 +1,199 @@
+"""Load test of the service: a real ``sacplan serve`` on 127.0.0.1, driven by an httpx async client.
+
+Scenarios, each at 1, 8 and 32 concurrent clients (closed loop, no think time):
+
+* ``plan-cached``: ``POST /v1/plans`` for a plan already solved (cache hit, no solver);
+* ``plan-get``: ``GET /v1/plans/{id}``;
+* ``stats-upload``: ``POST /v1/stats`` of the two-layer example with a unique tag (a new row each time).
+
+Prints a markdown table; ``--write`` puts it into bench/RESULTS.md under "## Service load".
+
+    python bench/bench_service.py --write
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+L4 = REPO / "tests" / "data" / "torch_format_transformer_L4.json"
+SECTION = "## Service load"
+sys.path.insert(0, str(REPO))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(data_dir: Path, port: int, workers: int) -> subprocess.Popen:
+    exe = shutil.which("sacplan")
+    cmd = ([exe] if exe else [sys.executable, "-m", "planner.cli"]) + [
+        "serve", "--host", "127.0.0.1", "--port", str(port), "--data-dir", str(data_dir),
+        "--workers", str(workers), "--no-access-log", "--log-level", "warning"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SACPLAN_")}
+    env["PYTHONPATH"] = str(REPO)
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        if proc.poll() is not None:
+            raise SystemExit("server exited")
+        try:
+            if httpx.get(url + "/readyz", timeout=1).status_code == 200:
+                return proc
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    proc.kill()
+    raise SystemExit("server did not start")
+
+
+async def run_level(url: str, concurrency: int, total: int, make_request) -> dict:
+    """``concurrency`` clients, each its own keep-alive connection, sharing ``total`` requests."""
+    latencies: list[float] = []
+    errors = 0
+    counter = iter(range(total))
+
+    async def client_loop() -> None:
+        nonlocal errors
+        # One AsyncClient per simulated client: httpx's shared pool gets slow with many connections.
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            await make_request(client, -1)  # connect before timing starts
+            await ready.wait()
+            for i in counter:
+                t0 = time.perf_counter()
+                try:
+                    r = await make_request(client, i)
+                    ok = r.status_code < 400
+                except httpx.HTTPError:
+                    ok = False
+                latencies.append(time.perf_counter() - t0)
+                errors += not ok
+
+    ready = asyncio.Event()
+    tasks = [asyncio.ensure_future(client_loop()) for _ in range(concurrency)]
+    await asyncio.sleep(0.5)
+    t0 = time.perf_counter()
+    ready.set()
+    await asyncio.gather(*tasks)
+    elapsed = time.perf_counter() - t0
+    ms = np.array(latencies) * 1000
+    return {"clients": concurrency, "requests": len(ms), "errors": errors, "p50_ms": float(np.percentile(ms, 50)),
+            "p99_ms": float(np.percentile(ms, 99)), "req_s": len(ms) / elapsed}
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{os.cpu_count()} CPU cores ({cpu}), Linux, Python {platform.python_version()}"
+
+
+async def main_async(args) -> list[tuple[str, dict]]:
+    from service.examples import EXAMPLE_STATS
+
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    rows: list[tuple[str, dict]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        proc = start_server(Path(tmp), port, args.workers)
+        try:
+            async with httpx.AsyncClient(base_url=url, timeout=120) as c:
+                stats_id = (await c.post("/v1/stats", json=json.loads(L4.read_text()))).json()["id"]
+                plan_req = {"stats_id": stats_id, "memory_budget_gib": 5.0, "time_limit_s": 60}
+                plan = (await c.post("/v1/plans", json=plan_req)).json()
+                assert plan["status"] == "optimal", plan
+            plan_id = plan["id"]
+            body = json.dumps(plan_req).encode()
+
+            async def plan_cached(client, _i):
+                r = await client.post("/v1/plans", content=body, headers={"content-type": "application/json"})
+                if r.status_code == 200 and r.headers.get("x-cache") != "hit":
+                    raise SystemExit("a benchmarked plan request was not a cache hit")
+                return r
+
+            async def plan_get(client, _i):
+                return await client.get(f"/v1/plans/{plan_id}")
+
+            def upload_body(i: int) -> bytes:
+                doc = json.loads(json.dumps(EXAMPLE_STATS))
+                doc["metadata"]["tags"] = {"bench": f"{time.time_ns()}-{i}"}
+                return json.dumps(doc).encode()
+
+            async def stats_upload(client, i):
+                return await client.post("/v1/stats", content=upload_body(i),
+                                         headers={"content-type": "application/json"})
+
+            for name, fn, total in (("plan-cached (POST /v1/plans, hit)", plan_cached, args.reads),
+                                    ("plan-get (GET /v1/plans/{id})", plan_get, args.reads),
+                                    ("stats-upload (POST /v1/stats, new row)", stats_upload, args.writes)):
+                for level in (1, 8, 32):
+                    res = await run_level(url, level, total, fn)
+                    rows.append((name, res))
+                    print(f"{name:42s} {res}", file=sys.stderr)
+        finally:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=30)
+    return rows
+
+
+def table(rows: list[tuple[str, dict]]) -> str:
+    out = ["| scenario | clients | requests | errors | p50 ms | p99 ms | req/s |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for name, r in rows:
+        out.append(f"| {name} | {r['clients']} | {r['requests']} | {r['errors']} | {r['p50_ms']:.2f} | "
+                   f"{r['p99_ms']:.2f} | {r['req_s']:.0f} |")
+    return "\n".join(out)
+
+
+def write_results(text: str) -> None:
+    path = REPO / "bench" / "RESULTS.md"
+    old = path.read_text() if path.exists() else "# Benchmark results\n"
+    if SECTION in old:
+        start = old.index(SECTION)
+        nxt = old.find("\n## ", start + len(SECTION))
+        old = old[:start].rstrip("\n") + ("\n\n" + old[nxt + 1:] if nxt != -1 else "\n")
+    path.write_text(old.rstrip("\n") + "\n\n" + text.rstrip("\n") + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reads", type=int, default=3000, help="requests per read scenario and level")
+    parser.add_argument("--writes", type=int, default=600, help="requests per upload level")
+    parser.add_argument("--workers", type=int, default=1, help="uvicorn workers of the server")
+    parser.add_argument("--write", action="store_true", help="write the table into bench/RESULTS.md")
+    args = parser.parse_args()
+    rows = asyncio.run(main_async(args))
+    cmd = "python bench/bench_service.py " + " ".join(sys.argv[1:])
+    text = (f"{SECTION}\n\nA real `sacplan serve --workers {args.workers} --no-access-log` (SQLite in a temp dir) "
+            f"on 127.0.0.1, driven by an httpx async client in another process on the same machine "
+            f"(closed loop, no think time; client and server share the cores). Machine: {machine()}.\n"
+            f"Command: `{cmd.strip()}`. The plan is the L4 transformer at 5 GiB (solved once before timing).\n\n"
+            + table(rows) + "\n")
+    print(text)
+    if args.write:
+        write_results(text)
+
+
+if __name__ == "__main__":
+    main()
