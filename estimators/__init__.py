@@ -1,13 +1,14 @@
 """sacplan estimators: the PyTorch side.
 
 The fake-tensor stats collector, the device cost model and applying a plan
-to a model. The only package of the project that imports torch.
+to a model. The only package of the project that imports torch; names are
+loaded lazily so ``estimators.cli`` (and ``sacplan --help``) work without it.
 """
 
-from estimators.apply import PlanMismatchError, apply_plan
-from estimators.collector import collect_stats, module_fqns, op_name
-from estimators.cost_model import BenchmarkCostModel, RooflineCostModel
-from estimators.devices import DEVICES, DeviceSpec, device_spec
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __all__ = [
     "DEVICES",
@@ -21,3 +22,26 @@ __all__ = [
     "module_fqns",
     "op_name",
 ]
+
+_WHERE = {
+    "DEVICES": "estimators.devices",
+    "DeviceSpec": "estimators.devices",
+    "device_spec": "estimators.devices",
+    "BenchmarkCostModel": "estimators.cost_model",
+    "RooflineCostModel": "estimators.cost_model",
+    "PlanMismatchError": "estimators.apply",
+    "apply_plan": "estimators.apply",
+    "collect_stats": "estimators.collector",
+    "module_fqns": "estimators.collector",
+    "op_name": "estimators.collector",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        return getattr(importlib.import_module(_WHERE[name]), name)
+    raise AttributeError(f"module 'estimators' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
