@@ -159,3 +159,26 @@ def test_body_over_limit_is_413(make_client, settings, example_doc, count_rows):
     assert r.status_code == 413
     assert count_rows()["stats"] == 0
     assert client.get("/healthz").status_code == 200
+
+
+def test_swagger_examples_work_end_to_end(client):
+    """The bodies Swagger UI's "Try it out" sends are valid and plan the example at its budget."""
+    spec = client.get("/openapi.json").json()
+    assert client.get("/docs").status_code == 200
+    assert "three steps" in spec["info"]["description"].lower()
+    upload = spec["paths"]["/v1/stats"]["post"]["requestBody"]["content"]["application/json"]
+    stats_example = upload["examples"]["two_layers_v1"]["value"]
+    plan_schema = spec["components"]["schemas"]["PlanRequest"]
+    plan_example = plan_schema["examples"][0]
+
+    r = client.post("/v1/stats", json=stats_example)
+    assert r.status_code == 201 and r.json()["id"] == plan_example["stats_id"]
+    assert stats_example["fw_pre_order"].count("Net.layers.1") == 1  # two layers
+    plan = client.post("/v1/plans", json=plan_example)
+    assert plan.status_code == 200 and plan.json()["status"] == "optimal", plan.text
+    sweep = client.post("/v1/sweeps", json=spec["components"]["schemas"]["SweepRequest"]["examples"][0])
+    assert sweep.status_code == 200, sweep.text
+    for path, ops in spec["paths"].items():
+        for method, op in ops.items():
+            assert op.get("tags"), (method, path)
+            assert "200" in op["responses"] or "201" in op["responses"] or "204" in op["responses"], (method, path)
