@@ -29,12 +29,13 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_map
 from torch.utils.checkpoint import SAC_IGNORED_OPS
 
+from estimators.assemble import build_stats
+from estimators.fake_step import call_model, default_loss, fake_inputs, fakeify, make_optimizer, optimizer_bytes
 from estimators.models import hf_fake_as_real
 from estimators.tracking import ACT, BUFFER, GRAD, INPUT, OPT, PARAM, TEMP, StorageBook, storages_of, tensors_in
-from planner.stats import ModuleStats, OpStats, Stats, StatsMetadata
+from planner.stats import Stats, StatsMetadata
 
 __all__ = ["collect_stats", "op_name", "module_fqns", "OPTIMIZERS"]
 
@@ -248,79 +249,6 @@ class _ModuleHooks:
             self.progress("backward", sum(x.bw_state == "closed" for x in self.mods.values()), len(self.mods))
 
 
-def _fakeify(model: nn.Module, fake: FakeTensorMode, device: torch.device, dtype: torch.dtype | None):
-    """Swap parameters and buffers for fake tensors; return what restores the originals."""
-    memo: dict[int, torch.Tensor] = {}
-    saved: list[tuple[dict, str, Any]] = []
-
-    def convert(t: torch.Tensor, is_param: bool) -> torch.Tensor:
-        if id(t) in memo:
-            return memo[id(t)]
-        want = dtype if (dtype is not None and t.is_floating_point()) else t.dtype
-        with fake:
-            f = torch.empty_strided(t.shape, t.stride(), dtype=want, device=device)
-        if is_param:
-            f = nn.Parameter(f, requires_grad=t.requires_grad)
-        memo[id(t)] = f
-        return f
-
-    for mod in model.modules():
-        for table, is_param in ((mod._parameters, True), (mod._buffers, False)):
-            for name, t in list(table.items()):
-                if t is not None:
-                    saved.append((table, name, t))
-                    table[name] = convert(t, is_param)
-
-    def restore() -> None:
-        for table, name, t in saved:
-            table[name] = t
-
-    return restore
-
-
-def _fake_inputs(inputs: Any, fake: FakeTensorMode, device: torch.device, dtype: torch.dtype | None) -> Any:
-    def conv(x: Any) -> Any:
-        if not isinstance(x, torch.Tensor):
-            return x
-        want = dtype if (dtype is not None and x.is_floating_point()) else x.dtype
-        with fake:
-            return torch.empty_strided(x.shape, x.stride(), dtype=want, device=device).requires_grad_(x.requires_grad)
-
-    return tree_map(conv, inputs)
-
-
-def _default_loss(output: Any) -> torch.Tensor:
-    loss = getattr(output, "loss", None)
-    if isinstance(loss, torch.Tensor):
-        return loss
-    logits = getattr(output, "logits", None)
-    if isinstance(logits, torch.Tensor):
-        return logits.sum()
-    ts = [t for t in tensors_in(output) if t.is_floating_point()]
-    if not ts:
-        raise ValueError("the model output has no floating-point tensor to take a loss from; pass loss_fn")
-    return ts[0].sum()
-
-
-def call_model(model: nn.Module, inputs: Any) -> Any:
-    """Call the model on example inputs: a dict is keyword arguments, a tuple/list positional."""
-    if isinstance(inputs, dict):
-        return model(**inputs)
-    if isinstance(inputs, (tuple, list)):
-        return model(*inputs)
-    return model(inputs)
-
-
-def _make_optimizer(name: str, params: list[nn.Parameter]) -> torch.optim.Optimizer | None:
-    if name == "none" or not params:
-        return None
-    if name == "adamw":
-        return torch.optim.AdamW(params, foreach=False)
-    if name == "adam":
-        return torch.optim.Adam(params, foreach=False)
-    return torch.optim.SGD(params, lr=0.01, momentum=0.9, foreach=False)
-
-
 def collect_stats(
     model: nn.Module,
     inputs: Any,
@@ -357,11 +285,11 @@ def collect_stats(
 
     fake = FakeTensorMode(allow_non_fake_inputs=False)
     book = StorageBook(round_bytes_to)
-    restore = _fakeify(model, fake, device, dtype)
+    restore = fakeify(model, fake, device, dtype)
     t0 = time.perf_counter()
     try:
         params = [p for p in model.parameters() if p.requires_grad]
-        fake_in = _fake_inputs(inputs, fake, device, dtype)
+        fake_in = fake_inputs(inputs, fake, device, dtype)
         for p in model.parameters():
             book.add_tensors([p], PARAM)
         book.add_tensors(model.buffers(), BUFFER)
@@ -373,7 +301,7 @@ def collect_stats(
         with fake, col, _ModuleHooks(col, book, mods, progress) as hooks:
             with torch.autograd.graph.saved_tensors_hooks(col.pack, lambda t: t), emulation, hf_fake_as_real(model):
                 output = call_model(model, fake_in)
-                loss = (loss_fn or _default_loss)(output)
+                loss = (loss_fn or default_loss)(output)
             del output
             col.phase = TEMP
             loss.backward()
@@ -382,13 +310,13 @@ def collect_stats(
                 if m.bw_state == "open":
                     hooks.close(m)
             col.phase = OPT
-            opt = _make_optimizer(optimizer, params)
+            opt = make_optimizer(optimizer, params)
             if opt is not None:
                 opt.step()
                 if progress:
                     progress("optimizer", 1, 1)
-            opt_bytes = _optimizer_bytes(opt, book)
-        stats = _build(model, fqns, mods, col, hooks, opt_bytes, book, metadata)
+            opt_bytes = optimizer_bytes(opt, book)
+        stats = build_stats(model, mods, col, hooks, opt_bytes, book, metadata)
     finally:
         restore()
     stats.metadata.tags.setdefault("collect_seconds", f"{time.perf_counter() - t0:.3f}")
@@ -405,99 +333,3 @@ def _emulation(enabled: bool) -> Any:
     from estimators.emulation import CudaAttentionEmulation
 
     return CudaAttentionEmulation()
-
-
-def _optimizer_bytes(opt: torch.optim.Optimizer | None, book: StorageBook) -> dict[int, int]:
-    out: dict[int, int] = {}
-    if opt is None:
-        return out
-    for p, state in opt.state.items():
-        out[id(p)] = sum(book.nbytes(s) for s in storages_of(list(state.values())))
-    return out
-
-
-def _build(model, fqns, mods, col, hooks, opt_bytes, book, metadata) -> Stats:
-    by_fqn = {m.fqn: (mod, m) for mod, m in mods.items()}
-    # Only modules that ran in forward are in the stats; parents fall back to the nearest that ran.
-    ran = set(hooks.post_order)
-    modules = []
-    for fqn in hooks.pre_order:
-        mod, m = by_fqn[fqn]
-        parent = m.parent
-        while parent is not None and parent not in ran:
-            parent = by_fqn[parent][1].parent
-        pbytes, obytes = _param_bytes(mod, book, opt_bytes)
-        grad_total = m.grad_total
-        if grad_total is None:  # backward never reached this module: take its parent's figure
-            p = parent
-            while p is not None and by_fqn[p][1].grad_total is None:
-                p = by_fqn[p][1].parent
-            grad_total = by_fqn[p][1].grad_total if p is not None else book.live[GRAD]
-        ops = None if m.is_leaf else _op_stats(m, col)
-        modules.append(
-            ModuleStats(
-                fqn=fqn,
-                parent=parent,
-                is_leaf=m.is_leaf,
-                param_bytes=pbytes,
-                grad_bytes=_grad_bytes(mod, book),
-                act_saved_bytes=max(0, m.act_after - m.act_before - m.output_bytes),
-                act_total_bytes=m.act_after,
-                act_grad_bytes=max(0, m.temp_peak - m.temp_start),
-                grad_total_bytes=grad_total or 0,
-                input_bytes=m.input_bytes,
-                output_bytes=m.output_bytes,
-                optimizer_state_bytes=obytes,
-                fw_ms=m.fw_ms,
-                bw_ms=m.bw_ms,
-                ops=ops,
-            )
-        )
-    return Stats(
-        metadata=metadata or StatsMetadata(model_name=type(model).__name__),
-        fw_pre_order=hooks.pre_order,
-        fw_post_order=hooks.post_order,
-        modules=modules,
-    )
-
-
-def _param_bytes(mod: nn.Module, book: StorageBook, opt_bytes: dict[int, int]) -> tuple[int, int]:
-    params = list(mod.parameters())
-    pbytes = sum(book.nbytes(s) for s in storages_of(params))
-    return pbytes, sum(opt_bytes.get(id(p), 0) for p in {id(p): p for p in params}.values())
-
-
-def _grad_bytes(mod: nn.Module, book: StorageBook) -> int:
-    return sum(book.nbytes(s) for s in storages_of([p for p in mod.parameters() if p.requires_grad]))
-
-
-def _op_stats(m: _Mod, col: _Collector) -> list[OpStats]:
-    ops = [col.ops[i] for i in m.ops]
-    out: list[OpStats] = []
-    for k, op in enumerate(ops):
-        parent = None
-        if op.inplace:
-            parent = k
-            if op.mutated_serial is not None:
-                for j in range(k):
-                    if op.mutated_serial in ops[j].out_serials:
-                        parent = j
-                        break
-        out.append(
-            OpStats(
-                name=op.name,
-                runtime_ms=op.runtime_ms,
-                output_bytes=op.output_bytes,
-                view_like=op.view_like,
-                random=op.random,
-                inplace_parent=parent,
-                saved_by_autograd=bool(op.out_serials) and op.out_serials <= col.saved,
-            )
-        )
-    # The block output is kept anyway: PyTorch's SACEstimator zeroes the last
-    # op that is neither view-like nor in-place.
-    for k in range(len(out) - 1, -1, -1):
-        if not out[k].view_like and out[k].inplace_parent is None:
-            out[k].output_bytes = 0
-            break
-    return out
