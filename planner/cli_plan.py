@@ -7,7 +7,9 @@ smallest budget with a plan), 1 bad input or no plan.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
 
 from planner.loader import StatsError, load_stats
@@ -72,7 +74,8 @@ def _plan(args) -> int:
     if stats is None:
         return EXIT_BAD_INPUT
     try:
-        plans = sweep(stats, [args.budget_gib], **_options(args))
+        with _solver_output_to_stderr():
+            plans = sweep(stats, [args.budget_gib], **_options(args))
     except ValueError as exc:
         print(f"sacplan: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -98,7 +101,8 @@ def _sweep(args) -> int:
         print(f"[{i + 1}/{n}] {p.memory_budget_gib:g} GiB: {p.status} ({p.solve_seconds:.2f} s)", file=sys.stderr)
 
     try:
-        plans = sweep(stats, budgets, progress=progress, **_options(args))
+        with _solver_output_to_stderr():
+            plans = sweep(stats, budgets, progress=progress, **_options(args))
     except ValueError as exc:
         print(f"sacplan: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -127,6 +131,20 @@ def _exit_code(plans: list[Plan]) -> int:
         if p.status not in ("optimal", "feasible"):
             print(f"sacplan: {p.memory_budget_gib:g} GiB: {p.status}: {p.message}", file=sys.stderr)
     return EXIT_BAD_INPUT
+
+
+@contextlib.contextmanager
+def _solver_output_to_stderr():
+    """HiGHS can write debug lines straight to fd 1; keep stdout clean for --json."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def _gib(b: float | None) -> str:

@@ -5,10 +5,10 @@ Variables, per candidate module c (non-leaf, has ops, allowed by the request):
 * ``y_c`` in {0, 1}: c is checkpointed;
 * ``k_cq`` in {0..mult_cq}: how many interchangeable op groups of class q
   c recomputes (``k_cq <= mult_cq * y_c``);
-* ``S_i`` >= 0, continuous: discarded GiB of the first i candidates in
+* ``S_i`` >= 0, continuous: discarded memory (in units of ``Problem.unit`` bytes) of the first i candidates in
   forward post-order (``S_i = S_{i-1} + D_{c_i}``).
 
-With ``D_c = (IA_c - ACM_c + R_c) y_c + sum_q w_q k_cq`` (GiB discarded: what
+With ``D_c = (IA_c - ACM_c + R_c) y_c + sum_q w_q k_cq`` (memory discarded: what
 autograd would save minus what the policy keeps) and ``RC_c = V_c y_c +
 sum_q v_q k_cq`` (ms recomputed), the problem is
 
@@ -79,6 +79,7 @@ class Problem:
     candidates: list[Candidate]
     node_key: np.ndarray  # per module (pre-order): candidates finishing before it
     chains: list[list[int]]  # candidate index chains that may hold at most one checkpoint
+    unit: float  # bytes per MILP memory unit: a power of two near the peak, so values are O(1)
     _frontiers: dict[tuple, Frontier | None] = field(default_factory=dict)
     _min_peak: Solution | None = None
 
@@ -109,6 +110,7 @@ def prepare(
     model = memory_model(stats, world_size=world_size, include_optimizer_state=include_optimizer_state,
                          reserve_bytes=reserve_bytes)
     allowed = _allowed(stats, ac_units, fsdp_units)
+    unit = float(2 ** max(0, math.floor(math.log2(max(float(model.base_bytes.max()), 1.0)))))
     last_post = len(stats.fw_post_order) - 1
     post = {f: k for k, f in enumerate(stats.fw_post_order)}
     cands: list[Candidate] = []
@@ -124,13 +126,13 @@ def prepare(
             class_cache[key] = group_classes(op_groups(m.ops, m.force_store_random))
         classes = class_cache[key]
         cand = Candidate(fqn, post[fqn], m.act_saved_bytes, classes,
-                         _hull(_frontier(frontiers, m), m.act_saved_bytes))
+                         _hull(_frontier(frontiers, m), m.act_saved_bytes, unit))
         max_discard = cand.y_bytes + int(classes.class_bytes @ classes.multiplicity) if len(classes.members) else cand.y_bytes
         if max_discard > 0:
             cands.append(cand)
     cand_post = np.array([c.post_pos for c in cands], dtype=np.int64)
     node_key = np.searchsorted(cand_post, model.post_pos, side="left")
-    return Problem(stats, model, cands, node_key, _chains(stats, [c.fqn for c in cands]), frontiers)
+    return Problem(stats, model, cands, node_key, _chains(stats, [c.fqn for c in cands]), unit, frontiers)
 
 
 def _frontier(cache: dict[tuple, Frontier | None], m) -> Frontier | None:
@@ -143,15 +145,15 @@ def _frontier(cache: dict[tuple, Frontier | None], m) -> Frontier | None:
     return cache[key]
 
 
-def _hull(frontier: Frontier | None, act_saved_bytes: int) -> tuple[tuple[float, float], ...]:
-    """Facets of the lower convex hull of the frontier's (discarded GiB, recompute ms) points.
+def _hull(frontier: Frontier | None, act_saved_bytes: int, unit: float) -> tuple[tuple[float, float], ...]:
+    """Facets of the lower convex hull of the frontier's (discarded units, recompute ms) points.
 
     Every op decision lies on or above this hull, so the facets are valid cuts;
     they give the LP relaxation the exact multiple-choice bound.
     """
     if frontier is None or len(frontier) < 2:
         return ()
-    d = (act_saved_bytes - frontier.saved_bytes[::-1]) / GIB  # ascending
+    d = (act_saved_bytes - frontier.saved_bytes[::-1]) / unit  # ascending
     rc = frontier.recompute_ms[::-1]
     hull: list[int] = []
     for i in range(len(d)):
@@ -242,13 +244,13 @@ class _Matrix:
             y = self.y0 + i
             integrality[y], ub[y] = 1, 1
             cost[y] = cl.always_recomputed_ms
-            d_entries = [(y, cand.y_bytes / GIB)]
+            d_entries = [(y, cand.y_bytes / prob.unit)]
             for q in range(len(cl.members)):
                 k = self.k0 + k_off[i] + q
                 integrality[k], ub[k] = 1, len(cl.members[q])
                 cost[k] = cl.class_ms[q]
                 row([(k, 1.0), (y, -float(len(cl.members[q])))], -np.inf, 0.0)
-                d_entries.append((k, cl.class_bytes[q] / GIB))
+                d_entries.append((k, cl.class_bytes[q] / prob.unit))
             # S_i - S_{i-1} - D_c = 0 and D_c >= 0
             s_prev = [] if i == 0 else [(self.s0 + i - 1, 1.0)]
             row([(self.s0 + i, 1.0)] + [(c, -1.0 * v) for c, v in s_prev] + [(c, -v) for c, v in d_entries], 0.0, 0.0)
@@ -316,11 +318,11 @@ def solve_budget(prob: Problem, budget_bytes: float, *, time_limit_s: float, mip
     for _ in range(4):
         lb = np.zeros(mat.n_var)
         for k, v in rows:
-            lb[mat.s0 + k - 1] = max(lb[mat.s0 + k - 1], (v + margin) / GIB)
+            lb[mat.s0 + k - 1] = max(lb[mat.s0 + k - 1], (v + margin) / prob.unit)
         sol = _run(prob, mat, mat.cost, lb, mat.constraint(), time_limit_s, mip_rel_gap)
         if sol.decisions is None or sol.peak_bytes <= budget_bytes:
             return sol
-        margin += 2 * (sol.peak_bytes - budget_bytes) + 1024  # solver tolerance: tighten and resolve
+        margin += 2 * (sol.peak_bytes - budget_bytes) + 1  # solver tolerance: tighten and resolve
     return Solution("error", "could not meet the budget within solver tolerances")
 
 
@@ -334,7 +336,7 @@ def solve_min_peak(prob: Problem, *, time_limit_s: float) -> Solution:
     extra = []
     for k, v in _reduced_rows(prob.node_key, prob.model.base_bytes):
         entries = [(mat.p, 1.0)] + ([(mat.s0 + k - 1, 1.0)] if k > 0 else [])
-        extra.append((entries, v / GIB, np.inf))
+        extra.append((entries, v / prob.unit, np.inf))
     lb = np.zeros(mat.n_var)
     lb[mat.p] = -np.inf
     sol = _run(prob, mat, cost, lb, mat.constraint(extra), time_limit_s, 1e-9)

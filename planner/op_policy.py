@@ -184,18 +184,17 @@ def op_groups(ops: Sequence[OpStats], force_store_random: bool = False) -> OpGro
     why: dict[int, str] = {}
     for i, op in enumerate(ops):
         g = gid[find(i)]
-        want, reason = None, ""
+        rules = []
         if op.view_like:
-            want, reason = RECOMPUTE, f"op {i} ({op.name}) is view-like, so recomputed"
-        elif op.inplace_parent == i:
-            want, reason = SAVE, f"op {i} ({op.name}) is in-place on a module input, so saved"
-        elif op.random and force_store_random:
-            want, reason = SAVE, f"op {i} ({op.name}) is random with force_store_random, so saved"
-        if want is None:
-            continue
-        if fixed[g] not in (FREE, want):
-            raise ValueError(f"contradictory SAC rules: {why[g]}, but {reason}, and both share one decision")
-        fixed[g], why[g] = want, reason
+            rules.append((RECOMPUTE, f"op {i} ({op.name}) is view-like, so recomputed"))
+        if op.inplace_parent == i:
+            rules.append((SAVE, f"op {i} ({op.name}) is in-place on a module input, so saved"))
+        if op.random and force_store_random:
+            rules.append((SAVE, f"op {i} ({op.name}) is random with force_store_random, so saved"))
+        for want, reason in rules:
+            if fixed[g] not in (FREE, want):
+                raise ValueError(f"contradictory SAC rules: {why[g]}, but {reason}, and both share one decision")
+            fixed[g], why[g] = want, reason
 
     group_bytes = np.array([sum(ops[i].output_bytes for i in m) for m in members], dtype=np.int64)
     group_ms = np.array([math.fsum(ops[i].runtime_ms for i in m) for m in members], dtype=np.float64)

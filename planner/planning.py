@@ -140,8 +140,18 @@ def _min_feasible(prob: Problem, sol: Solution, time_limit_s: float) -> tuple[fl
     best = solve_min_peak(prob, time_limit_s=time_limit_s)
     if best.peak_bytes is None:
         return None, sol
-    # Round up to a whole KiB-ish step so the advertised budget is itself feasible.
-    return math.ceil(best.peak_bytes / GIB * 1e6) / 1e6, sol
+    return _round_up(best.peak_bytes / GIB), sol
+
+
+def _round_up(gib: float, digits: int = 6) -> float:
+    """``gib`` rounded up to ``digits`` significant digits: readable, and itself feasible."""
+    if gib <= 0:
+        return 0.0
+    step = 10.0 ** (math.floor(math.log10(gib)) - digits + 1)
+    out = math.ceil(gib / step) * step
+    while out < gib:
+        out = math.nextafter(out, math.inf)
+    return out
 
 
 def _to_plan(prob: Problem, sol: Solution, budget: float, world_size: int, baseline: int,

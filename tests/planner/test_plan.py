@@ -1,0 +1,256 @@
+"""Module-level plans: brute force on small trees, realized == reported, samples, outcomes."""
+
+import itertools
+import math
+import random
+from pathlib import Path
+
+import pytest
+
+from planner import Stats, load_stats, module_frontier, plan, sweep
+
+GIB = 2**30
+DATA = Path(__file__).resolve().parents[1] / "data"
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "reference"
+L4 = DATA / "torch_format_transformer_L4.json"
+L12 = SHARED / "torch_format_transformer_L12.json"
+
+
+# --- an evaluator written from docs/memory-model.md, independent of the planner ---
+
+def realize(stats: Stats, decisions: dict[str, list[int]], world_size: int = 1) -> tuple[float, float]:
+    """(peak bytes, recompute ms) of per-module save lists, from the raw stats."""
+    post = {f: k for k, f in enumerate(stats.fw_post_order)}
+    mods = {m.fqn: m for m in stats.modules}
+    root = mods[stats.fw_pre_order[0]]
+    discard, recompute = {}, 0.0
+    for fqn, save in decisions.items():
+        ops = mods[fqn].ops
+        assert len(save) == len(ops)
+        discard[fqn] = mods[fqn].act_saved_bytes - sum(op.output_bytes for op, s in zip(ops, save) if s)
+        recompute += sum(op.runtime_ms for op, s in zip(ops, save) if not s)
+    peak = max(
+        m.act_total_bytes + m.act_grad_bytes + (root.param_bytes + m.grad_total_bytes) / world_size
+        - sum(d for f, d in discard.items() if post[f] < post[m.fqn])
+        for m in stats.modules
+    )
+    return peak, recompute
+
+
+def _valid_save(ops, save, fsr=False):
+    for i, op in enumerate(ops):
+        if op.view_like and save[i]:
+            return False
+        p = op.inplace_parent
+        if p is not None and ((p == i and not save[i]) or save[i] != save[p]):
+            return False
+    rand = {save[i] for i, op in enumerate(ops) if op.random}
+    return len(rand) <= 1 and (not fsr or rand <= {1})
+
+
+# --- random small instances ---
+
+def _ops(rng, n):
+    out = []
+    for i in range(n):
+        r = rng.random()
+        out.append(dict(name=f"aten.op{i}", runtime_ms=round(rng.uniform(0, 5), 3),
+                        output_bytes=rng.choice([0, 64, 128, 256, 512, 1024]),
+                        view_like=r < 0.1, random=0.1 <= r < 0.2,
+                        inplace_parent=(rng.randrange(i) if (0.2 <= r < 0.3 and i) else None)))
+    return out
+
+
+def random_stats(rng) -> Stats:
+    """Root R with 1-2 blocks, each block non-leaf (with ops) holding 1-2 leaves; <= 6 modules."""
+    mods = [dict(fqn="R", parent=None, is_leaf=False)]
+    pre, post = ["R"], []
+    for b in range(rng.choice([1, 2])):
+        bf = f"R.b{b}"
+        mods.append(dict(fqn=bf, parent="R", is_leaf=False, ops=_ops(rng, rng.randrange(2, 6))))
+        pre.append(bf)
+        n_leaves = 1 if len(mods) >= 4 else rng.choice([1, 2])
+        for j in range(n_leaves):
+            lf = f"{bf}.l{j}"
+            if rng.random() < 0.3 and len(mods) < 5:
+                # a nested non-leaf with ops, so nesting constraints matter
+                mods.append(dict(fqn=lf, parent=bf, is_leaf=False, ops=_ops(rng, rng.randrange(2, 5))))
+                mods.append(dict(fqn=lf + ".x", parent=lf, is_leaf=True))
+                pre += [lf, lf + ".x"]
+                post += [lf + ".x", lf]
+            else:
+                mods.append(dict(fqn=lf, parent=bf, is_leaf=True))
+                pre.append(lf)
+                post.append(lf)
+        post.append(bf)
+    post.append("R")
+    mods.append(dict(fqn="R.head", parent="R", is_leaf=True))
+    pre.append("R.head")
+    post.insert(len(post) - 1, "R.head")
+    total = 0
+    for m in mods:
+        total += rng.randrange(0, 2048)
+        m.update(act_total_bytes=total, act_grad_bytes=rng.randrange(0, 1024),
+                 act_saved_bytes=rng.randrange(0, 2048) if m.get("ops") else 0,
+                 grad_total_bytes=rng.randrange(0, 512), param_bytes=rng.randrange(0, 512))
+    return Stats.model_validate(dict(metadata=dict(model_name="random"), fw_pre_order=pre,
+                                     fw_post_order=post, modules=mods))
+
+
+def brute_force(stats: Stats, budget_bytes: float):
+    """Least recompute over every non-nested choice of frontier points (None if infeasible)."""
+    cands = [m for m in stats.modules if not m.is_leaf and m.ops]
+    options = []
+    for m in cands:
+        f = module_frontier(m.ops, m.force_store_random)
+        options.append([None] + [f.save_list(k) for k in range(len(f))])
+    best = None
+    for choice in itertools.product(*options):
+        chosen = {m.fqn: s for m, s in zip(cands, choice) if s is not None}
+        if any(a != b and b.startswith(a + ".") for a in chosen for b in chosen):
+            continue
+        peak, rc = realize(stats, chosen)
+        if peak <= budget_bytes and (best is None or rc < best - 1e-9):
+            best = rc
+    return best
+
+
+@pytest.mark.parametrize("solver", ["dp", "milp"])
+def test_plans_equal_brute_force_on_random_trees(solver):
+    rng = random.Random(2024)
+    compared = infeasible = 0
+    for trial in range(60):
+        stats = random_stats(rng)
+        budget = rng.uniform(0.55, 1.05) * realize(stats, {})[0]
+        expected = brute_force(stats, budget)
+        p = plan(stats, budget / GIB, solver=solver)
+        if expected is None:
+            assert p.status == "infeasible", f"trial {trial}"
+            infeasible += 1
+            continue
+        assert p.status == "optimal", f"trial {trial}: {p.status} {p.message}"
+        assert p.recompute_ms == pytest.approx(expected, abs=1e-6), f"trial {trial}"
+        decisions = {m.fqn: m.save for m in p.modules}
+        peak, rc = realize(stats, decisions)
+        assert peak <= budget
+        assert rc == pytest.approx(p.recompute_ms, abs=1e-9)
+        for m in p.modules:
+            assert _valid_save(stats.module(m.fqn).ops, m.save)
+        compared += 1
+    assert compared >= 30 and infeasible >= 1
+
+
+def test_min_feasible_budget_is_feasible_on_random_trees():
+    rng = random.Random(7)
+    seen = 0
+    for _ in range(40):
+        stats = random_stats(rng)
+        p = plan(stats, 1e-9 + 1 / GIB)
+        if p.status != "infeasible":
+            continue
+        seen += 1
+        again = plan(stats, p.min_feasible_budget_gib)
+        assert again.status == "optimal"
+        assert again.peak_bytes <= p.min_feasible_budget_gib * GIB
+        # and nothing meaningfully smaller fits (brute force at 0.1% below)
+        assert brute_force(stats, p.min_feasible_budget_gib * GIB * 0.999 - 1) is None
+    assert seen >= 5
+
+
+@pytest.fixture(scope="module")
+def l4():
+    return load_stats(L4)
+
+
+def test_l4_sweep_realized_equals_reported(l4):
+    baseline = realize(l4, {})[0]
+    plans = sweep(l4, [1.5, 3, 4, 5, 6, 7, baseline / GIB + 0.5])
+    assert plans[0].status == "infeasible" and plans[0].min_feasible_budget_gib > 1.5
+    assert plans[-1].status == "optimal" and plans[-1].modules == [] and plans[-1].recompute_ms == 0
+    assert plans[-1].baseline_peak_bytes == math.ceil(baseline)
+    previous = math.inf
+    for p in plans[1:]:
+        assert p.status == "optimal"
+        peak, rc = realize(l4, {m.fqn: m.save for m in p.modules})
+        assert peak <= p.memory_budget_gib * GIB
+        assert p.peak_bytes == math.ceil(peak)
+        assert abs(rc - p.recompute_ms) <= 1e-6 * max(rc, 1e-9)
+        for m in p.modules:
+            ops = l4.module(m.fqn).ops
+            assert _valid_save(ops, m.save, l4.module(m.fqn).force_store_random)
+            saved = sum(op.output_bytes for op, s in zip(ops, m.save) if s)
+            assert m.saved_bytes == saved
+            assert m.discarded_bytes == l4.module(m.fqn).act_saved_bytes - saved
+            assert m.discard_ratio == pytest.approx(1 - saved / sum(op.output_bytes for op in ops))
+        # more memory never costs more recompute
+        assert p.recompute_ms <= previous + 1e-9
+        previous = p.recompute_ms
+    for a in plans[1:]:
+        fqns = [m.fqn for m in a.modules]
+        assert not any(x != y and y.startswith(x + ".") for x in fqns for y in fqns)
+
+
+def test_l4_dp_and_milp_agree(l4):
+    for budget in (3.0, 5.0):
+        a = plan(l4, budget, solver="dp")
+        b = plan(l4, budget, solver="milp")
+        assert a.status == b.status == "optimal"
+        assert a.recompute_ms == pytest.approx(b.recompute_ms, rel=1e-5)
+
+
+def test_world_size_shards_params_and_grads(l4):
+    one, four = sweep(l4, [4.0], world_size=1)[0], sweep(l4, [4.0], world_size=4)[0]
+    assert four.baseline_peak_bytes < one.baseline_peak_bytes
+    assert four.recompute_ms <= one.recompute_ms
+    peak, _ = realize(l4, {m.fqn: m.save for m in four.modules}, world_size=4)
+    assert peak <= 4.0 * GIB
+
+
+def test_ac_units_restrict_choice(l4):
+    units = ["Transformer.layers.0", "Transformer.layers.1", "Transformer.layers.2"]
+    p = plan(l4, 5.0, ac_units=units)
+    assert p.status == "optimal"
+    assert {m.fqn for m in p.modules} <= set(units)
+    free = plan(l4, 5.0)
+    assert free.recompute_ms <= p.recompute_ms + 1e-9
+
+
+def test_fsdp_units_forbid_enclosing_checkpoints(l4):
+    p = plan(l4, 5.0, fsdp_units=["Transformer.layers.0.attention", "Transformer.layers.1.attention",
+                                  "Transformer.layers.2.attention", "Transformer.layers.3.attention"])
+    assert p.status == "optimal"
+    assert not any(m.fqn in {f"Transformer.layers.{i}" for i in range(4)} for m in p.modules)
+
+
+def test_optimizer_state_and_reserve_are_opt_in(l4):
+    base = plan(l4, 5.0)
+    reserved = plan(l4, 5.0, reserve_gib=0.5)
+    assert reserved.baseline_peak_bytes == base.baseline_peak_bytes + GIB // 2
+    assert reserved.recompute_ms >= base.recompute_ms
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(memory_budget_gib=-1.0), "memory_budget_gib must be a positive number"),
+    (dict(memory_budget_gib=float("nan")), "memory_budget_gib must be a positive number"),
+    (dict(memory_budget_gib=4.0, world_size=0), "world_size must be a positive integer, got 0"),
+    (dict(memory_budget_gib=4.0, ac_units=["nope"]), r"ac_units\[0\] 'nope' is not a module"),
+    (dict(memory_budget_gib=4.0, ac_units=["Transformer.output"]), "is a leaf module"),
+    (dict(memory_budget_gib=4.0, fsdp_units=["x.y"]), r"fsdp_units\[0\] 'x.y' is not a module"),
+    (dict(memory_budget_gib=4.0, time_limit_s=0), "time_limit_s must be a positive number"),
+    (dict(memory_budget_gib=4.0, solver="cbc"), "solver must be"),
+])
+def test_bad_options_are_named(l4, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        plan(l4, **kwargs)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not L12.exists(), reason="needs ../shared/reference")
+def test_l12_plans_are_realizable():
+    stats = load_stats(L12)
+    for budget in (3.0, 18.0):
+        p = plan(stats, budget)
+        assert p.status in ("optimal", "feasible")
+        peak, rc = realize(stats, {m.fqn: m.save for m in p.modules})
+        assert peak <= budget * GIB
+        assert abs(rc - p.recompute_ms) <= 1e-6 * rc
