@@ -88,12 +88,19 @@ def get_plan(session: Session, project: str, plan_id: int) -> PlanRecord:
     return row
 
 
-def _lookup(session: Session, project: str, stats_id: int, keys: list[str]) -> tuple[str, dict[str, CachedPlan]]:
-    stats = get_stats(session, project, stats_id)
+def _lookup(session: Session, project: str, stats_id: int, fields: dict[str, Any],
+            budgets_gib: list[float]) -> tuple[list[str], dict[str, CachedPlan]]:
+    """Cache keys for the budgets, and the plans already stored under them (two indexed reads)."""
+    content_hash = session.execute(
+        select(StatsRecord.content_hash).where(StatsRecord.id == stats_id, StatsRecord.project == project)
+    ).scalar_one_or_none()
+    if content_hash is None:
+        raise NotFound(f"stats_id {stats_id} does not exist")
+    keys = [plan_cache_key(content_hash, b, fields) for b in budgets_gib]
     rows = session.execute(
         select(PlanRecord).where(PlanRecord.stats_id == stats_id, PlanRecord.cache_key.in_(keys))
     ).scalars()
-    return stats.content_hash, {r.cache_key: CachedPlan.of(r, cached=True) for r in rows}
+    return keys, {r.cache_key: CachedPlan.of(r, cached=True) for r in rows}
 
 
 def _document(factory: sessionmaker[Session], stats_id: int) -> str:
@@ -140,13 +147,11 @@ async def plans_for(
     """One plan per budget: from the cache, else solved (once, however many ask) and stored."""
     fields = options.cache_fields()
 
-    def lookup() -> tuple[str, dict[str, CachedPlan], list[str]]:
+    def lookup() -> tuple[list[str], dict[str, CachedPlan]]:
         with factory() as session:
-            content_hash = get_stats(session, project, stats_id).content_hash
-            keys = [plan_cache_key(content_hash, b, fields) for b in budgets_gib]
-            return (*_lookup(session, project, stats_id, keys), keys)
+            return _lookup(session, project, stats_id, fields, budgets_gib)
 
-    _, found, keys = await run_in_threadpool(lookup)
+    keys, found = await run_in_threadpool(lookup)
     missing = [(k, b) for k, b in zip(keys, budgets_gib) if k not in found]
     if missing:
         flight_key = f"{stats_id}:" + ",".join(k for k, _ in missing)
