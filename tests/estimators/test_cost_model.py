@@ -54,3 +54,16 @@ def test_roofline_times():
     assert fast_memory(aten.mm.default, (a, b), {}, out) == pytest.approx(65536 / 1e6 * 1e3)
     view = aten.view.default(a, [32, 64])
     assert cost(aten.view.default, (a, [32, 64]), {}, view) == 0.0
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only refusal")
+def test_benchmark_needs_cuda(tmp_path, capsys):
+    from estimators import BenchmarkCostModel
+    from planner.cli import main
+
+    with pytest.raises(RuntimeError, match="--benchmark needs a CUDA device"):
+        BenchmarkCostModel(RooflineCostModel(device_spec("cpu")))
+    rc = main(["collect", "--hf-config", str(tmp_path / "none.json"), "--device", "cuda", "--benchmark",
+               "--out", str(tmp_path / "s.json"), "--quiet"])
+    assert rc == 2
+    assert "--device cuda: torch.cuda.is_available() is False" in capsys.readouterr().err
