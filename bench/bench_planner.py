@@ -162,21 +162,26 @@ def run_torch(doc: dict, budget_gib: float, world_size: int) -> Outcome:
 # ---------------------------------------------------------------- budgets and rows
 
 
-def budget_grid(stats: planner.Stats, doc: dict, n: int, world_size: int) -> tuple[list[float], float, float | None]:
-    """``n`` budgets: one below the minimum feasible peak, the rest up to just above no checkpointing."""
+def budget_grid(stats: planner.Stats, doc: dict, world_size: int, fractions: list[float]
+                ) -> tuple[list[float], float, float | None, float]:
+    """One budget 5% below our minimum feasible peak, then ``fractions`` of the way from it to 2% above
+    the no-checkpointing peak (0 = the minimum itself, 1 = no checkpointing needed)."""
     baseline = realize(doc, {}, world_size).peak_bytes / GIB
-    low = None
+    low, t0 = None, time.perf_counter()
     try:
-        probe = planner.plan(stats, 1e-3, world_size=world_size)
-        low = probe.min_feasible_budget_gib
+        low = planner.plan(stats, 1e-3, world_size=world_size).min_feasible_budget_gib
     except NotImplementedError:
         pass
+    probe_s = time.perf_counter() - t0
     start = low if low is not None else 0.3 * baseline  # stub planner: a fraction of the baseline
-    first = math.floor(0.95 * start * 1000) / 1000
     lo = math.ceil(start * 1000) / 1000
     hi = math.ceil(baseline * 1.02 * 1000) / 1000
-    rest = [round(lo + (hi - lo) * k / (n - 2), 3) for k in range(n - 1)]
-    return [first, *rest], baseline, low
+    return [math.floor(0.95 * start * 1000) / 1000, *(round(lo + (hi - lo) * x, 3) for x in fractions)], \
+        baseline, low, probe_s
+
+
+def linspace01(n: int) -> list[float]:
+    return [k / (n - 1) for k in range(n)]
 
 
 @dataclass
@@ -193,6 +198,10 @@ def _gib(b: float | None) -> str:
 
 def _ms(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}"
+
+
+def _times(x: float) -> str:
+    return f"{x:.1f}x" if x < 10 else f"{x:.0f}x"
 
 
 def _fits(r: Realized | None, budget_gib: float) -> str:
@@ -218,7 +227,7 @@ def row_markdown(r: Row, ws: int) -> str:
         theirs = [t.status, f"{t.seconds:.2f}", f"{t.policy_seconds:.2f}", _ms(t.claimed_recompute_ms),
                   _ms(t.realized.recompute_ms if t.realized else None), _gib(t.claimed_peak_bytes),
                   _gib(t.realized.peak_bytes if t.realized else None), _fits(t.realized, r.budget_gib)]
-        speed = f"{t.seconds / o.seconds:.0f}x" if o.seconds > 0 else "-"
+        speed = _times(t.seconds / o.seconds) if o.seconds > 0 else "-"
         diff = (f"{o.realized.recompute_ms - t.realized.recompute_ms:+.2f}"
                 if o.realized and t.realized else "-")
     return "| " + " | ".join([r.label, str(ws), f"{r.budget_gib:.3f}", *ours, *theirs, speed, diff]) + " |"
@@ -227,16 +236,18 @@ def row_markdown(r: Row, ws: int) -> str:
 # ---------------------------------------------------------------- the series
 
 
-def bench_input(label: str, doc: dict, n_budgets: int, world_size: int, torch_budgets: int | None,
-                log) -> tuple[list[Row], dict]:
-    """Plan every budget with ours (and PyTorch on ``torch_budgets`` of them, all when None)."""
+def bench_input(label: str, doc: dict, fractions: list[float], world_size: int, torch_budgets: list[int] | None,
+                with_sweep: bool, log) -> tuple[list[Row], dict]:
+    """Plan every budget with ours, and with PyTorch at the budget indices ``torch_budgets`` (None: all)."""
     t0 = time.perf_counter()
     stats = planner.parse_stats(copy.deepcopy(doc))
     load_s = time.perf_counter() - t0
-    budgets, baseline, low = budget_grid(stats, doc, n_budgets, world_size)
-    torch_idx = set(range(len(budgets))) if torch_budgets is None else set(_spread(len(budgets), torch_budgets))
+    budgets, baseline, low, probe_s = budget_grid(stats, doc, world_size, fractions)
+    torch_idx = set(range(len(budgets)) if torch_budgets is None else torch_budgets)
     sweep_s = None
     try:
+        if not with_sweep:
+            raise NotImplementedError
         t0 = time.perf_counter()
         planner.sweep(stats, budgets, world_size=world_size)
         sweep_s = time.perf_counter() - t0
@@ -249,13 +260,9 @@ def bench_input(label: str, doc: dict, n_budgets: int, world_size: int, torch_bu
         rows.append(Row(label, b, ours, theirs))
         log(row_markdown(rows[-1], world_size))
     meta = {"label": label, "ws": world_size, "modules": len(stats.modules), "load_s": load_s,
-            "baseline_gib": baseline, "min_feasible_gib": low, "sweep_s": sweep_s, "n_budgets": len(budgets)}
+            "baseline_gib": baseline, "min_feasible_gib": low, "sweep_s": sweep_s, "n_budgets": len(budgets),
+            "probe_s": probe_s}
     return rows, meta
-
-
-def _spread(n: int, k: int) -> list[int]:
-    """``k`` indices spread over the interior of ``range(n)`` (mid-range budgets, where the solvers work hardest)."""
-    return sorted({round((n - 1) * (j + 1) / (k + 1)) for j in range(k)})
 
 
 def summarize(rows: list[Row], meta: dict) -> dict:
@@ -291,11 +298,11 @@ def summary_lines(s: dict) -> list[str]:
     f = lambda x, spec=".3f": "-" if x is None else format(x, spec)  # noqa: E731
     lines = [f"- **{s['label']}** (world_size {s['ws']}, {s['modules']} modules, {s['n_budgets']} budgets): "
              f"baseline peak {s['baseline_gib']:.3f} GiB, our min feasible {f(s['min_feasible_gib'])} GiB; "
-             f"load {s['load_s']:.3f} s; ours max {f(s['ours_max_s'])} s per budget, "
-             f"sweep() of all budgets {f(s['sweep_s'])} s."]
+             f"load {s['load_s']:.3f} s; finding the min feasible budget {s['probe_s']:.2f} s; ours max {f(s['ours_max_s'])} s per budget, "
+             f"sweep() of all budgets {f(s['sweep_s'], '.3f') if s['sweep_s'] is not None else 'not run'} s."]
     if s["torch_total_s"] is not None:
         lines.append(f"  PyTorch sac_milp {s['torch_total_s']:.1f} s vs ours {f(s['ours_paired_s'])} s on the same "
-                     f"budgets ({s['torch_total_s'] / s['ours_paired_s']:.0f}x overall, min {s['min_speedup']:.0f}x "
+                     f"budgets ({_times(s['torch_total_s'] / s['ours_paired_s'])} overall, min {_times(s['min_speedup'])} "
                      f"per budget); PyTorch's claimed recompute is off its realized by up to "
                      f"{100 * (s['torch_claim_error'] or 0):.1f}%." if s["ours_paired_s"] else
                      f"  PyTorch sac_milp {s['torch_total_s']:.1f} s.")
@@ -329,7 +336,18 @@ def machine() -> str:
             f"(1-min load {load:.2f} at start); {platform.system()} {platform.release()}; Python "
             f"{platform.python_version()}, numpy {numpy.__version__}, scipy {scipy.__version__} (HiGHS), pydantic "
             f"{pydantic.__version__}, PuLP {pulp.__version__} (bundled CBC), torch {torch.__version__}; sacplan "
-            f"planner {planner.PLANNER_VERSION}.")
+            f"planner {planner.PLANNER_VERSION} at {_code_state()}.")
+
+
+def _code_state() -> str:
+    import subprocess
+
+    def git(*a: str) -> str:
+        return subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True).stdout
+
+    dirty = [x for x in git("status", "--porcelain", "--", "planner").splitlines() if x.strip()]
+    head = git("rev-parse", "--short", "HEAD").strip() or "unknown commit"
+    return head + (f" + uncommitted edits to {', '.join(x[3:] for x in dirty)}" if dirty else "")
 
 
 def write_results(text: str, path: Path) -> None:
@@ -356,6 +374,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="few budgets, no PyTorch on the synthetic series, no write")
     ap.add_argument("--write", action="store_true", help="write bench/RESULTS.md even with --quick")
+    ap.add_argument("--only", metavar="LABEL", action="append",
+                    help="run only the series whose label starts with LABEL (repeatable), e.g. --only L4")
     args = ap.parse_args(argv)
     os.chdir(REPO)
     logging.getLogger("torch.distributed._tools.sac_ilp").disabled = True  # it logs every non-optimal solve
@@ -365,31 +385,38 @@ def main(argv: list[str] | None = None) -> int:
     log = lambda s: print(s, flush=True)  # noqa: E731
     samples = [("L4", "torch_format_transformer_L4.json"), ("L12", "torch_format_transformer_L12.json")]
     docs = {name: json.loads((REFERENCE / f).read_text()) for name, f in samples}
-    n = 6 if args.quick else 14
-    # (label, document, budgets, world_size, PyTorch budgets: None = all)
-    series = [(name, docs[name], n, 1, None) for name, _ in samples]
+    dense = linspace01(6 if args.quick else 13)
+    # (label, document, budget fractions, world_size, PyTorch budgets (None = all), also time sweep())
+    series = [(name, docs[name], dense, 1, None, True) for name, _ in samples]
     if not args.quick:
-        series.append(("L12", docs["L12"], 8, 4, None))
-    for layers in (8, 32, 96, 200):
-        torch_k = 0 if args.quick else {8: 3, 32: 2}.get(layers, 0)
-        series.append((f"synthetic {layers}L", make_layers(docs["L12"], layers), 5 if args.quick else 8, 1, torch_k))
+        series.append(("L12", docs["L12"], linspace01(7), 4, None, True))
+    # Synthetic: one infeasible budget plus 3 interior ones (1 at 200 layers, 1 each in --quick).
+    for layers in (8, 96) if args.quick else (8, 32, 96, 200):
+        fr = [0.5] if args.quick or layers == 200 else [0.25, 0.5, 0.75]
+        torch_k = [] if args.quick else {8: [1, 2, 3], 32: [1, 2]}.get(layers, [])
+        series.append((f"synthetic {layers}L", make_layers(docs["L12"], layers), fr, 1, torch_k, False))
 
+    if args.only:
+        series = [x for x in series if any(x[0].startswith(o) for o in args.only)]
     log(HEADER)
     rows_md, summaries = [], []
-    for label, doc, nb, ws, tk in series:
-        rows, meta = bench_input(label, doc, nb, ws, tk, log)
+    for label, doc, fr, ws, tk, sw in series:
+        rows, meta = bench_input(label, doc, fr, ws, tk, sw, log)
         rows_md += [row_markdown(r, ws) for r in rows]
         summaries.append(summarize(rows, meta))
     elapsed = time.time() - started
-    cmd = "python bench/bench_planner.py" + (" --quick" if args.quick else "")
+    cmd = "python bench/bench_planner.py" + (" --quick" if args.quick else "") + "".join(
+        f" --only {o!r}" for o in args.only or [])
     out += [f"Command: `{cmd}` (from the repo root; {elapsed / 60:.1f} min in all). Times are wall-clock seconds of "
             "one `planner.plan` call (ours) and one `sac_milp` call (PyTorch: PuLP model build + CBC at gapRel 0.05, "
             "timeLimit 180 s); PyTorch's per-module op policy (`torch policy s`, one CBC call per checkpointed "
             "module) is extra and not in the speedup. `rc` = recompute time; realized figures are recomputed here "
             "from each tool's per-op save lists under PyTorch's memory model (see the script's docstring). "
-            "Synthetic inputs repeat block 5 of the L12 sample (bench/synthetic.py); PyTorch runs on "
-            "3 (8 layers) and 2 (32 layers) mid-range budgets only, and not at 96/200 layers, to keep the run "
-            "bounded (each sac_milp call may take its full 180 s there).", "", "### Summary", ""]
+            "Budgets: one 5% below our minimum feasible budget, then evenly spaced from that minimum to 2% above the "
+            "no-checkpointing peak. Synthetic inputs repeat block 5 of the L12 sample (bench/synthetic.py) and get "
+            "the infeasible budget plus the points 25/50/75% of the way (50% only at 200 layers); PyTorch runs on "
+            "all three at 8 layers, on 25% and 50% at 32 layers, and not at 96/200 layers, to keep the run "
+            "bounded (each sac_milp call may take its full 180 s there); sweep() is timed on the samples only.", "", "### Summary", ""]
     for s in summaries:
         out += summary_lines(s)
     out += ["", "### Every budget", "", HEADER, "|" + "---|" * (HEADER.count("|") - 1), *rows_md, ""]
