@@ -21,6 +21,7 @@ the DP gives up and the caller falls back to the MILP.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,6 +43,10 @@ class _Frontiers:
 
 
 class _GiveUp(Exception):
+    pass
+
+
+class _Timeout(Exception):
     pass
 
 
@@ -80,32 +85,19 @@ def _hull_segments(d: np.ndarray, rc: np.ndarray) -> tuple[np.ndarray, np.ndarra
     return lens, slopes
 
 
-class _LowerBound:
-    """LB_k(x): least cost for candidates k.. to discard x more bytes (fractional, convex hulls)."""
+class _Greedy:
+    """H(x): least cost to discard x bytes with a set of hull segments (fractional knapsack)."""
 
-    def __init__(self, fr: _Frontiers):
-        m = len(fr.d)
-        self.cum_len: list[np.ndarray] = [None] * (m + 1)  # type: ignore[list-item]
-        self.cum_cost: list[np.ndarray] = [None] * (m + 1)  # type: ignore[list-item]
-        self.slopes: list[np.ndarray] = [None] * (m + 1)  # type: ignore[list-item]
-        lens = np.zeros(0)
-        slopes = np.zeros(0)
-        self._set(m, lens, slopes)
-        for k in range(m - 1, -1, -1):
-            lens = np.concatenate([lens, fr.seg_len[k]])
-            slopes = np.concatenate([slopes, fr.seg_slope[k]])
-            order = np.argsort(slopes, kind="stable")
-            lens, slopes = lens[order], slopes[order]
-            self._set(k, lens, slopes)
+    def __init__(self, lens: np.ndarray, slopes: np.ndarray):
+        order = np.argsort(slopes, kind="stable")
+        lens, slopes = lens[order], slopes[order]
+        self.cum_len = np.concatenate([[0.0], np.cumsum(lens)])
+        self.cum_cost = np.concatenate([[0.0], np.cumsum(lens * slopes)])
+        self.slopes = slopes
 
-    def _set(self, k: int, lens: np.ndarray, slopes: np.ndarray) -> None:
-        self.cum_len[k] = np.concatenate([[0.0], np.cumsum(lens)])
-        self.cum_cost[k] = np.concatenate([[0.0], np.cumsum(lens * slopes)])
-        self.slopes[k] = slopes
-
-    def __call__(self, k: int, x: np.ndarray) -> np.ndarray:
-        cl, cc, sl = self.cum_len[k], self.cum_cost[k], self.slopes[k]
-        x = np.maximum(np.asarray(x, dtype=np.float64), 0.0)
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        cl, cc, sl = self.cum_len, self.cum_cost, self.slopes
+        x = np.maximum(x, 0.0)
         if len(sl) == 0:
             return np.where(x > 1.0, np.inf, 0.0)
         j = np.clip(np.searchsorted(cl, x, side="right") - 1, 0, len(sl) - 1)
@@ -115,10 +107,105 @@ class _LowerBound:
         return out * (1 - 1e-12)
 
 
+def _lower_hull(xs: np.ndarray, ys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Segments (lengths, slopes) of the lower convex hull of points, starting at (0, 0)."""
+    order = np.lexsort((ys, xs))
+    xs, ys = xs[order], ys[order]
+    hull: list[int] = []
+    for i in range(len(xs)):
+        if hull and xs[i] == xs[hull[-1]]:
+            continue
+        while len(hull) >= 2:
+            a, b = hull[-2], hull[-1]
+            if (ys[b] - ys[a]) * (xs[i] - xs[a]) >= (ys[i] - ys[a]) * (xs[b] - xs[a]):
+                hull.pop()
+            else:
+                break
+        hull.append(i)
+    # keep the increasing part only: beyond the cheapest point more discard is free to stop
+    lens = np.array([xs[q] - xs[p] for p, q in zip(hull, hull[1:])])
+    slopes = np.array([(ys[q] - ys[p]) / (xs[q] - xs[p]) for p, q in zip(hull, hull[1:])])
+    return lens, np.maximum(slopes, 0.0)
+
+
+def _subtree_hulls(prob: Problem, fr: _Frontiers, start: list[int]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per candidate: hull of its subtree's exclusive options (itself, or its candidate children together)."""
+    m = len(prob.candidates)
+    children: list[list[int]] = [[] for _ in range(m)]
+    for c in range(m):
+        parent = max((p for p in range(c + 1, m) if start[p] <= start[c]), default=None, key=lambda p: -p)
+        if parent is not None:
+            children[parent].append(c)
+    hulls: list[tuple[np.ndarray, np.ndarray]] = [None] * m  # type: ignore[list-item]
+    for c in range(m):  # post-order: children first
+        xs = [np.zeros(1), fr.d[c].astype(np.float64)]
+        ys = [np.zeros(1), fr.rc[c]]
+        if children[c]:
+            lens = np.concatenate([hulls[q][0] for q in children[c]])
+            slopes = np.concatenate([hulls[q][1] for q in children[c]])
+            order = np.argsort(slopes, kind="stable")
+            xs.append(np.cumsum(lens[order]))
+            ys.append(np.cumsum(lens[order] * slopes[order]))
+        hulls[c] = _lower_hull(np.concatenate(xs), np.concatenate(ys))
+    return hulls
+
+
+class _LowerBound:
+    """LB_k(S): least cost the candidates from position k on must still add, from discarded bytes S.
+
+    The larger of: the final requirement met by every subtree lying wholly
+    after k, and each of the next rising requirements met only by the
+    subtrees lying wholly between k and it. Each term relaxes integrality,
+    and a subtree's hull already makes its module and its submodules
+    exclusive, so the bound is valid and does not double-count.
+    """
+
+    LOOKAHEAD = 2
+
+    def __init__(self, prob: Problem, fr: _Frontiers, keyneed: np.ndarray, cap: np.ndarray, start: list[int]):
+        m = len(fr.d)
+        hulls = _subtree_hulls(prob, fr, start)
+        maximal_root = [max(p for p in range(c, m) if start[p] <= c and p >= c) if True else c for c in range(m)]
+        del maximal_root
+
+        def greedy(lo: int, hi: int) -> _Greedy:
+            # subtrees wholly inside [lo, hi), taking only the outermost ones
+            roots, c = [], hi - 1
+            while c >= lo:
+                if start[c] >= lo:
+                    roots.append(c)
+                    c = start[c] - 1
+                else:
+                    c -= 1
+            lens = np.concatenate([hulls[r][0] for r in roots] or [np.zeros(0)])
+            slopes = np.concatenate([hulls[r][1] for r in roots] or [np.zeros(0)])
+            return _Greedy(lens, slopes)
+
+        self.terms: list[list[tuple[float, _Greedy]]] = []
+        for k in range(m + 1):
+            terms = [(float(cap[k]), greedy(k, m))]
+            running = -np.inf
+            for k2 in range(k + 1, m + 1):
+                if len(terms) > self.LOOKAHEAD:
+                    break
+                if keyneed[k2] > running and keyneed[k2] > 0:
+                    running = keyneed[k2]
+                    terms.append((float(keyneed[k2]), greedy(k, k2)))
+            self.terms.append(terms)
+
+    def __call__(self, k: int, s: np.ndarray) -> np.ndarray:
+        s = s.astype(np.float64)
+        out = np.zeros(len(s))
+        for need, h in self.terms[k]:
+            np.maximum(out, h(need - s), out=out)
+        return out
+
+
 class _DP:
     def __init__(self, prob: Problem, fr: _Frontiers, keyneed: np.ndarray, lb: _LowerBound,
-                 upper: float, beam: int | None, state_limit: int):
+                 upper: float, beam: int | None, state_limit: int, deadline: float = math.inf):
         self.prob, self.fr, self.keyneed, self.lb = prob, fr, keyneed, lb
+        self.deadline = deadline
         self.upper, self.beam, self.state_limit = upper, beam, state_limit
         m = len(prob.candidates)
         self.cap = np.maximum(np.maximum.accumulate(keyneed[::-1])[::-1], 0.0)
@@ -144,6 +231,8 @@ class _DP:
         return tuple(a[ok] for a in st)
 
     def _prune(self, st, k: int):
+        if time.perf_counter() > self.deadline:
+            raise _Timeout
         if len(st[0]) == 0:
             return st
         s = np.minimum(st[0], math.ceil(self.cap[k]))
@@ -154,11 +243,15 @@ class _DP:
         keep = np.ones(len(c), bool)
         keep[1:] = c[1:] < best[:-1] - _TOL * (1 + np.abs(best[:-1]))
         s, c, t, nc, npt = s[keep], c[keep], t[keep], nc[keep], npt[keep]
-        bound = c + self.lb(k, self.cap[k] - s)
+        bound = c + self.lb(k, s)
         ok = bound <= self.upper + _TOL * (1 + abs(self.upper)) if math.isfinite(self.upper) else np.isfinite(bound)
         s, c, t, nc, npt, bound = s[ok], c[ok], t[ok], nc[ok], npt[ok], bound[ok]
         if self.beam is not None and len(s) > self.beam:
-            sel = np.sort(np.argsort(bound, kind="stable")[: self.beam])
+            # Half by best bound, half spread evenly over discarded bytes, so
+            # the beam keeps states able to meet later, larger needs.
+            best = np.argsort(bound, kind="stable")[: self.beam // 2]
+            spread = np.linspace(0, len(s) - 1, self.beam - len(best)).astype(np.int64)
+            sel = np.unique(np.concatenate([best, spread]))
             s, c, t, nc, npt = s[sel], c[sel], t[sel], nc[sel], npt[sel]
         if len(s) > self.state_limit:
             raise _GiveUp
@@ -177,7 +270,7 @@ class _DP:
         s2 = (s[:, None] + d[None, :]).ravel()
         c2 = (c[:, None] + rc[None, :]).ravel()
         # Cheap pre-filter: the state must still be able to meet later needs.
-        bound = c2 + self.lb(i + 1, self.cap[i + 1] - s2)
+        bound = c2 + self.lb(i + 1, s2)
         ok = bound <= self.upper + _TOL * (1 + abs(self.upper)) if math.isfinite(self.upper) else np.isfinite(bound)
         flat = np.flatnonzero(ok)
         new = (s2[flat], c2[flat], t[flat // len(d)], np.full(len(flat), i), flat % len(d))
@@ -236,25 +329,42 @@ def _subtree_starts(prob: Problem) -> list[int]:
     return start
 
 
-def solve_dp(prob: Problem, budget_bytes: float, *, state_limit: int = 200_000, beam: int = 64) -> Solution | None:
-    """Exact plan by bounded DP; None when the DP does not apply or gives up (use the MILP)."""
+def solve_dp(prob: Problem, budget_bytes: float, *, time_limit_s: float = 60.0, state_limit: int = 200_000,
+             beam: int = 64) -> Solution | None:
+    """Plan by bounded DP; None when the DP does not apply or gives up (use the MILP).
+
+    ``optimal`` when the exact pass finishes within ``time_limit_s``; otherwise
+    the beam pass's plan as ``feasible`` with its proven gap.
+    """
+    deadline = time.perf_counter() + time_limit_s
     fr = _prepare(prob)
     if fr is None:
         return None
     keyneed = _reduced_keyneeds(prob, budget_bytes)
     if keyneed[0] > 0:
         return Solution("infeasible", "modules before any checkpointable module already exceed the budget")
-    lb = _LowerBound(fr)
+    cap = np.maximum(np.maximum.accumulate(keyneed[::-1])[::-1], 0.0)
+    lb = _LowerBound(prob, fr, keyneed, cap, _subtree_starts(prob))
+    lower = float(lb(0, np.zeros(1))[0])
+    if not math.isfinite(lower):
+        return Solution("infeasible", "no plan fits the budget")
     try:
+        # The beam is bounded by its width, so it always runs to the end: a
+        # short time limit still yields a plan.
         heuristic = _DP(prob, fr, keyneed, lb, math.inf, beam, state_limit).solve()
+    except (_GiveUp, _Timeout):
+        heuristic = None
+    upper = math.inf if heuristic is None else heuristic[0]
+    try:
+        exact = _DP(prob, fr, keyneed, lb, upper, None, state_limit, deadline).solve()
+        status, message, gap = "optimal", "optimal plan found (exact bounded DP)", 0.0
+    except (_GiveUp, _Timeout) as exc:
         if heuristic is None:
-            # The beam can lose every feasible state; an unbounded exact pass settles it.
-            upper = math.inf
-        else:
-            upper = heuristic[0]
-        exact = _DP(prob, fr, keyneed, lb, upper, None, state_limit).solve()
-    except _GiveUp:
-        return None
+            return None
+        exact = heuristic
+        gap = max(0.0, (upper - lower) / upper) if upper > 0 else 0.0
+        why = "time limit reached" if isinstance(exc, _Timeout) else "state limit reached"
+        status, message = "feasible", f"{why}; best plan found, with its proven gap"
     if exact is None:
         return Solution("infeasible", "no plan fits the budget")
     _, choices = exact
@@ -267,4 +377,4 @@ def solve_dp(prob: Problem, budget_bytes: float, *, state_limit: int = 200_000, 
     discarded = {f: prob.stats.module(f).act_saved_bytes - sb for f, (_, sb, _) in decisions.items()}
     peak = prob.model.peak_bytes(discarded)
     recompute = math.fsum(prob.stats.module(f).op_ms - sm for f, (_, _, sm) in decisions.items())
-    return Solution("optimal", "optimal plan found (exact bounded DP)", peak, recompute, 0.0, 0.0, decisions)
+    return Solution(status, message, peak, recompute, gap, 0.0, decisions)

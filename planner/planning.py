@@ -101,7 +101,7 @@ def sweep(
     plans = []
     for i, budget in enumerate(budgets):
         started = time.perf_counter()
-        sol = solve_dp(prob, budget * GIB) if solver in ("auto", "dp") else None
+        sol = solve_dp(prob, budget * GIB, time_limit_s=time_limit_s) if solver in ("auto", "dp") else None
         if sol is None and solver == "dp":
             raise ValueError("solver 'dp' does not apply to these stats (a module frontier is too large); use 'milp'")
         if sol is None:
