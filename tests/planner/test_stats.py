@@ -1,0 +1,144 @@
+"""Stats format v1: validation errors name the field and value; PyTorch interop."""
+
+import copy
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from planner import STATS_FORMAT, Stats, StatsError, load_stats, parse_stats, stats_hash
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+L4 = DATA / "torch_format_transformer_L4.json"
+L12 = Path(__file__).resolve().parents[3] / "shared" / "reference" / "torch_format_transformer_L12.json"
+
+
+def small_doc():
+    ops = [
+        {"name": "aten.mm", "runtime_ms": 1.0, "output_bytes": 400, "saved_by_autograd": True},
+        {"name": "aten.view", "runtime_ms": 0.0, "output_bytes": 0, "view_like": True},
+        {"name": "aten.relu_", "runtime_ms": 0.1, "output_bytes": 0, "inplace_parent": 0},
+        {"name": "aten.native_dropout", "runtime_ms": 0.2, "output_bytes": 100, "random": True},
+    ]
+    return {
+        "format": STATS_FORMAT,
+        "metadata": {"model_name": "tiny", "batch_size": 2, "seq_len": 8, "tags": {"team": "x"}},
+        "fw_pre_order": ["M", "M.block", "M.block.lin", "M.head"],
+        "fw_post_order": ["M.block.lin", "M.block", "M.head", "M"],
+        "modules": [
+            {"fqn": "M", "parent": None, "is_leaf": False, "param_bytes": 1000, "act_total_bytes": 900},
+            {"fqn": "M.block", "parent": "M", "is_leaf": False, "act_saved_bytes": 500, "act_total_bytes": 600,
+             "ops": ops},
+            {"fqn": "M.block.lin", "parent": "M.block", "is_leaf": True, "act_total_bytes": 400},
+            {"fqn": "M.head", "parent": "M", "is_leaf": True, "act_total_bytes": 800},
+        ],
+    }
+
+
+def test_small_doc_is_valid():
+    s = parse_stats(small_doc())
+    assert s.root.fqn == "M"
+    assert s.module("M.block").op_bytes == 500
+
+
+def _broken(edit):
+    doc = small_doc()
+    edit(doc)
+    return doc
+
+
+@pytest.mark.parametrize("edit,match", [
+    (lambda d: d["modules"][3].update(fqn="M.block"), r"modules\[3\]\.fqn 'M.block' duplicates modules\[1\]"),
+    (lambda d: d["fw_pre_order"].pop(), "fw_pre_order has 3 entries but there are 4 modules"),
+    (lambda d: d["fw_post_order"].__setitem__(0, "M.nope"), r"fw_post_order\[0\] 'M.nope' is not a module fqn"),
+    (lambda d: d["fw_post_order"].__setitem__(1, "M.block.lin"), r"fw_post_order\[1\] 'M.block.lin' appears twice"),
+    (lambda d: d["modules"][3].update(parent="M.block.lin"), "is not a prefix module"),
+    (lambda d: d["modules"][3].update(parent="X"), r"modules\[3\]\.parent 'X' is not a module fqn"),
+    (lambda d: d["modules"][1]["ops"][2].update(inplace_parent=91), r"modules\[1\]\.ops\[2\]\.inplace_parent 91 is out of range for 4 ops"),
+    (lambda d: d["modules"][1]["ops"][0].update(runtime_ms=-1.0), r"modules\[1\]\.ops\[0\]\.runtime_ms: .*\(got -1\.0\)"),
+    (lambda d: d["modules"][0].update(param_bytes=-5), r"modules\[0\]\.param_bytes: .*\(got -5\)"),
+    (lambda d: d["modules"][0].update(param_bytes=10**30), r"modules\[0\]\.param_bytes: .*\(got 10{30}\)"),
+    (lambda d: d["modules"][0].update(fw_ms=float("inf")), r"modules\[0\]\.fw_ms: .*\(got inf\)"),
+    (lambda d: d["modules"][1].update(is_leaf=True), r"modules\[1\]\.is_leaf is true but 'M.block' has submodules"),
+    (lambda d: d["modules"][0].update(parent="M.head"), "exactly one root"),
+    (lambda d: d.update(format="sacplan.stats/v9"), "format"),
+    (lambda d: d["modules"][1]["ops"][1].update(inplace_parent=1), "contradictory SAC rules"),
+    (lambda d: d["modules"][0].update(colour="red"), r"modules\[0\]\.colour: Extra inputs are not permitted \(got 'red'\)"),
+])
+def test_validation_errors_name_field_and_value(edit, match):
+    with pytest.raises(StatsError, match=match):
+        parse_stats(_broken(edit))
+
+
+def test_not_an_object():
+    with pytest.raises(StatsError, match="must be a JSON object, got list"):
+        parse_stats([1, 2])
+
+
+def test_hash_is_canonical():
+    a = parse_stats(small_doc())
+    shuffled = json.loads(json.dumps(small_doc(), sort_keys=True))
+    assert stats_hash(a) == stats_hash(parse_stats(shuffled))
+    other = small_doc()
+    other["metadata"]["tags"]["team"] = "y"
+    assert stats_hash(parse_stats(other)) != stats_hash(a)
+
+
+def test_torch_format_converts_what_the_planner_uses():
+    raw = json.loads(L4.read_text())
+    s = load_stats(L4)
+    assert len(s.modules) == len(raw["module_info"]["mod_stats"])
+    assert s.fw_pre_order == raw["module_info"]["mod_order"]["fw_pre_order"]
+    assert s.fw_post_order == raw["module_info"]["mod_order"]["fw_post_order"]
+    for ms in raw["module_info"]["mod_stats"]:
+        m = s.module(ms["fqn"])
+        assert (m.param_bytes, m.act_saved_bytes, m.act_total_bytes, m.act_grad_bytes, m.grad_total_bytes) == (
+            ms["param_per_module"], ms["act_fw_per_module"], ms["act_total"], ms["act_grad_per_module"],
+            ms["grad_total"])
+        assert (m.fw_ms, m.bw_ms, m.is_leaf) == (ms["fw_runtime_per_module"], ms["bw_runtime_per_module"],
+                                                 ms["is_leaf"])
+        sac = raw["sac_stats"].get(ms["fqn"])
+        if sac is None:
+            assert m.ops is None
+            continue
+        assert [op.name for op in m.ops] == sac["func_names"]
+        assert [op.output_bytes for op in m.ops] == sac["memory"]
+        assert [op.runtime_ms for op in m.ops] == sac["runtimes"]
+        assert [i for i, op in enumerate(m.ops) if op.view_like] == sac["view_like_ops"]
+        assert [i for i, op in enumerate(m.ops) if op.random] == sac["rand_ops"]
+        assert [i for i, op in enumerate(m.ops) if op.saved_by_autograd] == sac["saved_autograd_ops"]
+        assert sorted([i, op.inplace_parent] for i, op in enumerate(m.ops) if op.inplace_parent is not None) == sorted(
+            sac["inplace_ops"])
+        assert m.op_bytes == ms["sac_memory"]
+    # round trip through our own format
+    again = Stats.model_validate_json(s.model_dump_json())
+    assert stats_hash(again) == stats_hash(s)
+
+
+def test_torch_format_bad_sac_stats_are_named():
+    raw = json.loads(L4.read_text())
+    key = next(iter(raw["sac_stats"]))
+    bad = copy.deepcopy(raw)
+    bad["sac_stats"][key]["inplace_ops"] = [[1, 999]]
+    with pytest.raises(StatsError, match=r"inplace_ops\[0\] parent 999 is out of range"):
+        parse_stats(bad)
+    bad = copy.deepcopy(raw)
+    bad["sac_stats"]["Nope"] = raw["sac_stats"][key]
+    with pytest.raises(StatsError, match=r"sac_stats\['Nope'\] names no module"):
+        parse_stats(bad)
+
+
+@pytest.mark.skipif(not L12.exists(), reason="needs ../shared/reference")
+def test_l12_loads():
+    s = load_stats(L12)
+    assert len(s.modules) == 174
+    assert sum(1 for m in s.modules if m.ops) == 37
+
+
+def test_planner_imports_no_service_or_torch():
+    import subprocess
+    code = ("import sys, planner, planner.cli_plan; "
+            "bad = [m for m in ('torch', 'fastapi', 'sqlalchemy') if m in sys.modules]; "
+            "sys.exit(1 if bad else 0)")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
