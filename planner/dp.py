@@ -40,6 +40,8 @@ class _Frontiers:
     point: list[np.ndarray]  # index of each point in the module's Frontier
     seg_len: list[np.ndarray]  # convex hull segments from (0, 0): lengths in bytes
     seg_slope: list[np.ndarray]  # and ms per byte
+    starts: list[int] | None = None  # first candidate of each candidate's subtree
+    subtree_hulls: list[tuple[np.ndarray, np.ndarray]] | None = None
 
 
 class _GiveUp(Exception):
@@ -51,8 +53,21 @@ class _Timeout(Exception):
 
 
 def _prepare(prob: Problem) -> _Frontiers | None:
+    """Budget-independent DP inputs, computed once per Problem (a sweep shares them)."""
+    if prob._dp is None:
+        prob._dp = (_build(prob),)
+    return prob._dp[0]
+
+
+def _build(prob: Problem) -> _Frontiers | None:
     out = _Frontiers([], [], [], [], [])
+    memo: dict[tuple, tuple] = {}
     for cand in prob.candidates:
+        key = (cand.ops_key, cand.act_saved_bytes)
+        if key in memo:
+            for lst, v in zip((out.d, out.rc, out.point, out.seg_len, out.seg_slope), memo[key]):
+                lst.append(v)
+            continue
         m = prob.stats.module(cand.fqn)
         f = _frontier(prob._frontiers, m)
         if f is None:
@@ -65,6 +80,9 @@ def _prepare(prob: Problem) -> _Frontiers | None:
         out.d.append(d), out.rc.append(rc), out.point.append(idx)
         lens, slopes = _hull_segments(d, rc)
         out.seg_len.append(lens), out.seg_slope.append(slopes)
+        memo[key] = (d, rc, idx, lens, slopes)
+    out.starts = _subtree_starts(prob)
+    out.subtree_hulls = _subtree_hulls(prob, out, out.starts)
     return out
 
 
@@ -137,7 +155,13 @@ def _subtree_hulls(prob: Problem, fr: _Frontiers, start: list[int]) -> list[tupl
         if parent is not None:
             children[parent].append(c)
     hulls: list[tuple[np.ndarray, np.ndarray]] = [None] * m  # type: ignore[list-item]
+    memo: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
     for c in range(m):  # post-order: children first
+        cand = prob.candidates[c]
+        key = (cand.ops_key, cand.act_saved_bytes, tuple(id(hulls[q]) for q in children[c]))
+        if key in memo:
+            hulls[c] = memo[key]
+            continue
         xs = [np.zeros(1), fr.d[c].astype(np.float64)]
         ys = [np.zeros(1), fr.rc[c]]
         if children[c]:
@@ -146,7 +170,7 @@ def _subtree_hulls(prob: Problem, fr: _Frontiers, start: list[int]) -> list[tupl
             order = np.argsort(slopes, kind="stable")
             xs.append(np.cumsum(lens[order]))
             ys.append(np.cumsum(lens[order] * slopes[order]))
-        hulls[c] = _lower_hull(np.concatenate(xs), np.concatenate(ys))
+        hulls[c] = memo[key] = _lower_hull(np.concatenate(xs), np.concatenate(ys))
     return hulls
 
 
@@ -164,7 +188,7 @@ class _LowerBound:
 
     def __init__(self, prob: Problem, fr: _Frontiers, keyneed: np.ndarray, cap: np.ndarray, start: list[int]):
         m = len(fr.d)
-        hulls = _subtree_hulls(prob, fr, start)
+        hulls = fr.subtree_hulls
         maximal_root = [max(p for p in range(c, m) if start[p] <= c and p >= c) if True else c for c in range(m)]
         del maximal_root
 
@@ -193,10 +217,10 @@ class _LowerBound:
                     terms.append((float(keyneed[k2]), greedy(k, k2)))
             self.terms.append(terms)
 
-    def __call__(self, k: int, s: np.ndarray) -> np.ndarray:
+    def __call__(self, k: int, s: np.ndarray, first_only: bool = False) -> np.ndarray:
         s = s.astype(np.float64)
         out = np.zeros(len(s))
-        for need, h in self.terms[k]:
+        for need, h in self.terms[k][:1] if first_only else self.terms[k]:
             np.maximum(out, h(need - s), out=out)
         return out
 
@@ -209,7 +233,7 @@ class _DP:
         self.upper, self.beam, self.state_limit = upper, beam, state_limit
         m = len(prob.candidates)
         self.cap = np.maximum(np.maximum.accumulate(keyneed[::-1])[::-1], 0.0)
-        self.start = _subtree_starts(prob)
+        self.start = fr.starts
         # trace table: (previous trace, candidate, point); -1 = none
         self.t_prev: list[np.ndarray] = []
         self.t_cand: list[np.ndarray] = []
@@ -270,7 +294,7 @@ class _DP:
         s2 = (s[:, None] + d[None, :]).ravel()
         c2 = (c[:, None] + rc[None, :]).ravel()
         # Cheap pre-filter: the state must still be able to meet later needs.
-        bound = c2 + self.lb(i + 1, s2)
+        bound = c2 + self.lb(i + 1, s2, first_only=True)
         ok = bound <= self.upper + _TOL * (1 + abs(self.upper)) if math.isfinite(self.upper) else np.isfinite(bound)
         flat = np.flatnonzero(ok)
         new = (s2[flat], c2[flat], t[flat // len(d)], np.full(len(flat), i), flat % len(d))
@@ -344,7 +368,7 @@ def solve_dp(prob: Problem, budget_bytes: float, *, time_limit_s: float = 60.0, 
     if keyneed[0] > 0:
         return Solution("infeasible", "modules before any checkpointable module already exceed the budget")
     cap = np.maximum(np.maximum.accumulate(keyneed[::-1])[::-1], 0.0)
-    lb = _LowerBound(prob, fr, keyneed, cap, _subtree_starts(prob))
+    lb = _LowerBound(prob, fr, keyneed, cap, fr.starts)
     lower = float(lb(0, np.zeros(1))[0])
     if not math.isfinite(lower):
         return Solution("infeasible", "no plan fits the budget")

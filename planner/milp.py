@@ -51,9 +51,7 @@ class Candidate:
     post_pos: int
     act_saved_bytes: int  # IA
     classes: GroupClasses
-    # Lower convex hull of the frontier in (discarded GiB, recompute ms):
-    # rows (slope, intercept) with recompute >= slope * discarded + intercept.
-    hull: tuple[tuple[float, float], ...] = ()
+    ops_key: tuple = ()
 
     @property
     def op_bytes(self) -> int:  # ACM
@@ -81,7 +79,17 @@ class Problem:
     chains: list[list[int]]  # candidate index chains that may hold at most one checkpoint
     unit: float  # bytes per MILP memory unit: a power of two near the peak, so values are O(1)
     _frontiers: dict[tuple, Frontier | None] = field(default_factory=dict)
+    _hulls: dict[tuple, tuple[tuple[float, float], ...]] = field(default_factory=dict)
+    _dp: object | None = None  # the DP's budget-independent preparation
     _min_peak: Solution | None = None
+
+    def hull(self, cand: Candidate) -> tuple[tuple[float, float], ...]:
+        """Facets of ``cand``'s frontier hull in MILP units (cached per op list)."""
+        key = (cand.ops_key, cand.act_saved_bytes)
+        if key not in self._hulls:
+            m = self.stats.module(cand.fqn)
+            self._hulls[key] = _hull(_frontier(self._frontiers, m), cand.act_saved_bytes, self.unit)
+        return self._hulls[key]
 
 
 @dataclass(frozen=True)
@@ -125,8 +133,7 @@ def prepare(
         if key not in class_cache:
             class_cache[key] = group_classes(op_groups(m.ops, m.force_store_random))
         classes = class_cache[key]
-        cand = Candidate(fqn, post[fqn], m.act_saved_bytes, classes,
-                         _hull(_frontier(frontiers, m), m.act_saved_bytes, unit))
+        cand = Candidate(fqn, post[fqn], m.act_saved_bytes, classes, key)
         max_discard = cand.y_bytes + int(classes.class_bytes @ classes.multiplicity) if len(classes.members) else cand.y_bytes
         if max_discard > 0:
             cands.append(cand)
@@ -257,7 +264,7 @@ class _Matrix:
             row(d_entries, 0.0, np.inf)
             rc_entries = [(y, cl.always_recomputed_ms)] + [
                 (self.k0 + k_off[i] + q, cl.class_ms[q]) for q in range(len(cl.members))]
-            for slope, intercept in cand.hull:
+            for slope, intercept in prob.hull(cand):
                 # RC - slope * D - intercept * y >= 0, loosened by a hair for float safety
                 coef: dict[int, float] = {}
                 for c, v in rc_entries:
