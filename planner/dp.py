@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from planner.hull import lower_hull
 from planner.milp import Problem, Solution, _frontier, _reduced_keyneeds
 
 __all__ = ["solve_dp"]
@@ -78,7 +79,7 @@ def _build(prob: Problem) -> _Frontiers | None:
         keep = d > 0
         d, rc, idx = d[keep].astype(np.int64), rc[keep], idx[keep]
         out.d.append(d), out.rc.append(rc), out.point.append(idx)
-        lens, slopes = _hull_segments(d, rc)
+        lens, slopes = _hull_segments(d.astype(np.float64), rc)
         out.seg_len.append(lens), out.seg_slope.append(slopes)
         memo[key] = (d, rc, idx, lens, slopes)
     out.starts = _subtree_starts(prob)
@@ -86,21 +87,11 @@ def _build(prob: Problem) -> _Frontiers | None:
     return out
 
 
-def _hull_segments(d: np.ndarray, rc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    xs = np.concatenate([[0.0], d.astype(np.float64)])
-    ys = np.concatenate([[0.0], rc])
-    hull: list[int] = []
-    for i in range(len(xs)):
-        while len(hull) >= 2:
-            a, b = hull[-2], hull[-1]
-            if (ys[b] - ys[a]) * (xs[i] - xs[a]) >= (ys[i] - ys[a]) * (xs[b] - xs[a]):
-                hull.pop()
-            else:
-                break
-        hull.append(i)
-    lens = np.array([xs[b] - xs[a] for a, b in zip(hull, hull[1:])])
-    slopes = np.array([(ys[b] - ys[a]) / (xs[b] - xs[a]) for a, b in zip(hull, hull[1:])])
-    return lens, slopes
+def _hull_segments(xs: np.ndarray, ys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Edges (lengths, slopes) of the lower hull of (0, 0) and the points; slopes clipped at 0."""
+    hx, _, slopes = lower_hull(np.concatenate([[0.0], xs]), np.concatenate([[0.0], ys]))
+    # past the cheapest point a module need not discard more, so no edge falls
+    return np.diff(hx), np.maximum(slopes, 0.0)
 
 
 class _Greedy:
@@ -123,27 +114,6 @@ class _Greedy:
         out[x > cl[-1] + 1.0] = np.inf
         # Float sums of slopes can overshoot the true bound by a hair.
         return out * (1 - 1e-12)
-
-
-def _lower_hull(xs: np.ndarray, ys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Segments (lengths, slopes) of the lower convex hull of points, starting at (0, 0)."""
-    order = np.lexsort((ys, xs))
-    xs, ys = xs[order], ys[order]
-    hull: list[int] = []
-    for i in range(len(xs)):
-        if hull and xs[i] == xs[hull[-1]]:
-            continue
-        while len(hull) >= 2:
-            a, b = hull[-2], hull[-1]
-            if (ys[b] - ys[a]) * (xs[i] - xs[a]) >= (ys[i] - ys[a]) * (xs[b] - xs[a]):
-                hull.pop()
-            else:
-                break
-        hull.append(i)
-    # keep the increasing part only: beyond the cheapest point more discard is free to stop
-    lens = np.array([xs[q] - xs[p] for p, q in zip(hull, hull[1:])])
-    slopes = np.array([(ys[q] - ys[p]) / (xs[q] - xs[p]) for p, q in zip(hull, hull[1:])])
-    return lens, np.maximum(slopes, 0.0)
 
 
 def _subtree_hulls(prob: Problem, fr: _Frontiers, start: list[int]) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -170,7 +140,7 @@ def _subtree_hulls(prob: Problem, fr: _Frontiers, start: list[int]) -> list[tupl
             order = np.argsort(slopes, kind="stable")
             xs.append(np.cumsum(lens[order]))
             ys.append(np.cumsum(lens[order] * slopes[order]))
-        hulls[c] = memo[key] = _lower_hull(np.concatenate(xs), np.concatenate(ys))
+        hulls[c] = memo[key] = _hull_segments(np.concatenate(xs), np.concatenate(ys))
     return hulls
 
 

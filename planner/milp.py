@@ -33,6 +33,7 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_array
 
+from planner.hull import lower_hull
 from planner.knapsack import GroupClasses, best_saved_within, group_classes
 from planner.memory_model import GIB, MemoryModel, memory_model
 from planner.op_policy import Frontier, FrontierTooLarge, module_frontier, op_groups
@@ -160,23 +161,9 @@ def _hull(frontier: Frontier | None, act_saved_bytes: int, unit: float) -> tuple
     """
     if frontier is None or len(frontier) < 2:
         return ()
-    d = (act_saved_bytes - frontier.saved_bytes[::-1]) / unit  # ascending
-    rc = frontier.recompute_ms[::-1]
-    hull: list[int] = []
-    for i in range(len(d)):
-        while len(hull) >= 2:
-            a, b = hull[-2], hull[-1]
-            # drop b if it lies on or above the segment a -> i
-            if (rc[b] - rc[a]) * (d[i] - d[a]) >= (rc[i] - rc[a]) * (d[b] - d[a]):
-                hull.pop()
-            else:
-                break
-        hull.append(i)
-    facets = []
-    for a, b in zip(hull, hull[1:]):
-        slope = (rc[b] - rc[a]) / (d[b] - d[a])
-        facets.append((float(slope), float(rc[a] - slope * d[a])))
-    return tuple(facets)
+    d = (act_saved_bytes - frontier.saved_bytes) / unit
+    hx, hy, slopes = lower_hull(d, frontier.recompute_ms)
+    return tuple((float(k), float(y - k * x)) for k, x, y in zip(slopes, hx[:-1], hy[:-1]))
 
 
 def _ops_key(m) -> tuple:
