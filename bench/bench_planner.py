@@ -345,6 +345,8 @@ def _code_state() -> str:
     def git(*a: str) -> str:
         return subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True).stdout
 
+    if os.environ.get("SACPLAN_CODE_STATE"):  # a run from an exported snapshot says which commit it is
+        return os.environ["SACPLAN_CODE_STATE"]
     dirty = [x for x in git("status", "--porcelain", "--", "planner").splitlines() if x.strip()]
     head = git("rev-parse", "--short", "HEAD").strip() or "unknown commit"
     return head + (f" + uncommitted edits to {', '.join(x[3:] for x in dirty)}" if dirty else "")
@@ -407,7 +409,9 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.time() - started
     cmd = "python bench/bench_planner.py" + (" --quick" if args.quick else "") + "".join(
         f" --only {o!r}" for o in args.only or [])
-    out += [f"Command: `{cmd}` (from the repo root; {elapsed / 60:.1f} min in all). Times are wall-clock seconds of "
+    load_end = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    out += [f"Command: `{cmd}` (from the repo root; {elapsed / 60:.1f} min in all; 1-min load {load_end:.2f} "
+            "at the end). Times are wall-clock seconds of "
             "one `planner.plan` call (ours) and one `sac_milp` call (PyTorch: PuLP model build + CBC at gapRel 0.05, "
             "timeLimit 180 s); PyTorch's per-module op policy (`torch policy s`, one CBC call per checkpointed "
             "module) is extra and not in the speedup. `rc` = recompute time; realized figures are recomputed here "
