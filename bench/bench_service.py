@@ -186,8 +186,8 @@ def verdict(rows: list[tuple[str, dict]]) -> str:
             f"(worst p99 {worst:.1f} ms, errors {sum(r['errors'] for _, r in rows)}). With 32 clients and no think "
             f"time, latency is about 32 / throughput (Little's law): p99 <= 20 ms needs roughly 1600+ req/s, "
             f"while this run reached {best_rate:.0f} req/s with client and server on the same shared cores. "
-            f"'server CPU ms/req' is the server process's own CPU time per request, which machine load does not "
-            f"inflate: one core at that cost bounds one worker's rate.")
+            f"'server CPU ms/req' is the server process's own CPU time per request, much less affected by the "
+            f"other load: at that cost one free core bounds one worker's rate.")
 
 
 def write_results(text: str) -> None:
