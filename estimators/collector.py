@@ -20,7 +20,6 @@ ops by position and checks their names.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -286,7 +285,6 @@ def collect_stats(
     fake = FakeTensorMode(allow_non_fake_inputs=False)
     book = StorageBook(round_bytes_to)
     restore = fakeify(model, fake, device, dtype)
-    t0 = time.perf_counter()
     try:
         params = [p for p in model.parameters() if p.requires_grad]
         fake_in = fake_inputs(inputs, fake, device, dtype)
@@ -319,7 +317,6 @@ def collect_stats(
         stats = build_stats(model, mods, col, hooks, opt_bytes, book, metadata)
     finally:
         restore()
-    stats.metadata.tags.setdefault("collect_seconds", f"{time.perf_counter() - t0:.3f}")
     if emulate_cuda_attention:
         stats.metadata.tags["attention_kernels"] = ",".join(f"{k}:{v}" for k, v in sorted(emulation.kernels.items()))
     return stats

@@ -129,3 +129,13 @@ def test_upload_to_service(tmp_path, hf_config, service_url, capsys):
     with urllib.request.urlopen(req, timeout=30) as resp:
         doc = json.loads(resp.read())
     assert doc["model_name"] == load_stats(out).metadata.model_name
+
+
+def test_same_model_gives_the_same_document(tmp_path, hf_config):
+    """No run-dependent fields: the service's content-hash dedup sees one document."""
+    from planner import stats_hash
+
+    paths = [tmp_path / "a.json", tmp_path / "b.json"]
+    for p in paths:
+        assert main(["collect", "--hf-config", str(hf_config), "--seq", "16", "--out", str(p), "--quiet"]) == 0
+    assert stats_hash(load_stats(paths[0])) == stats_hash(load_stats(paths[1]))
