@@ -32,13 +32,17 @@ class MemoryModel:
     post_pos: np.ndarray  # position of each module in forward post-order
     base_bytes: np.ndarray  # m_n with no discards (float: sharding divides)
 
-    def peak_bytes(self, discarded: Mapping[str, float] | None = None) -> float:
-        """Peak of m_n with ``discarded[fqn]`` bytes freed by each checkpointed module."""
+    def profile_bytes(self, discarded: Mapping[str, float] | None = None) -> np.ndarray:
+        """m_n per module (pre-order) with ``discarded[fqn]`` bytes freed by each checkpointed module."""
         m = self.base_bytes.copy()
         for fqn, d in (discarded or {}).items():
             j = self.fqns.index(fqn)
             m[self.post_pos > self.post_pos[j]] -= d
-        return float(m.max())
+        return m
+
+    def peak_bytes(self, discarded: Mapping[str, float] | None = None) -> float:
+        """Peak of m_n with ``discarded[fqn]`` bytes freed by each checkpointed module."""
+        return float(self.profile_bytes(discarded).max())
 
 
 def memory_model(

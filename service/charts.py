@@ -23,10 +23,7 @@ def memory_profile_bytes(stats: Stats, discarded_bytes: dict[str, float], world_
     discard frees memory at every module after it in forward post-order.
     """
     model = memory_model(stats, world_size=world_size)
-    with_plan = model.base_bytes.copy()
-    for fqn, d in discarded_bytes.items():
-        j = model.fqns.index(fqn)
-        with_plan[model.post_pos > model.post_pos[j]] -= d
+    with_plan = model.profile_bytes(discarded_bytes)
     order = np.argsort(model.post_pos)
     return [model.fqns[i] for i in order], model.base_bytes[order], with_plan[order]
 
