@@ -92,10 +92,14 @@ def _op_stats(m: Any, col: Any) -> list[OpStats]:
                 saved_by_autograd=bool(op.out_serials) and op.out_serials <= col.saved,
             )
         )
-    # The block output is kept anyway: PyTorch's SACEstimator zeroes the last
-    # op that is neither view-like nor in-place.
+    # PyTorch's SACEstimator zeroes the last op that is neither view-like nor
+    # in-place: the block output is kept anyway. That holds only when autograd
+    # does keep it (a decoder layer's output, saved by the next layer's norm);
+    # a feed-forward whose output only feeds a residual add does not keep it,
+    # and caching it under SAC costs its bytes. So: zero it only when saved.
     for k in range(len(out) - 1, -1, -1):
         if not out[k].view_like and out[k].inplace_parent is None:
-            out[k].output_bytes = 0
+            if out[k].saved_by_autograd:
+                out[k].output_bytes = 0
             break
     return out
