@@ -28,7 +28,11 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.checkpoint import SAC_IGNORED_OPS
+
+try:  # the ops the selective-checkpoint dispatch modes pass through without asking the policy
+    from torch.utils.checkpoint import SAC_IGNORED_OPS
+except ImportError:  # older torch: the same set, spelled out
+    SAC_IGNORED_OPS = {torch.ops.aten.detach.default, torch.ops.prim.device.default}
 
 from estimators.assemble import build_stats
 from estimators.fake_step import call_model, default_loss, fake_inputs, fakeify, make_optimizer, optimizer_bytes

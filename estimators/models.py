@@ -112,7 +112,7 @@ def build_from_hf_config(
     vocab = int(getattr(cfg, "vocab_size", 32000))
     with torch.device(device):
         ids = torch.randint(0, vocab, (batch_size, seq_len))
-    name = (getattr(cfg, "name_or_path", "") or "") or f"{model_type}-{type(model).__name__}"
+    name = Path(config).stem if isinstance(config, (str, Path)) else f"{model_type}-{type(model).__name__}"
     return BuiltModel(model, {"input_ids": ids, "labels": ids}, None, name, [batch_size, seq_len])
 
 
