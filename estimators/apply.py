@@ -20,7 +20,7 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 
 from estimators.collector import _is_random, module_fqns, op_name
 
-__all__ = ["apply_plan", "PlanMismatchError"]
+__all__ = ["apply_plan", "remove_plan", "PlanMismatchError"]
 
 _USABLE = ("optimal", "feasible")
 
@@ -45,6 +45,7 @@ def apply_plan(model: nn.Module, plan: Any, *, stats: Any = None) -> nn.Module:
     if status not in _USABLE:
         raise ValueError(f"plan status is {status!r}: only {' or '.join(_USABLE)} plans can be applied")
     names = _op_names(stats)
+    remove_plan(model)
     by_fqn = {fqn: mod for mod, fqn in module_fqns(model).items()}
     planned = list(doc.get("modules") or [])
     fqns = [str(pm.get("fqn")) for pm in planned]
@@ -65,6 +66,17 @@ def apply_plan(model: nn.Module, plan: Any, *, stats: Any = None) -> nn.Module:
                 f"module {fqn!r}: the plan has {len(save)} save decisions but the stats list {len(expected)} ops"
             )
         _wrap(by_fqn[fqn], fqn, [int(s) for s in save], expected)
+    return model
+
+
+def remove_plan(model: nn.Module) -> nn.Module:
+    """Undo :func:`apply_plan`: every wrapped module gets its own forward back; returns ``model``."""
+    for mod in model.modules():
+        inner = mod.__dict__.pop("_sacplan_forward", None)
+        if inner is not None:
+            mod.__dict__.pop("forward", None)
+            if getattr(inner, "__self__", None) is not mod:  # an instance-level forward the user had set
+                mod.forward = inner
     return model
 
 
@@ -106,7 +118,7 @@ class _Policy:
 
 
 def _wrap(module: nn.Module, fqn: str, save: list[int], names: list[str] | None) -> None:
-    inner = getattr(module, "_sacplan_forward", None) or module.forward
+    inner = module.forward
     module._sacplan_forward = inner
 
     def forward(*args: Any, **kwargs: Any) -> Any:

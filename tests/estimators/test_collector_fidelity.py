@@ -91,3 +91,22 @@ def test_planner_plan_applies_and_frees_what_it_claims(case):
     assert abs(measured - predicted) <= TOLERANCE * predicted, (measured, predicted)
     for (name, p), q in zip(reference.named_parameters(), planned.parameters()):
         torch.testing.assert_close(q.grad, p.grad, rtol=0, atol=0, msg=f"gradient of {name}")
+
+
+def test_reapplying_replaces_the_plan_and_remove_restores_the_model(transformer_case):
+    from estimators import remove_plan
+
+    case = transformer_case
+    plan, predicted = half_memory_plan(case)
+    first_only = {**plan, "modules": plan["modules"][:1]}
+    model = apply_plan(case.fresh_copy(), first_only, stats=case.stats)
+    apply_plan(model, plan, stats=case.stats)  # both layers now, each wrapped once
+    torch.manual_seed(1)
+    measured, _ = live_activation_bytes(model, lambda: case.call(model))
+    assert abs(measured - predicted) <= TOLERANCE * predicted, (measured, predicted)
+
+    remove_plan(model)
+    baseline = case.stats.root.act_saved_bytes
+    torch.manual_seed(1)
+    measured, _ = live_activation_bytes(model, lambda: case.call(model))
+    assert abs(measured - baseline) <= TOLERANCE * baseline, (measured, baseline)
