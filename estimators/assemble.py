@@ -42,6 +42,7 @@ def build_stats(model: nn.Module, mods: dict, col: Any, hooks: Any, opt_bytes: d
                 act_saved_bytes=max(0, m.act_after - m.act_before - m.output_bytes),
                 act_total_bytes=m.act_after,
                 act_grad_bytes=max(0, m.temp_peak - m.temp_start),
+                act_bw_bytes=m.act_at_peak,
                 grad_total_bytes=grad_total or 0,
                 input_bytes=m.input_bytes,
                 output_bytes=m.output_bytes,

@@ -102,6 +102,7 @@ class _Mod:
     bw_ms: float = 0.0
     temp_start: int = 0
     temp_peak: int = 0
+    act_at_peak: int | None = None  # live activations when the backward peak was reached
     grad_total: int | None = None
     bw_state: str = "none"  # none -> open -> closed
     done_fw: bool = False
@@ -123,7 +124,8 @@ class _Collector(TorchDispatchMode):
     def _on_alloc(self, category: str, live: dict[str, int]) -> None:
         if category == TEMP:
             for m in self.bw_open:
-                m.temp_peak = max(m.temp_peak, live[TEMP])
+                if live[TEMP] > m.temp_peak:
+                    m.temp_peak, m.act_at_peak = live[TEMP], live[ACT]
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -236,6 +238,7 @@ class _ModuleHooks:
             return
         m.bw_state = "open"
         m.temp_start = m.temp_peak = self.book.live[TEMP]
+        m.act_at_peak = self.book.live[ACT]
         self.col.bw_open.append(m)
 
     def _bw_post(self, m: _Mod) -> None:

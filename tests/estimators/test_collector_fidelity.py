@@ -110,3 +110,13 @@ def test_reapplying_replaces_the_plan_and_remove_restores_the_model(transformer_
     torch.manual_seed(1)
     measured, _ = live_activation_bytes(model, lambda: case.call(model))
     assert abs(measured - baseline) <= TOLERANCE * baseline, (measured, baseline)
+
+
+def test_backward_figures_are_consistent(case):
+    """Backward allocates no activations: live activations only fall, layer by layer in reverse order."""
+    root = case.stats.root
+    first, second = (case.stats.module(f) for f in case.layers)
+    assert root.act_total_bytes >= second.act_bw_bytes >= first.act_bw_bytes > 0
+    assert first.act_grad_bytes > 0 and second.act_grad_bytes > 0
+    # Gradients accumulate: the later layer's backward ends before the earlier one's.
+    assert second.grad_total_bytes <= first.grad_total_bytes <= root.grad_total_bytes == root.grad_bytes
