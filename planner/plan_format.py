@@ -27,6 +27,9 @@ class PlannedModule(BaseModel):
     saved_bytes: int = Field(description="Bytes of op outputs the policy keeps.")
     recompute_ms: float = Field(description="Runtime of the ops recomputed in backward.")
     save: list[int] = Field(description="1 = save, 0 = recompute, one per op of the module in the stats.")
+    op_names: list[str] | None = Field(
+        None, description="The module's op names, aligned with save: lets apply_plan verify the model runs the same ops."
+    )
 
 
 class Plan(BaseModel):

@@ -170,6 +170,7 @@ def _to_plan(prob: Problem, sol: Solution, budget: float, world_size: int, basel
             saved_bytes=saved_bytes,
             recompute_ms=m.op_ms - saved_ms,
             save=save,
+            op_names=[op.name for op in m.ops],
         ))
     message = sol.message
     if sol.status == "infeasible" and min_budget is not None:

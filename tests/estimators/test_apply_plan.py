@@ -73,3 +73,21 @@ def test_accepts_planner_plan_model(transformer_case):
                                 "planner_version": "test"})
     model = apply_plan(transformer_case.fresh_copy(), plan, stats=transformer_case.stats)
     transformer_case.call(model).sum().backward()
+
+
+def test_planner_plan_alone_verifies_op_names(transformer_case):
+    """A plan from planner.plan carries op names, so apply_plan needs no stats to catch a changed model."""
+    import planner
+
+    stats = transformer_case.stats
+    units = ["Transformer.layers.1"]
+    baseline = planner.plan(stats, 1e6).baseline_peak_bytes / 2**30
+    lowest = planner.plan(stats, 1e-9, ac_units=units).min_feasible_budget_gib
+    plan = planner.plan(stats, (lowest + baseline) / 2, ac_units=units)
+    assert plan.status == "optimal" and [m.fqn for m in plan.modules] == ["Transformer.layers.1"]
+    assert plan.modules[0].op_names == [op.name for op in stats.module("Transformer.layers.1").ops]
+    model = transformer_case.fresh_copy()
+    model.layers[1].feed_forward.gelu = torch.nn.SiLU()
+    apply_plan(model, plan.model_dump(mode="json"))  # plan JSON as a client would get it; no stats
+    with pytest.raises(PlanMismatchError, match=r"module 'Transformer\.layers\.1': op \d+ is aten\.silu"):
+        transformer_case.call(model)
