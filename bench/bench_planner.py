@@ -296,10 +296,11 @@ def summarize(rows: list[Row], meta: dict) -> dict:
 
 def summary_lines(s: dict) -> list[str]:
     f = lambda x, spec=".3f": "-" if x is None else format(x, spec)  # noqa: E731
+    sweep = f"sweep() of all budgets {s['sweep_s']:.3f} s." if s["sweep_s"] is not None else "sweep() not run."
     lines = [f"- **{s['label']}** (world_size {s['ws']}, {s['modules']} modules, {s['n_budgets']} budgets): "
              f"baseline peak {s['baseline_gib']:.3f} GiB, our min feasible {f(s['min_feasible_gib'])} GiB; "
-             f"load {s['load_s']:.3f} s; finding the min feasible budget {s['probe_s']:.2f} s; ours max {f(s['ours_max_s'])} s per budget, "
-             f"sweep() of all budgets {f(s['sweep_s'], '.3f') if s['sweep_s'] is not None else 'not run'} s."]
+             f"load {s['load_s']:.3f} s; finding the min feasible budget {s['probe_s']:.2f} s; "
+             f"ours max {f(s['ours_max_s'])} s per budget, {sweep}"]
     if s["torch_total_s"] is not None:
         lines.append(f"  PyTorch sac_milp {s['torch_total_s']:.1f} s vs ours {f(s['ours_paired_s'])} s on the same "
                      f"budgets ({_times(s['torch_total_s'] / s['ours_paired_s'])} overall, min {_times(s['min_speedup'])} "
