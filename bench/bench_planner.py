@@ -125,7 +125,15 @@ def run_ours(stats: planner.Stats, doc: dict, budget_gib: float, world_size: int
         return Outcome(p.status, seconds, note=note)
     saves = {m.fqn: m.save for m in p.modules}
     return Outcome(p.status, seconds, p.recompute_ms, p.peak_bytes, realize(doc, saves, world_size),
-                   n_modules=len(p.modules), note=f"gap {p.mip_gap:.1e}" if p.mip_gap else "")
+                   n_modules=len(p.modules), note=_why(p))
+
+
+def _why(p: planner.Plan) -> str:
+    """Gap and cause of a ``feasible`` plan (time limit, or the solver's own state limit)."""
+    if not p.mip_gap:
+        return ""
+    cause = next((c for c in ("time limit", "state limit") if c in p.message), "")
+    return f"gap {p.mip_gap:.1e}" + (f", {cause}" if cause else "")
 
 
 def torch_module_info(doc: dict) -> dict:
