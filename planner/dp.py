@@ -8,10 +8,11 @@ module with the module's exact frontier, holds every optimal plan.
 
 Two bounds keep the lists short without losing exactness:
 
-* an upper bound from a narrow beam pass of the same DP (a real plan);
-* a lower bound on what the remaining modules must still cost to reach the
-  largest remaining need: the fractional knapsack over their frontiers'
-  convex hulls (a relaxation: it ignores nesting and integrality).
+* a lower bound on the recompute still to come from each state: the same
+  DP run backward on a coarse grid of discarded memory, rounding every step
+  optimistically (:class:`_CostToGo`);
+* an upper bound from a narrow beam pass of the forward DP guided by that
+  lower bound (a real plan).
 
 States whose cost plus that lower bound exceeds the upper bound cannot lead
 to a better plan and are dropped. If the lists still outgrow ``state_limit``
@@ -26,7 +27,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.hull import lower_hull
 from planner.milp import Problem, Solution, _frontier, _reduced_keyneeds
 
 __all__ = ["solve_dp"]
@@ -39,10 +39,7 @@ class _Frontiers:
     d: list[np.ndarray]  # per candidate: discarded bytes of useful points, ascending (int64)
     rc: list[np.ndarray]  # recompute ms, ascending
     point: list[np.ndarray]  # index of each point in the module's Frontier
-    seg_len: list[np.ndarray]  # convex hull segments from (0, 0): lengths in bytes
-    seg_slope: list[np.ndarray]  # and ms per byte
-    starts: list[int] | None = None  # first candidate of each candidate's subtree
-    subtree_hulls: list[tuple[np.ndarray, np.ndarray]] | None = None
+    starts: list[int]  # first candidate of each candidate's subtree
 
 
 class _GiveUp(Exception):
@@ -61,142 +58,95 @@ def _prepare(prob: Problem) -> _Frontiers | None:
 
 
 def _build(prob: Problem) -> _Frontiers | None:
-    out = _Frontiers([], [], [], [], [])
+    out = _Frontiers([], [], [], _subtree_starts(prob))
     memo: dict[tuple, tuple] = {}
     for cand in prob.candidates:
         key = (cand.ops_key, cand.act_saved_bytes)
-        if key in memo:
-            for lst, v in zip((out.d, out.rc, out.point, out.seg_len, out.seg_slope), memo[key]):
-                lst.append(v)
-            continue
-        m = prob.stats.module(cand.fqn)
-        f = _frontier(prob._frontiers, m)
-        if f is None:
-            return None
-        d = cand.act_saved_bytes - f.saved_bytes[::-1]
-        rc = f.recompute_ms[::-1]
-        idx = np.arange(len(f))[::-1]
-        keep = d > 0
-        d, rc, idx = d[keep].astype(np.int64), rc[keep], idx[keep]
-        out.d.append(d), out.rc.append(rc), out.point.append(idx)
-        lens, slopes = _hull_segments(d.astype(np.float64), rc)
-        out.seg_len.append(lens), out.seg_slope.append(slopes)
-        memo[key] = (d, rc, idx, lens, slopes)
-    out.starts = _subtree_starts(prob)
-    out.subtree_hulls = _subtree_hulls(prob, out, out.starts)
+        if key not in memo:
+            f = _frontier(prob._frontiers, prob.stats.module(cand.fqn))
+            if f is None:
+                return None
+            d = cand.act_saved_bytes - f.saved_bytes[::-1]
+            keep = d > 0  # a point that frees nothing is never part of a plan
+            memo[key] = (d[keep].astype(np.int64), f.recompute_ms[::-1][keep], np.arange(len(f))[::-1][keep])
+        for lst, v in zip((out.d, out.rc, out.point), memo[key]):
+            lst.append(v)
     return out
 
 
-def _hull_segments(xs: np.ndarray, ys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Edges (lengths, slopes) of the lower hull of (0, 0) and the points; slopes clipped at 0."""
-    hx, _, slopes = lower_hull(np.concatenate([[0.0], xs]), np.concatenate([[0.0], ys]))
-    # past the cheapest point a module need not discard more, so no edge falls
-    return np.diff(hx), np.maximum(slopes, 0.0)
+class _CostToGo:
+    """U_k(S): a lower bound on the recompute still to come, from key k with S bytes discarded.
 
-
-class _Greedy:
-    """H(x): least cost to discard x bytes with a set of hull segments (fractional knapsack)."""
-
-    def __init__(self, lens: np.ndarray, slopes: np.ndarray):
-        order = np.argsort(slopes, kind="stable")
-        lens, slopes = lens[order], slopes[order]
-        self.cum_len = np.concatenate([[0.0], np.cumsum(lens)])
-        self.cum_cost = np.concatenate([[0.0], np.cumsum(lens * slopes)])
-        self.slopes = slopes
-
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        cl, cc, sl = self.cum_len, self.cum_cost, self.slopes
-        x = np.maximum(x, 0.0)
-        if len(sl) == 0:
-            return np.where(x > 1.0, np.inf, 0.0)
-        j = np.clip(np.searchsorted(cl, x, side="right") - 1, 0, len(sl) - 1)
-        out = cc[j] + (x - cl[j]) * sl[j]
-        out[x > cl[-1] + 1.0] = np.inf
-        # Float sums of slopes can overshoot the true bound by a hair.
-        return out * (1 - 1e-12)
-
-
-def _subtree_hulls(prob: Problem, fr: _Frontiers, start: list[int]) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Per candidate: hull of its subtree's exclusive options (itself, or its candidate children together)."""
-    m = len(prob.candidates)
-    children: list[list[int]] = [[] for _ in range(m)]
-    for c in range(m):
-        parent = max((p for p in range(c + 1, m) if start[p] <= start[c]), default=None, key=lambda p: -p)
-        if parent is not None:
-            children[parent].append(c)
-    hulls: list[tuple[np.ndarray, np.ndarray]] = [None] * m  # type: ignore[list-item]
-    memo: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
-    for c in range(m):  # post-order: children first
-        cand = prob.candidates[c]
-        key = (cand.ops_key, cand.act_saved_bytes, tuple(id(hulls[q]) for q in children[c]))
-        if key in memo:
-            hulls[c] = memo[key]
-            continue
-        xs = [np.zeros(1), fr.d[c].astype(np.float64)]
-        ys = [np.zeros(1), fr.rc[c]]
-        if children[c]:
-            lens = np.concatenate([hulls[q][0] for q in children[c]])
-            slopes = np.concatenate([hulls[q][1] for q in children[c]])
-            order = np.argsort(slopes, kind="stable")
-            xs.append(np.cumsum(lens[order]))
-            ys.append(np.cumsum(lens[order] * slopes[order]))
-        hulls[c] = memo[key] = _hull_segments(np.concatenate(xs), np.concatenate(ys))
-    return hulls
-
-
-class _LowerBound:
-    """LB_k(S): least cost the candidates from position k on must still add, from discarded bytes S.
-
-    The larger of: the final requirement met by every subtree lying wholly
-    after k, and each of the next rising requirements met only by the
-    subtrees lying wholly between k and it. Each term relaxes integrality,
-    and a subtree's hull already makes its module and its submodules
-    exclusive, so the bound is valid and does not double-count.
+    Computed backward over the same tree recursion as the forward DP, on a
+    grid of ``grid`` buckets of width eps. Every rounding is optimistic (a
+    state counts as holding the top of its bucket, a discard d moves it up
+    ceil(d / eps) buckets, and a bucket meets a need if its top does), so U is
+    a valid lower bound, yet it keeps integrality, nesting and every
+    intermediate constraint: far tighter than a fractional relaxation.
+    U is infinite where no completion can meet the remaining needs.
     """
 
-    LOOKAHEAD = 2
-
-    def __init__(self, prob: Problem, fr: _Frontiers, keyneed: np.ndarray, cap: np.ndarray, start: list[int]):
+    def __init__(self, fr: _Frontiers, keyneed: np.ndarray, top_bytes: float, grid: int):
         m = len(fr.d)
-        hulls = fr.subtree_hulls
-        maximal_root = [max(p for p in range(c, m) if start[p] <= c and p >= c) if True else c for c in range(m)]
-        del maximal_root
+        self.fr, self.grid = fr, grid
+        self.eps = max(top_bytes, 1.0) / grid
+        g = np.arange(grid + 1)
+        s_top = np.where(g < grid, (g + 1) * self.eps, np.inf)
+        self.feasible = [s_top >= keyneed[k] - 0.5 for k in range(m + 1)]
+        self.U: list[np.ndarray | None] = [None] * (m + 1)
+        self.U[m] = np.where(self.feasible[m], 0.0, np.inf)
+        self._shifts = [self._point_shifts(c) for c in range(m)]
+        self.U[0] = self._back(0, m, self.U[m])
 
-        def greedy(lo: int, hi: int) -> _Greedy:
-            # subtrees wholly inside [lo, hi), taking only the outermost ones
-            roots, c = [], hi - 1
-            while c >= lo:
-                if start[c] >= lo:
-                    roots.append(c)
-                    c = start[c] - 1
-                else:
-                    c -= 1
-            lens = np.concatenate([hulls[r][0] for r in roots] or [np.zeros(0)])
-            slopes = np.concatenate([hulls[r][1] for r in roots] or [np.zeros(0)])
-            return _Greedy(lens, slopes)
+    def _point_shifts(self, c: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per distinct bucket shift of candidate c's points, the cheapest recompute."""
+        sh = np.ceil(self.fr.d[c] / self.eps).astype(np.int64)
+        best: dict[int, float] = {}
+        for k, v in zip(sh.tolist(), self.fr.rc[c].tolist()):
+            if v < best.get(k, np.inf):
+                best[k] = v
+        keys = np.array(sorted(best), dtype=np.int64)
+        return keys, np.array([best[k] for k in keys.tolist()])
 
-        self.terms: list[list[tuple[float, _Greedy]]] = []
-        for k in range(m + 1):
-            terms = [(float(cap[k]), greedy(k, m))]
-            running = -np.inf
-            for k2 in range(k + 1, m + 1):
-                if len(terms) > self.LOOKAHEAD:
-                    break
-                if keyneed[k2] > running and keyneed[k2] > 0:
-                    running = keyneed[k2]
-                    terms.append((float(keyneed[k2]), greedy(k, k2)))
-            self.terms.append(terms)
-
-    def __call__(self, k: int, s: np.ndarray, first_only: bool = False) -> np.ndarray:
-        s = s.astype(np.float64)
-        out = np.zeros(len(s))
-        for need, h in self.terms[k][:1] if first_only else self.terms[k]:
-            np.maximum(out, h(need - s), out=out)
+    def _take(self, c: int, u_next: np.ndarray) -> np.ndarray:
+        """T[g] = min over c's points of rc + u_next[min(G, g + shift)]: c checkpointed."""
+        shifts, rc = self._shifts[c]
+        if len(shifts) == 0:
+            return np.full(self.grid + 1, np.inf)
+        # u_next padded with its last value, so shifting past the top stays there
+        padded = np.concatenate([u_next, np.full(int(shifts[-1]), u_next[-1])])
+        windows = np.lib.stride_tricks.sliding_window_view(padded, self.grid + 1)
+        out = np.full(self.grid + 1, np.inf)
+        for k in range(0, len(shifts), 64):  # bounded temporaries
+            block = windows[shifts[k:k + 64]] + rc[k:k + 64, None]
+            np.minimum(out, block.min(axis=0), out=out)
         return out
+
+    def _back(self, lo: int, hi: int, u_hi: np.ndarray) -> np.ndarray:
+        u, k = u_hi, hi
+        while k > lo:
+            r = k - 1
+            a = self.fr.starts[r]
+            take = self._take(r, u)
+            if a == r:
+                u = np.where(self.feasible[r], np.minimum(u, take), np.inf)
+            else:
+                skip_root = np.where(self.feasible[r], u, np.inf)
+                self.U[r] = skip_root
+                below = self._back(a, r, skip_root)
+                ok = np.logical_and.reduce([self.feasible[q] for q in range(a, r + 1)])
+                u = np.minimum(below, np.where(ok, take, np.inf))
+            self.U[a] = u
+            k = a
+        return u
+
+    def __call__(self, k: int, s: np.ndarray) -> np.ndarray:
+        g = np.minimum((np.asarray(s, dtype=np.float64) / self.eps).astype(np.int64), self.grid)
+        return self.U[k][g]
 
 
 class _DP:
-    def __init__(self, prob: Problem, fr: _Frontiers, keyneed: np.ndarray, lb: _LowerBound,
+    def __init__(self, prob: Problem, fr: _Frontiers, keyneed: np.ndarray, lb: _CostToGo,
                  upper: float, beam: int | None, state_limit: int, deadline: float = math.inf):
         self.prob, self.fr, self.keyneed, self.lb = prob, fr, keyneed, lb
         self.deadline = deadline
@@ -264,7 +214,7 @@ class _DP:
         s2 = (s[:, None] + d[None, :]).ravel()
         c2 = (c[:, None] + rc[None, :]).ravel()
         # Cheap pre-filter: the state must still be able to meet later needs.
-        bound = c2 + self.lb(i + 1, s2, first_only=True)
+        bound = c2 + self.lb(i + 1, s2)
         ok = bound <= self.upper + _TOL * (1 + abs(self.upper)) if math.isfinite(self.upper) else np.isfinite(bound)
         flat = np.flatnonzero(ok)
         new = (s2[flat], c2[flat], t[flat // len(d)], np.full(len(flat), i), flat % len(d))
@@ -324,7 +274,7 @@ def _subtree_starts(prob: Problem) -> list[int]:
 
 
 def solve_dp(prob: Problem, budget_bytes: float, *, time_limit_s: float = 60.0, state_limit: int = 200_000,
-             beam: int = 64) -> Solution | None:
+             beam: int = 8, grid: int = 8192) -> Solution | None:
     """Plan by bounded DP; None when the DP does not apply or gives up (use the MILP).
 
     ``optimal`` when the exact pass finishes within ``time_limit_s``; otherwise
@@ -338,7 +288,7 @@ def solve_dp(prob: Problem, budget_bytes: float, *, time_limit_s: float = 60.0, 
     if keyneed[0] > 0:
         return Solution("infeasible", "modules before any checkpointable module already exceed the budget")
     cap = np.maximum(np.maximum.accumulate(keyneed[::-1])[::-1], 0.0)
-    lb = _LowerBound(prob, fr, keyneed, cap, fr.starts)
+    lb = _CostToGo(fr, keyneed, float(cap[0]), grid)
     lower = float(lb(0, np.zeros(1))[0])
     if not math.isfinite(lower):
         return Solution("infeasible", "no plan fits the budget")
