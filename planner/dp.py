@@ -100,7 +100,8 @@ class _CostToGo:
 
     def _point_shifts(self, c: int) -> tuple[np.ndarray, np.ndarray]:
         """Per distinct bucket shift of candidate c's points, the cheapest recompute."""
-        sh = np.ceil(self.fr.d[c] / self.eps).astype(np.int64)
+        # every shift past the top bucket lands on it, so clamp (bounds the padding too)
+        sh = np.minimum(np.ceil(self.fr.d[c] / self.eps), self.grid).astype(np.int64)
         best: dict[int, float] = {}
         for k, v in zip(sh.tolist(), self.fr.rc[c].tolist()):
             if v < best.get(k, np.inf):
