@@ -323,3 +323,62 @@ def solve_dp(prob: Problem, budget_bytes: float, *, time_limit_s: float = 60.0, 
     peak = prob.model.peak_bytes(discarded)
     recompute = math.fsum(prob.stats.module(f).op_ms - sm for f, (_, _, sm) in decisions.items())
     return Solution(status, message, peak, recompute, gap, 0.0, decisions)
+
+
+def solve_min_peak_dp(prob: Problem) -> Solution | None:
+    """The smallest peak any plan reaches, exactly; None when the DP does not apply.
+
+    Recompute is ignored, and discarding more never raises any module's
+    memory, so each checkpointed module only needs its largest-discard
+    point. What remains is when to discard: a subtree either checkpoints its
+    root (a big discard, late) or leaves it to its submodules (smaller,
+    earlier). Non-dominated (discarded bytes, peak so far) states cover both.
+    """
+    fr = _prepare(prob)
+    if fr is None:
+        return None
+    m = len(prob.candidates)
+    key_base = np.full(m + 1, -np.inf)
+    np.maximum.at(key_base, prob.node_key, prob.model.base_bytes)
+    best_d = [int(d[-1]) if len(d) else 0 for d in fr.d]
+    # a state: (discarded bytes, peak so far, chosen candidates as a tuple)
+    def settle(states, k):
+        states = [(s, max(p, key_base[k] - s), ch) for s, p, ch in states]
+        states.sort(key=lambda x: (-x[0], x[1]))
+        out, low = [], np.inf
+        for s, p, ch in states:
+            if p < low:
+                out.append((s, p, ch))
+                low = p
+        return out
+
+    def run(lo: int, hi: int, states):
+        i = lo
+        while i < hi:
+            r = max(j for j in range(i, hi) if fr.starts[j] == i)
+            take = [(s + best_d[r], p, ch + (r,)) for s, p, ch in states] if best_d[r] > 0 else []
+            if r == i:
+                states = states + take
+            else:
+                below = run(i, r, states)
+                skip = states
+                for k in range(i + 1, r + 1):
+                    skip = [(s, max(p, key_base[k] - s), ch) for s, p, ch in skip]
+                take = [(s + best_d[r], p, ch + (r,)) for s, p, ch in skip] if best_d[r] > 0 else []
+                states = below + take
+            states = settle(states, r + 1)
+            i = r + 1
+        return states
+
+    states = run(0, m, settle([(0, -np.inf, ())], 0))
+    _, _, chosen = min(states, key=lambda x: x[1])
+    decisions = {}
+    for i in chosen:
+        cand = prob.candidates[i]
+        f = _frontier(prob._frontiers, prob.stats.module(cand.fqn))
+        k = int(fr.point[i][-1])
+        decisions[cand.fqn] = (f.save_list(k), int(f.saved_bytes[k]), float(f.saved_ms[k]))
+    discarded = {f: prob.stats.module(f).act_saved_bytes - sb for f, (_, sb, _) in decisions.items()}
+    peak = prob.model.peak_bytes(discarded)
+    recompute = math.fsum(prob.stats.module(f).op_ms - sm for f, (_, _, sm) in decisions.items())
+    return Solution("optimal", "smallest peak (exact DP)", peak, recompute, 0.0, 0.0, decisions)

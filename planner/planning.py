@@ -6,7 +6,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 
-from planner.dp import solve_dp
+from planner.dp import solve_dp, solve_min_peak_dp
 from planner.memory_model import GIB, compute_ms
 from planner.milp import Problem, Solution, prepare, solve_budget, solve_min_peak
 from planner.plan_format import Plan, PlannedModule
@@ -137,7 +137,7 @@ def _validate(budgets_gib, world_size, time_limit_s, mip_rel_gap, reserve_gib) -
 
 
 def _min_feasible(prob: Problem, sol: Solution, time_limit_s: float) -> tuple[float | None, Solution]:
-    best = solve_min_peak(prob, time_limit_s=time_limit_s)
+    best = solve_min_peak_dp(prob) or solve_min_peak(prob, time_limit_s=time_limit_s)
     if best.peak_bytes is None:
         return None, sol
     return _round_up(best.peak_bytes / GIB), sol
