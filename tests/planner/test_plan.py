@@ -254,3 +254,17 @@ def test_l12_plans_are_realizable():
         peak, rc = realize(stats, {m.fqn: m.save for m in p.modules})
         assert peak <= budget * GIB
         assert abs(rc - p.recompute_ms) <= 1e-6 * rc
+
+
+def test_min_peak_dp_equals_milp_on_random_trees():
+    from planner.dp import solve_min_peak_dp
+    from planner.milp import prepare, solve_min_peak
+
+    rng = random.Random(31)
+    for trial in range(40):
+        stats = random_stats(rng)
+        dp = solve_min_peak_dp(prepare(stats))
+        milp = solve_min_peak(prepare(stats), time_limit_s=30)
+        assert milp.status == "optimal"
+        assert dp.peak_bytes == pytest.approx(milp.peak_bytes, abs=1e-6 * max(milp.peak_bytes, 1.0)), f"trial {trial}"
+        assert realize(stats, {f: save for f, (save, _, _) in dp.decisions.items()})[0] == pytest.approx(dp.peak_bytes)
