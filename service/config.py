@@ -42,6 +42,10 @@ class Settings(BaseSettings):
     retry_after_s: int = Field(5, ge=1, description="Retry-After sent with 503 when the solver queue is full.")
     max_time_limit_s: float = Field(600.0, gt=0, description="Upper bound on a request's time_limit_s.")
     sqlite_busy_timeout_ms: int = Field(10_000, ge=0)
+    plan_response_cache_entries: int = Field(
+        1024, ge=0, description="Cached plan responses kept in memory per process for the fast path; 0: off."
+    )
+    plan_response_cache_mib: int = Field(64, ge=1, description="Memory bound of those responses, MiB.")
     log_level: str = "info"
 
     @property

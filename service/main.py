@@ -16,6 +16,7 @@ from service.api.routes import health, plans, stats, sweeps
 from service.config import Settings, get_settings
 from service.db import make_engine, make_sessionmaker
 from service.errors import ServiceError
+from service.fastpath import PlanFastPath, PlanResponseCache
 from service.middleware import BodySizeLimit
 from service.solver import SolverPool
 from service.version import SERVICE_VERSION
@@ -140,5 +141,9 @@ def create_app(settings: Settings | None = None, *, solver: SolverPool | None = 
     _install_error_handlers(app)
     for module in (health, stats, plans, sweeps):
         app.include_router(module.router)
+    app.state.plan_responses = PlanResponseCache(settings.plan_response_cache_entries,
+                                                 settings.plan_response_cache_mib * 2**20)
+    # Starlette runs the last added middleware first: the body limit holds for the fast path too.
+    app.add_middleware(PlanFastPath, settings=settings, engine=engine, cache=app.state.plan_responses)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     return app

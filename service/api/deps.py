@@ -19,7 +19,7 @@ from service.solver import SolverPool
 # The cheap dependencies are ``async def``: FastAPI runs sync ones in the thread
 # pool, and a thread hop per dependency is most of a cached read's cost.
 
-__all__ = ["IdPath", "SessionDep", "SessionFactoryDep", "SettingsDep", "SolverDep", "ProjectDep", "DEFAULT_PROJECT"]
+__all__ = ["IdPath", "SessionDep", "SessionFactoryDep", "SettingsDep", "SolverDep", "ProjectDep", "DEFAULT_PROJECT", "project_for_key"]
 
 DEFAULT_PROJECT = "default"
 
@@ -54,16 +54,20 @@ async def get_project(
     """The project the caller's API key belongs to (everything is 'default' when auth is off)."""
     if not settings.auth_enabled:
         return DEFAULT_PROJECT
-    if credentials is None:
+    project = project_for_key(settings, credentials.credentials) if credentials is not None else None
+    if project is None:
         raise Unauthorized()
-    offered = _digest(credentials.credentials)
+    return project
+
+
+def project_for_key(settings: Settings, offered_key: str) -> str | None:
+    """The project of ``offered_key``, or None when it is no key of this service."""
+    offered = _digest(offered_key)
     project = None
     # Compare against every key, digests of equal length, so timing says nothing about which matched.
     for key, name in settings.api_key_secrets():
         if hmac.compare_digest(offered, _digest(key.get_secret_value())):
             project = name
-    if project is None:
-        raise Unauthorized()
     return project
 
 
