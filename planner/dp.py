@@ -261,6 +261,15 @@ class _DP:
         return out
 
 
+def _beam(prob: Problem, fr: _Frontiers, keyneed: np.ndarray, lb: _CostToGo, width: int,
+          state_limit: int) -> tuple[float, dict[int, int]] | None:
+    """A real plan from a beam pass (no deadline: its width bounds the work)."""
+    try:
+        return _DP(prob, fr, keyneed, lb, math.inf, width, state_limit).solve()
+    except (_GiveUp, _Timeout):
+        return None
+
+
 def _subtree_starts(prob: Problem) -> list[int]:
     """For each candidate (post-order index), the first candidate index of its subtree."""
     idx = {c.fqn: i for i, c in enumerate(prob.candidates)}
@@ -275,11 +284,12 @@ def _subtree_starts(prob: Problem) -> list[int]:
 
 
 def solve_dp(prob: Problem, budget_bytes: float, *, time_limit_s: float = 60.0, state_limit: int = 200_000,
-             beam: int = 8, grid: int = 8192) -> Solution | None:
-    """Plan by bounded DP; None when the DP does not apply or gives up (use the MILP).
+             beam: int = 8, wide_beam: int = 128, grid: int = 8192) -> Solution | None:
+    """Plan by bounded DP; None when the DP does not apply or finds nothing (use the MILP).
 
-    ``optimal`` when the exact pass finishes within ``time_limit_s``; otherwise
-    the beam pass's plan as ``feasible`` with its proven gap.
+    ``optimal`` when the exact pass finishes within ``time_limit_s`` and
+    ``state_limit``; otherwise the best beam plan as ``feasible`` with its
+    proven gap.
     """
     deadline = time.perf_counter() + time_limit_s
     fr = _prepare(prob)
@@ -293,20 +303,33 @@ def solve_dp(prob: Problem, budget_bytes: float, *, time_limit_s: float = 60.0, 
     lower = float(lb(0, np.zeros(1))[0])
     if not math.isfinite(lower):
         return Solution("infeasible", "no plan fits the budget")
-    try:
-        # The beam is bounded by its width, so it always runs to the end: a
-        # short time limit still yields a plan.
-        heuristic = _DP(prob, fr, keyneed, lb, math.inf, beam, state_limit).solve()
-    except (_GiveUp, _Timeout):
-        heuristic = None
-    upper = math.inf if heuristic is None else heuristic[0]
-    try:
-        exact = _DP(prob, fr, keyneed, lb, upper, None, state_limit, deadline).solve()
+    # Incumbent first (a narrow beam), then the exact pass; if the exact pass
+    # needs many states, the incumbent is probably loose: widen the beam
+    # (cheap, bounded by its width) and try again with the full state limit.
+    heuristic = _beam(prob, fr, keyneed, lb, beam, state_limit)
+    exact, exc = None, None
+    for width, limit in ((None, min(state_limit, 20_000)), (wide_beam, state_limit)):
+        if width is not None:
+            wider = _beam(prob, fr, keyneed, lb, width, state_limit)
+            if wider is not None and (heuristic is None or wider[0] < heuristic[0]):
+                heuristic = wider
+        upper = math.inf if heuristic is None else heuristic[0]
+        try:
+            exact = _DP(prob, fr, keyneed, lb, upper, None, limit, deadline).solve()
+            exc = None
+            break
+        except _Timeout as e:
+            exc = e
+            break
+        except _GiveUp as e:
+            exc = e
+    if exc is None:
         status, message, gap = "optimal", "optimal plan found (exact bounded DP)", 0.0
-    except (_GiveUp, _Timeout) as exc:
+    else:
         if heuristic is None:
             return None
         exact = heuristic
+        upper = heuristic[0]
         gap = max(0.0, (upper - lower) / upper) if upper > 0 else 0.0
         why = "time limit reached" if isinstance(exc, _Timeout) else "state limit reached"
         status, message = "feasible", f"{why}; best plan found, with its proven gap"
@@ -334,6 +357,8 @@ def solve_min_peak_dp(prob: Problem) -> Solution | None:
     root (a big discard, late) or leaves it to its submodules (smaller,
     earlier). Non-dominated (discarded bytes, peak so far) states cover both.
     """
+    if prob._min_peak is not None:
+        return prob._min_peak
     fr = _prepare(prob)
     if fr is None:
         return None
@@ -381,4 +406,5 @@ def solve_min_peak_dp(prob: Problem) -> Solution | None:
     discarded = {f: prob.stats.module(f).act_saved_bytes - sb for f, (_, sb, _) in decisions.items()}
     peak = prob.model.peak_bytes(discarded)
     recompute = math.fsum(prob.stats.module(f).op_ms - sm for f, (_, _, sm) in decisions.items())
-    return Solution("optimal", "smallest peak (exact DP)", peak, recompute, 0.0, 0.0, decisions)
+    prob._min_peak = Solution("optimal", "smallest peak (exact DP)", peak, recompute, 0.0, 0.0, decisions)
+    return prob._min_peak

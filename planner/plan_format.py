@@ -38,7 +38,8 @@ class Plan(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     status: PlanStatus = Field(
-        description="optimal: proven best; feasible: time limit hit, best plan found with its proven gap; "
+        description="optimal: proven best; feasible: the search stopped early (time limit, or the exact DP's "
+        "state limit on very deep models), best plan found with its proven gap (mip_gap); "
         "infeasible: no plan fits (see min_feasible_budget_gib); time_limit: no plan found in time; "
         "error: the solver failed (see message)."
     )

@@ -46,7 +46,8 @@ def plan(
         FSDP-wrapped modules: no checkpointed module may contain one.
     time_limit_s
         Solver time limit; on expiry the best plan is returned as ``feasible``
-        with its proven gap.
+        with its proven gap. ``feasible`` also comes back when the exact DP's
+        state lists outgrow their limit (very deep models), again with the gap.
     mip_rel_gap
         Relative optimality gap at which the solver stops and calls the plan optimal.
     include_optimizer_state, reserve_gib
@@ -57,7 +58,7 @@ def plan(
     Returns
     -------
     Plan
-        ``optimal``, ``feasible`` (time limit hit, with gap), ``infeasible``
+        ``optimal``, ``feasible`` (stopped early, with its proven gap), ``infeasible``
         (with ``min_feasible_budget_gib``), ``time_limit`` or ``error``.
 
     Raises
@@ -101,7 +102,13 @@ def sweep(
     plans = []
     for i, budget in enumerate(budgets):
         started = time.perf_counter()
-        sol = solve_dp(prob, budget * GIB, time_limit_s=time_limit_s) if solver in ("auto", "dp") else None
+        sol = None
+        if solver in ("auto", "dp"):
+            lowest = solve_min_peak_dp(prob)  # exact and cheap; cached per problem
+            if lowest is not None and lowest.peak_bytes > budget * GIB:
+                sol = Solution("infeasible", "no plan fits the budget")
+            else:
+                sol = solve_dp(prob, budget * GIB, time_limit_s=time_limit_s)
         if sol is None and solver == "dp":
             raise ValueError("solver 'dp' does not apply to these stats (a module frontier is too large); use 'milp'")
         if sol is None:
