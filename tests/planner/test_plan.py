@@ -268,3 +268,50 @@ def test_min_peak_dp_equals_milp_on_random_trees():
         assert milp.status == "optimal"
         assert dp.peak_bytes == pytest.approx(milp.peak_bytes, abs=1e-6 * max(milp.peak_bytes, 1.0)), f"trial {trial}"
         assert realize(stats, {f: save for f, (save, _, _) in dp.decisions.items()})[0] == pytest.approx(dp.peak_bytes)
+
+
+def _deep_stats(rng) -> Stats:
+    """Random trees up to 3 levels deep, some non-leaf modules without op stats; larger than brute force allows."""
+    mods = [dict(fqn="R", parent=None, is_leaf=False)]
+    pre, post = ["R"], []
+
+    def add(parent, depth):
+        name = f"{parent}.m{len(mods)}"
+        if depth < 3 and rng.random() < 0.6:
+            mods.append(dict(fqn=name, parent=parent, is_leaf=False,
+                             ops=_ops(rng, rng.randrange(2, 7)) if rng.random() < 0.9 else None))
+            pre.append(name)
+            for _ in range(rng.randrange(1, 4)):
+                add(name, depth + 1)
+        else:
+            mods.append(dict(fqn=name, parent=parent, is_leaf=True))
+            pre.append(name)
+        post.append(name)
+
+    for _ in range(rng.randrange(2, 5)):
+        add("R", 1)
+    post.append("R")
+    total = 0
+    for m in mods:
+        total += rng.randrange(0, 2048)
+        m.update(act_total_bytes=total, act_grad_bytes=rng.randrange(0, 1024),
+                 act_saved_bytes=rng.randrange(0, 4096) if m.get("ops") else 0,
+                 grad_total_bytes=rng.randrange(0, 512), param_bytes=rng.randrange(0, 512))
+    return Stats.model_validate(dict(metadata=dict(model_name="deep"), fw_pre_order=pre, fw_post_order=post,
+                                     modules=mods))
+
+
+@pytest.mark.slow
+def test_dp_equals_milp_on_deeper_random_trees():
+    rng = random.Random(5)
+    for trial in range(30):
+        stats = _deep_stats(rng)
+        budget = rng.uniform(0.4, 1.0) * realize(stats, {})[0] / GIB
+        dp, milp = plan(stats, budget, solver="dp"), plan(stats, budget, solver="milp", time_limit_s=30)
+        assert dp.status == milp.status, f"trial {trial}"
+        if dp.status == "optimal":
+            assert dp.recompute_ms == pytest.approx(milp.recompute_ms, rel=1e-6, abs=1e-9), f"trial {trial}"
+            peak, rc = realize(stats, {m.fqn: m.save for m in dp.modules})
+            assert peak <= budget * GIB and rc == pytest.approx(dp.recompute_ms)
+        else:
+            assert dp.min_feasible_budget_gib == pytest.approx(milp.min_feasible_budget_gib, rel=1e-5)
