@@ -29,7 +29,7 @@ DESCRIPTION = """
 **sacplan** plans selective activation checkpointing: given what one training
 step of your model costs, module by module and op by op, it tells you which
 modules to checkpoint and exactly which ops to recompute so the step fits a GPU
-memory budget with the least recomputation (an exact MILP). Plans are cached:
+memory budget with the least recomputation (exact: every reported figure is what the per-op save lists realize). Plans are cached:
 the same stats and request come back instantly.
 
 Three steps:
