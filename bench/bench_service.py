@@ -22,8 +22,9 @@ import argparse
 import asyncio
 import json
 import os
-import re
 import platform
+import re
+import resource
 import shutil
 import signal
 import socket
@@ -188,13 +189,28 @@ def run_wrk(wrk: str, target: str, concurrency: int, seconds: float, server_pid:
     cmd = [wrk, "-t1", f"-c{concurrency}", f"-d{seconds:g}s", "--latency", "--timeout", "10s", "-s", str(script), target]
     if client_cpus:
         cmd = ["taskset", "-c", client_cpus] + cmd
-    cpu0 = cpu_seconds(server_pid)
+    cpu0, busy0, client0, t0 = cpu_seconds(server_pid), machine_busy_seconds(), children_cpu_seconds(), time.monotonic()
     out = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True, check=True).stdout
     server_cpu = cpu_seconds(server_pid) - cpu0
+    client_cpu = children_cpu_seconds() - client0
+    other_cores = (machine_busy_seconds() - busy0 - server_cpu - client_cpu) / (time.monotonic() - t0)
     res = parse_wrk(out)
     if res.pop("misses"):
         raise SystemExit(f"a benchmarked plan request was not a cache hit:\n{out}")
-    return {"clients": concurrency, **res, "server_cpu_ms": 1000 * server_cpu / max(res["requests"], 1)}
+    return {"clients": concurrency, **res, "server_cpu_ms": 1000 * server_cpu / max(res["requests"], 1),
+            "other_cores": max(other_cores, 0.0)}
+
+
+def machine_busy_seconds() -> float:
+    """CPU time all cores spent busy so far (Linux /proc/stat: everything but idle and iowait)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu_seconds() -> float:
+    """CPU time of finished child processes (the wrk runs; the server is still running)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def main_wrk(args, wrk: str) -> list[tuple[str, dict]]:
@@ -294,11 +310,14 @@ async def main_async(args) -> list[tuple[str, dict]]:
 
 
 def table(rows: list[tuple[str, dict]]) -> str:
-    out = ["| scenario | clients | requests | errors | p50 ms | p99 ms | req/s | server CPU ms/req |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    other = any("other_cores" in r for _, r in rows)
+    out = ["| scenario | clients | requests | errors | p50 ms | p99 ms | req/s | server CPU ms/req |"
+           + (" other work, cores |" if other else ""),
+           "|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if other else "")]
     for name, r in rows:
         out.append(f"| {name} | {r['clients']} | {r['requests']} | {r['errors']} | {r['p50_ms']:.2f} | "
-                   f"{r['p99_ms']:.2f} | {r['req_s']:.0f} | {r['server_cpu_ms']:.2f} |")
+                   f"{r['p99_ms']:.2f} | {r['req_s']:.0f} | {r['server_cpu_ms']:.2f} |"
+                   + (f" {r['other_cores']:.2f} |" if other else ""))
     return "\n".join(out)
 
 
@@ -314,7 +333,9 @@ def verdict(rows: list[tuple[str, dict]], client: str) -> str:
             f"think time, mean latency is about 32 / throughput (Little's law): p99 <= 20 ms needs well over "
             f"1600 req/s and no stalls; the slower cached-read scenario reached {best_rate:.0f} req/s. "
             f"'server CPU ms/req' is the server processes' own CPU time per request (all workers), much less "
-            f"affected by other load on the machine.")
+            f"affected by other load on the machine; 'other work, cores' is the average number of cores busy with "
+            f"processes that are neither the server nor the client during the row (other sessions on this "
+            f"machine), taken from /proc/stat.")
 
 
 def write_results(text: str) -> None:
@@ -359,8 +380,8 @@ def main() -> None:
     text = (f"{SECTION}\n\nA real `sacplan serve --workers {args.workers} --no-access-log` (uvicorn with uvloop and "
             f"httptools; SQLite in a temp dir) on 127.0.0.1, {how}; closed loop, no think time, {pinning}. "
             f"Machine: {machine()}.\n"
-            f"Load average (1 min) {load_before:.1f} before and {load_after:.1f} after the run: other work shared "
-            f"the machine.\nCommand: `{cmd.strip()}`. The plan is the L4 transformer at 5 GiB (solved once before "
+            f"Load average (1 min) {load_before:.1f} before and {load_after:.1f} after the run (the last column says "
+            f"how much other work shared the cores).\nCommand: `{cmd.strip()}`. The plan is the L4 transformer at 5 GiB (solved once before "
             f"timing).\n\n" + table(rows) + "\n\n" + verdict(rows, client) + "\n")
     print(text)
     if args.write:
