@@ -35,6 +35,9 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _machine import cpu_model  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 LLAMA3_8B = {
     "model_type": "llama", "vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336,
@@ -154,14 +157,7 @@ def _machine() -> str:
 
     import torch
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_model()
     return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__} (CPU)"
 
 

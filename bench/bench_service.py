@@ -34,6 +34,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _machine import cpu_model  # noqa: E402
+
 import httpx
 import numpy as np
 
@@ -250,14 +253,7 @@ def main_wrk(args, wrk: str) -> list[tuple[str, dict]]:
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_model()
     return f"{os.cpu_count()} CPU cores ({cpu}), Linux, Python {platform.python_version()}"
 
 
