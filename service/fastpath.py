@@ -38,6 +38,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from service.api.deps import DEFAULT_PROJECT, project_for_key
 from service.cache import as_utc
 from service.config import Settings
+from service.middleware import replay_body
 from service.models import PlanRecord, StatsRecord
 
 __all__ = ["CachedResponse", "PlanResponseCache", "PlanFastPath"]
@@ -134,7 +135,7 @@ class PlanFastPath:
             body = await _read_body(receive)
             if body is None:  # the client went away
                 return
-            replay = _replayer(body, receive)
+            replay = replay_body(body, receive)
             if len(body) > _MAX_KEYED_BODY_BYTES:
                 await self.app(scope, replay, send)
                 return
@@ -266,16 +267,3 @@ async def _read_body(receive: Receive) -> bytes | None:
         chunks.append(message.get("body", b""))
         if not message.get("more_body", False):
             return b"".join(chunks)
-
-
-def _replayer(body: bytes, receive: Receive) -> Receive:
-    sent = False
-
-    async def replay() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replay

@@ -47,17 +47,7 @@ class BodySizeLimit:
                 return
             chunks.append(chunk)
             more = message.get("more_body", False)
-        body = b"".join(chunks)
-        sent = False
-
-        async def replay() -> Message:
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
+        await self.app(scope, replay_body(b"".join(chunks), receive), send)
 
     async def _too_large(self, send: Send) -> None:
         await self._refuse(send, 413, f"request body is larger than this service's limit of {self.max_bytes} bytes")
@@ -68,3 +58,17 @@ class BodySizeLimit:
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                                 (b"connection", b"close")]})
         await send({"type": "http.response.body", "body": body})
+
+
+def replay_body(body: bytes, receive: Receive) -> Receive:
+    """A receive callable that yields an already-read body once, then defers to ``receive``."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
