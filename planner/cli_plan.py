@@ -148,7 +148,15 @@ def _solver_output_to_stderr():
 
 
 def _gib(b: float | None) -> str:
-    return "-" if b is None else f"{b / GIB:.3f}"
+    return "-" if b is None else f"{b / GIB:.5g}"
+
+
+def _recompute_text(p: Plan) -> str:
+    if p.recompute_ms is None:
+        return "-"
+    if not p.compute_ms:
+        return f"{p.recompute_ms:.3f} ms"
+    return f"{p.recompute_ms:.3f} ms  ({p.recompute_ms / p.compute_ms:.1%} of the {p.compute_ms:.2f} ms step)"
 
 
 def _plan_table(stats: Stats, p: Plan) -> str:
@@ -157,9 +165,7 @@ def _plan_table(stats: Stats, p: Plan) -> str:
         f"status           {p.status}" + (f" (gap {p.mip_gap:.2%})" if p.status == "feasible" and p.mip_gap else ""),
         f"budget           {p.memory_budget_gib:g} GiB (world size {p.world_size})",
         f"peak             {_gib(p.peak_bytes)} GiB  (no checkpointing: {_gib(p.baseline_peak_bytes)} GiB)",
-        f"recompute        " + ("-" if p.recompute_ms is None else
-                                f"{p.recompute_ms:.3f} ms  ({p.recompute_ms / p.compute_ms:.1%} of {p.compute_ms:.2f} ms step)"
-                                if p.compute_ms else f"{p.recompute_ms:.3f} ms"),
+        f"recompute        {_recompute_text(p)}",
         f"solve            {p.solve_seconds:.3f} s",
     ]
     if p.min_feasible_budget_gib is not None:

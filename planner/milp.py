@@ -35,7 +35,7 @@ from scipy.sparse import coo_array
 
 from planner.hull import lower_hull
 from planner.knapsack import GroupClasses, best_saved_within, group_classes
-from planner.memory_model import GIB, MemoryModel, memory_model
+from planner.memory_model import MemoryModel, memory_model
 from planner.op_policy import Frontier, FrontierTooLarge, module_frontier, op_groups
 from planner.stats import Stats
 
