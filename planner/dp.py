@@ -284,7 +284,7 @@ def _subtree_starts(prob: Problem) -> list[int]:
 
 
 def solve_dp(prob: Problem, budget_bytes: float, *, time_limit_s: float = 60.0, state_limit: int = 200_000,
-             beam: int = 8, wide_beam: int = 128, grid: int = 8192) -> Solution | None:
+             beam: int = 32, wide_beam: int = 128, first_limit: int = 10_000, grid: int = 8192) -> Solution | None:
     """Plan by bounded DP; None when the DP does not apply or finds nothing (use the MILP).
 
     ``optimal`` when the exact pass finishes within ``time_limit_s`` and
@@ -308,7 +308,7 @@ def solve_dp(prob: Problem, budget_bytes: float, *, time_limit_s: float = 60.0, 
     # (cheap, bounded by its width) and try again with the full state limit.
     heuristic = _beam(prob, fr, keyneed, lb, beam, state_limit)
     exact, exc = None, None
-    for width, limit in ((None, min(state_limit, 20_000)), (wide_beam, state_limit)):
+    for width, limit in ((None, min(state_limit, first_limit)), (wide_beam, state_limit)):
         if width is not None:
             wider = _beam(prob, fr, keyneed, lb, width, state_limit)
             if wider is not None and (heuristic is None or wider[0] < heuristic[0]):
