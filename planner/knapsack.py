@@ -40,12 +40,7 @@ class GroupClasses:
         for c, members in enumerate(self.members):
             for gi in members[: int(saved_count[c])]:
                 group_save[gi] = 1
-        out = [0] * g.n_ops
-        for gi, ops in enumerate(g.members):
-            if group_save[gi]:
-                for op in ops:
-                    out[op] = 1
-        return out
+        return g.op_decisions(group_save)
 
 
 def group_classes(groups: OpGroups) -> GroupClasses:

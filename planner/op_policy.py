@@ -46,6 +46,15 @@ class OpGroups:
     fixed: np.ndarray  # int8 per group: FREE, RECOMPUTE or SAVE
     n_ops: int
 
+    def op_decisions(self, group_save: np.ndarray) -> list[int]:
+        """Per-op 0/1 decisions from one 0/1 decision per group."""
+        out = [0] * self.n_ops
+        for gi, members in enumerate(self.members):
+            if group_save[gi]:
+                for op in members:
+                    out[op] = 1
+        return out
+
 
 @dataclass(frozen=True)
 class Frontier:
@@ -84,12 +93,7 @@ class Frontier:
             if took[idx]:
                 group_save[self._free[step]] = 1
             idx = int(src[idx])
-        out = [0] * g.n_ops
-        for gi, members in enumerate(g.members):
-            if group_save[gi]:
-                for op in members:
-                    out[op] = 1
-        return out
+        return g.op_decisions(group_save)
 
 
 def ops_from_torch(sac_stats: Any) -> tuple[list[OpStats], bool]:
