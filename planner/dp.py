@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from planner.lagrange import HullLP, Lagrange, hull_vertices
 from planner.milp import Problem, Solution, _frontier, _reduced_keyneeds
 
 __all__ = ["solve_dp"]
@@ -40,6 +41,8 @@ class _Frontiers:
     rc: list[np.ndarray]  # recompute ms, ascending
     point: list[np.ndarray]  # index of each point in the module's Frontier
     starts: list[int]  # first candidate of each candidate's subtree
+    hulls: list[tuple[np.ndarray, np.ndarray]]  # lower hull vertices per candidate (MiB, ms)
+    lp: HullLP | None = None
 
 
 class _GiveUp(Exception):
@@ -58,7 +61,7 @@ def _prepare(prob: Problem) -> _Frontiers | None:
 
 
 def _build(prob: Problem) -> _Frontiers | None:
-    out = _Frontiers([], [], [], _subtree_starts(prob))
+    out = _Frontiers([], [], [], _subtree_starts(prob), [])
     memo: dict[tuple, tuple] = {}
     for cand in prob.candidates:
         key = (cand.ops_key, cand.act_saved_bytes)
@@ -68,8 +71,9 @@ def _build(prob: Problem) -> _Frontiers | None:
                 return None
             d = cand.act_saved_bytes - f.saved_bytes[::-1]
             keep = d > 0  # a point that frees nothing is never part of a plan
-            memo[key] = (d[keep].astype(np.int64), f.recompute_ms[::-1][keep], np.arange(len(f))[::-1][keep])
-        for lst, v in zip((out.d, out.rc, out.point), memo[key]):
+            d, rc = d[keep].astype(np.int64), f.recompute_ms[::-1][keep]
+            memo[key] = (d, rc, np.arange(len(f))[::-1][keep], hull_vertices(d, rc))
+        for lst, v in zip((out.d, out.rc, out.point, out.hulls), memo[key]):
             lst.append(v)
     return out
 
@@ -152,6 +156,7 @@ class _DP:
         self.prob, self.fr, self.keyneed, self.lb = prob, fr, keyneed, lb
         self.deadline = deadline
         self.upper, self.beam, self.state_limit = upper, beam, state_limit
+        self.work, self.work_limit = 0, math.inf
         m = len(prob.candidates)
         self.cap = np.maximum(np.maximum.accumulate(keyneed[::-1])[::-1], 0.0)
         self.start = fr.starts
@@ -211,6 +216,9 @@ class _DP:
         s, c, t = st[0], st[1], st[2]
         d, rc = self.fr.d[i], self.fr.rc[i]
         if len(s) * (len(d) + 1) > 40 * self.state_limit:
+            raise _GiveUp
+        self.work += len(s) * len(d)
+        if self.work > self.work_limit:
             raise _GiveUp
         s2 = (s[:, None] + d[None, :]).ravel()
         c2 = (c[:, None] + rc[None, :]).ravel()
@@ -284,11 +292,21 @@ def _subtree_starts(prob: Problem) -> list[int]:
 
 
 def solve_dp(prob: Problem, budget_bytes: float, *, time_limit_s: float = 60.0, state_limit: int = 200_000,
-             beam: int = 32, wide_beam: int = 128, first_limit: int = 10_000, grid: int = 8192) -> Solution | None:
+             beam: int = 32, grid: int = 8192, first_gap: float = 1e-5,
+             mip_rel_gap: float = 1e-6, work_limit: float = 1.5e7) -> Solution | None:
     """Plan by bounded DP; None when the DP does not apply or finds nothing (use the MILP).
 
-    ``optimal`` when the exact pass finishes within ``time_limit_s`` and
-    ``state_limit``; otherwise the best beam plan as ``feasible`` with its
+    The hull LP's duals give an affine lower bound on what every DP state
+    still has to recompute (:class:`planner.lagrange.Lagrange`). The search
+    then guesses how far above that bound the optimum lies (``first_gap``,
+    relative): frontier points whose reduced cost alone breaks the guess are
+    dropped, a beam pass finds a plan, and the exact pass keeps only states
+    whose cost plus bound stays within the guess. If the exact pass ends with
+    a plan, it is optimal (every better plan lies inside the guess); if it
+    ends empty, the guess was too tight and is widened.
+
+    ``optimal`` when an exact pass finishes within ``time_limit_s`` and
+    ``state_limit``; otherwise the best plan found as ``feasible`` with its
     proven gap.
     """
     deadline = time.perf_counter() + time_limit_s
@@ -298,54 +316,132 @@ def solve_dp(prob: Problem, budget_bytes: float, *, time_limit_s: float = 60.0, 
     keyneed = _reduced_keyneeds(prob, budget_bytes)
     if keyneed[0] > 0:
         return Solution("infeasible", "modules before any checkpointable module already exceed the budget")
-    cap = np.maximum(np.maximum.accumulate(keyneed[::-1])[::-1], 0.0)
-    lb = _CostToGo(fr, keyneed, float(cap[0]), grid)
-    lower = float(lb(0, np.zeros(1))[0])
-    if not math.isfinite(lower):
-        return Solution("infeasible", "no plan fits the budget")
-    # Incumbent first (a narrow beam), then the exact pass; if the exact pass
-    # needs many states, the incumbent is probably loose: widen the beam
-    # (cheap, bounded by its width) and try again with the full state limit.
-    heuristic = _beam(prob, fr, keyneed, lb, beam, state_limit)
-    exact, exc = None, None
-    for width, limit in ((None, min(state_limit, first_limit)), (wide_beam, state_limit)):
-        if width is not None:
-            wider = _beam(prob, fr, keyneed, lb, width, state_limit)
-            if wider is not None and (heuristic is None or wider[0] < heuristic[0]):
-                heuristic = wider
-        upper = math.inf if heuristic is None else heuristic[0]
-        try:
-            exact = _DP(prob, fr, keyneed, lb, upper, None, limit, deadline).solve()
-            exc = None
-            break
-        except _Timeout as e:
-            exc = e
-            break
-        except _GiveUp as e:
-            exc = e
-    if exc is None:
-        status, message, gap = "optimal", "optimal plan found (exact bounded DP)", 0.0
-    else:
-        if heuristic is None:
+    status, mu = _hull_lp(fr, prob).duals(keyneed)
+    if status == "infeasible":
+        return Solution("infeasible", "no plan fits the budget (even the convex relaxation is infeasible)")
+    if status != "ok":
+        return None
+    lag = Lagrange(mu, keyneed, fr.starts, fr.d, fr.rc)
+    lower = lag.lower
+    cap0 = float(np.maximum(np.max(keyneed), 0.0))
+    pen = lag.penalties()
+    best: tuple[float, dict[int, int], _Frontiers] | None = None
+    gap_guess = first_gap
+    exc: Exception | None = None
+    exact = None
+    work = 0
+    proven = lower  # no plan costs less (raised by every exact pass that comes back empty)
+    guess = lower + first_gap * max(abs(lower), 1e-9)
+    while True:
+        sub, n_fixed = _fix(fr, lag, pen, guess)
+        if n_fixed == 0:
+            guess = math.inf  # nothing left to fix: search everything
+        bound = _MaxBound(lag, _CostToGo(sub, keyneed, cap0, grid))
+        h = _beam(prob, sub, keyneed, bound, beam, state_limit)
+        if h is not None and (best is None or h[0] < best[0]):
+            best = (h[0], h[1], sub)
+            if best[0] < guess:  # a better plan fixes more points
+                tighter, _ = _fix(fr, lag, pen, best[0])
+                moved = _remap(h[1], sub, tighter)
+                if moved is not None:
+                    sub, best = tighter, (h[0], moved, tighter)
+                    bound = _MaxBound(lag, _CostToGo(sub, keyneed, cap0, grid))
+        if best is not None and best[0] - proven <= mip_rel_gap * abs(best[0]):
+            break  # within the requested gap
+        upper = guess if best is None else min(guess, best[0])
+        # search only for plans better than the requested gap allows
+        target = upper if best is None or upper < best[0] else best[0] - mip_rel_gap * abs(best[0])
+        if float(bound(0, np.zeros(1))[0]) > target + _TOL * (1 + abs(target)):
+            exact = None  # the bound alone rules out every plan the pass admits
+        else:
+            search = _DP(prob, sub, keyneed, bound, target, None, state_limit, deadline)
+            search.work_limit = work_limit - work
+            try:
+                exact = search.solve()
+            except (_Timeout, _GiveUp) as e:
+                exc = e
+                break
+            finally:
+                work += search.work
+        if exact is not None and (best is None or exact[0] < best[0]):
+            best = (exact[0], exact[1], sub)
+        if exact is None:
+            proven = max(proven, min(target, guess))
+        else:
+            proven = max(proven, exact[0])  # the pass returns the cheapest plan it admits
+        if best is not None and best[0] <= guess:
+            proven = max(proven, min(best[0], target))
+            break  # every plan costing less lies inside the guess and was searched
+        if not math.isfinite(guess):
+            break  # searched everything: no plan
+        # widen the guess (never past a known plan, which bounds the search exactly)
+        guess = lower + 4 * (guess - lower)
+        if best is not None and guess >= lower + 0.5 * (best[0] - lower):
+            guess = best[0]  # close to the known plan: search up to it at once
+    if best is None:
+        if exc is not None:
             return None
-        exact = heuristic
-        upper = heuristic[0]
-        gap = max(0.0, (upper - lower) / upper) if upper > 0 else 0.0
+        return Solution("infeasible", "no plan fits the budget")
+    cost, choices, sub = best
+    gap = min(1.0, max(0.0, (cost - proven) / cost)) if cost > 0 else 0.0
+    if exc is None or gap <= mip_rel_gap:
+        gap = min(gap, mip_rel_gap)  # the last pass searched below cost * (1 - mip_rel_gap)
+        status, message = "optimal", "optimal plan found (exact bounded DP)"
+    else:
         why = "time limit reached" if isinstance(exc, _Timeout) else "state limit reached"
         status, message = "feasible", f"{why}; best plan found, with its proven gap"
-    if exact is None:
-        return Solution("infeasible", "no plan fits the budget")
-    _, choices = exact
     decisions = {}
     for i, j in choices.items():
         cand = prob.candidates[i]
         f = _frontier(prob._frontiers, prob.stats.module(cand.fqn))
-        k = int(fr.point[i][j])
+        k = int(sub.point[i][j])
         decisions[cand.fqn] = (f.save_list(k), int(f.saved_bytes[k]), float(f.saved_ms[k]))
     discarded = {f: prob.stats.module(f).act_saved_bytes - sb for f, (_, sb, _) in decisions.items()}
     peak = prob.model.peak_bytes(discarded)
     recompute = math.fsum(prob.stats.module(f).op_ms - sm for f, (_, _, sm) in decisions.items())
     return Solution(status, message, peak, recompute, gap, 0.0, decisions)
+
+
+def _remap(choices: dict[int, int], old: _Frontiers, new: _Frontiers) -> dict[int, int] | None:
+    """The same plan's choices as indices into ``new``; None if ``new`` lost a chosen point."""
+    out = {}
+    for i, j in choices.items():
+        k = int(old.point[i][j])
+        pos = int(np.searchsorted(-new.point[i], -k))  # point indices are descending
+        if pos >= len(new.point[i]) or new.point[i][pos] != k:
+            return None
+        out[i] = pos
+    return out
+
+
+class _MaxBound:
+    """The larger of two lower bounds on the recompute still to come."""
+
+    def __init__(self, a, b):
+        self.a, self.b = a, b
+
+    def __call__(self, k: int, s: np.ndarray) -> np.ndarray:
+        return np.maximum(self.a(k, s), self.b(k, s))
+
+
+def _fix(fr: _Frontiers, lag: Lagrange, pen: list[np.ndarray], upper: float) -> tuple[_Frontiers, int]:
+    """The frontiers without points that cannot be part of a plan costing at most ``upper``, and how many went."""
+    tol = 1e-7 * (1.0 + abs(upper))
+    out = _Frontiers([], [], [], fr.starts, fr.hulls)
+    fixed = 0
+    for i in range(len(fr.d)):
+        keep = lag.lower + pen[i] <= upper + tol
+        fixed += len(keep) - int(keep.sum())
+        out.d.append(fr.d[i][keep])
+        out.rc.append(fr.rc[i][keep])
+        out.point.append(fr.point[i][keep])
+    return out, fixed
+
+
+def _hull_lp(fr: _Frontiers, prob: Problem) -> HullLP:
+    if fr.lp is None:
+        fr.lp = HullLP(fr.hulls, prob.chains)
+    return fr.lp
 
 
 def solve_min_peak_dp(prob: Problem) -> Solution | None:

@@ -108,7 +108,7 @@ def sweep(
             if lowest is not None and lowest.peak_bytes > budget * GIB:
                 sol = Solution("infeasible", "no plan fits the budget")
             else:
-                sol = solve_dp(prob, budget * GIB, time_limit_s=time_limit_s)
+                sol = solve_dp(prob, budget * GIB, time_limit_s=time_limit_s, mip_rel_gap=mip_rel_gap)
         if sol is None and solver == "dp":
             raise ValueError("solver 'dp' does not apply to these stats (a module frontier is too large); use 'milp'")
         if sol is None:

@@ -1,0 +1,104 @@
+"""The Lagrangian bound and point fixing the DP relies on, checked by enumeration.
+
+Every claim the DP's pruning makes is checked against every plan of small
+random trees: the bound never exceeds a plan's recompute (overall and from
+every intermediate DP state), and a plan never uses a point whose penalty
+says it cannot beat that plan's own cost. These hold for any duals >= 0, so
+random duals are tried as well as the LP's.
+"""
+
+import itertools
+import math
+import random
+
+import numpy as np
+import pytest
+
+from planner import plan
+from planner.dp import _hull_lp, _prepare
+from planner.lagrange import Lagrange
+from planner.milp import _reduced_keyneeds, prepare
+
+from tests.planner.test_plan import GIB, _deep_stats, brute_force, random_stats, realize
+
+
+def _plans(fr, keyneed):
+    """Every feasible plan in DP terms: (cost, {candidate: point index}, discard prefix S_0..S_m)."""
+    m = len(fr.d)
+    enclosing = [[r for r in range(m) if fr.starts[r] <= i < r] for i in range(m)]
+    options = [[None] + list(range(len(fr.d[i]))) for i in range(m)]
+    for choice in itertools.product(*options):
+        chosen = {i: p for i, p in enumerate(choice) if p is not None}
+        if any(r in chosen for i in chosen for r in enclosing[i]):
+            continue  # nested checkpoints
+        s = np.zeros(m + 1)
+        for i in range(m):
+            s[i + 1] = s[i] + (float(fr.d[i][chosen[i]]) if i in chosen else 0.0)
+        if np.all(s >= keyneed - 0.5):
+            yield math.fsum(float(fr.rc[i][p]) for i, p in chosen.items()), chosen, s
+
+
+def _instances(seed, n, make):
+    rng = random.Random(seed)
+    for _ in range(n):
+        stats = make(rng)
+        budget = rng.uniform(0.45, 1.0) * realize(stats, {})[0]
+        prob = prepare(stats)
+        fr = _prepare(prob)
+        if fr is None or not fr.d or math.prod(len(d) + 1 for d in fr.d) > 20_000:
+            continue
+        yield rng, prob, fr, _reduced_keyneeds(prob, budget)
+
+
+@pytest.mark.parametrize("make", [random_stats, _deep_stats], ids=["shallow", "deep"])
+def test_bound_and_penalties_hold_for_every_plan(make):
+    checked = 0
+    for rng, prob, fr, keyneed in _instances(11, 60, make):
+        status, mu = _hull_lp(fr, prob).duals(keyneed)
+        plans = list(_plans(fr, keyneed))
+        if status == "infeasible":
+            assert not plans  # the relaxation is infeasible only if no plan exists
+            continue
+        assert status == "ok"
+        duals = [mu] + [np.array([rng.random() * rng.choice([0, 1e-3, 1]) for _ in mu]) for _ in range(3)]
+        for mu_try in duals:
+            lag = Lagrange(mu_try, keyneed, fr.starts, fr.d, fr.rc)
+            pen = lag.penalties()
+            for cost, chosen, s in plans:
+                tol = 1e-9 * (1 + cost)
+                assert lag.lower <= cost + tol
+                for i, p in chosen.items():
+                    assert lag.lower + pen[i][p] <= cost + tol
+                # from every state the DP holds on the way (keys not inside a chosen subtree)
+                for k in range(len(s)):
+                    if any(fr.starts[r] < k <= r for r in chosen):
+                        continue
+                    rest = math.fsum(float(fr.rc[i][p]) for i, p in chosen.items() if i >= k)
+                    assert float(lag(k, s[k:k + 1])[0]) <= rest + tol
+                checked += 1
+        if plans:
+            # the LP's duals give the LP optimum, which no plan beats
+            best = min(c for c, _, _ in plans)
+            assert Lagrange(mu, keyneed, fr.starts, fr.d, fr.rc).lower <= best + 1e-9 * (1 + best)
+    assert checked >= 200
+
+
+def test_tight_gap_request_still_returns_the_optimum():
+    """With a loose mip_rel_gap the DP may stop early, but never above the requested gap."""
+    rng = random.Random(3)
+    compared = 0
+    for trial in range(60):
+        stats = random_stats(rng)
+        budget = rng.uniform(0.55, 1.05) * realize(stats, {})[0]
+        expected = brute_force(stats, budget)
+        if expected is None:
+            continue
+        for gap in (1e-6, 0.05):
+            p = plan(stats, budget / GIB, solver="dp", mip_rel_gap=gap)
+            assert p.status == "optimal", f"trial {trial}"
+            assert p.recompute_ms <= expected * (1 + gap) + 1e-9, f"trial {trial}"
+            assert p.mip_gap <= gap
+            peak, rc = realize(stats, {m.fqn: m.save for m in p.modules})
+            assert peak <= budget and rc == pytest.approx(p.recompute_ms, abs=1e-9)
+        compared += 1
+    assert compared >= 20
