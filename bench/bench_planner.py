@@ -129,10 +129,10 @@ def run_ours(stats: planner.Stats, doc: dict, budget_gib: float, world_size: int
 
 
 def _why(p: planner.Plan) -> str:
-    """Gap and cause of a ``feasible`` plan (time limit, or the solver's own state limit)."""
+    """Gap and cause of a ``feasible`` plan (time limit, or the DP's work limit)."""
     if not p.mip_gap:
         return ""
-    cause = next((c for c in ("time limit", "state limit") if c in p.message), "")
+    cause = next((c for c in ("time limit", "work limit", "state limit") if c in p.message), "")
     return f"gap {p.mip_gap:.1e}" + (f", {cause}" if cause else "")
 
 

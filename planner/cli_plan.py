@@ -49,6 +49,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fsdp-unit", action="append", default=None, metavar="FQN",
                    help="FSDP unit; no checkpointed module may contain one (repeatable)")
     p.add_argument("--time-limit", type=float, default=60.0, metavar="S", help="solver time limit per budget (s)")
+    p.add_argument("--mip-rel-gap", type=float, default=1e-6, metavar="G",
+                   help="relative gap at which a plan counts as optimal (default 1e-6)")
     p.add_argument("--solver", choices=("auto", "milp", "dp"), default="auto", help="planning engine (default auto)")
     p.add_argument("--include-optimizer-state", action="store_true", help="count sharded optimizer state")
     p.add_argument("--reserve-gib", type=float, default=0.0, help="fixed reserve added to every point (GiB)")
@@ -57,7 +59,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 def _options(args) -> dict:
     return dict(world_size=args.world_size, ac_units=args.ac_unit, fsdp_units=args.fsdp_unit,
-                time_limit_s=args.time_limit, include_optimizer_state=args.include_optimizer_state,
+                time_limit_s=args.time_limit, mip_rel_gap=args.mip_rel_gap, include_optimizer_state=args.include_optimizer_state,
                 reserve_gib=args.reserve_gib, solver=args.solver)
 
 

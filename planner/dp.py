@@ -119,12 +119,13 @@ class _CostToGo:
         if len(shifts) == 0:
             return np.full(self.grid + 1, np.inf)
         # u_next padded with its last value, so shifting past the top stays there
+        n = self.grid + 1
         padded = np.concatenate([u_next, np.full(int(shifts[-1]), u_next[-1])])
-        windows = np.lib.stride_tricks.sliding_window_view(padded, self.grid + 1)
-        out = np.full(self.grid + 1, np.inf)
-        for k in range(0, len(shifts), 64):  # bounded temporaries
-            block = windows[shifts[k:k + 64]] + rc[k:k + 64, None]
-            np.minimum(out, block.min(axis=0), out=out)
+        out = np.full(n, np.inf)
+        tmp = np.empty(n)
+        for sh, cost in zip(shifts.tolist(), rc.tolist()):  # one cache-sized pass per shift
+            np.add(padded[sh:sh + n], cost, out=tmp)
+            np.minimum(out, tmp, out=out)
         return out
 
     def _back(self, lo: int, hi: int, u_hi: np.ndarray) -> np.ndarray:
@@ -299,15 +300,21 @@ def solve_dp(prob: Problem, budget_bytes: float, *, time_limit_s: float = 60.0, 
     The hull LP's duals give an affine lower bound on what every DP state
     still has to recompute (:class:`planner.lagrange.Lagrange`). The search
     then guesses how far above that bound the optimum lies (``first_gap``,
-    relative): frontier points whose reduced cost alone breaks the guess are
-    dropped, a beam pass finds a plan, and the exact pass keeps only states
-    whose cost plus bound stays within the guess. If the exact pass ends with
-    a plan, it is optimal (every better plan lies inside the guess); if it
-    ends empty, the guess was too tight and is widened.
+    relative, growing fourfold per round): frontier points whose penalty
+    alone breaks the guess are dropped, a beam pass finds a plan, and the
+    exact pass keeps only states whose cost plus bound (the larger of the
+    Lagrangian and the gridded cost-to-go) stays within the guess. If the
+    exact pass returns a plan it is optimal; if it returns nothing, no plan
+    costs less than the guess, which becomes the proven lower bound.
 
-    ``optimal`` when an exact pass finishes within ``time_limit_s`` and
-    ``state_limit``; otherwise the best plan found as ``feasible`` with its
-    proven gap.
+    ``mip_rel_gap`` is spent in two halves: near-duplicate frontier points
+    (a few bytes and nanoseconds apart) are absorbed into a neighbour that
+    discards at least as much, and the last pass only looks for plans
+    cheaper than the best one by the other half. The plan is ``optimal``
+    when its proven gap is within ``mip_rel_gap``; when ``work_limit``
+    (state-point pairs over all exact passes), ``state_limit`` or
+    ``time_limit_s`` stop the search first, the best plan comes back as
+    ``feasible`` with its proven gap.
     """
     deadline = time.perf_counter() + time_limit_s
     fr = _prepare(prob)
@@ -324,13 +331,23 @@ def solve_dp(prob: Problem, budget_bytes: float, *, time_limit_s: float = 60.0, 
     lag = Lagrange(mu, keyneed, fr.starts, fr.d, fr.rc)
     lower = lag.lower
     cap0 = float(np.maximum(np.max(keyneed), 0.0))
-    pen = lag.penalties()
+    # Half the requested gap may go to absorbing near-duplicate points: a
+    # point q is dropped when a kept point of the same module discards at
+    # least as much for at most eps more recompute. Swapping every chosen
+    # point of a plan for its absorber keeps the plan feasible (more discard)
+    # and costs at most ``slack`` more, so the cheapest plan over the kept
+    # points is within ``slack`` of the optimum.
+    slack = 0.5 * mip_rel_gap * max(lower, 0.0)
+    fr, pen = _absorb(fr, lag.penalties(), slack / max(len(fr.d), 1))
     best: tuple[float, dict[int, int], _Frontiers] | None = None
-    gap_guess = first_gap
     exc: Exception | None = None
     exact = None
     work = 0
-    proven = lower  # no plan costs less (raised by every exact pass that comes back empty)
+    searched = -math.inf  # no plan over the kept points costs less (raised by every exact pass)
+
+    def proven() -> float:  # no plan at all costs less
+        return max(lower, searched - slack)
+
     guess = lower + first_gap * max(abs(lower), 1e-9)
     while True:
         sub, n_fixed = _fix(fr, lag, pen, guess)
@@ -346,11 +363,11 @@ def solve_dp(prob: Problem, budget_bytes: float, *, time_limit_s: float = 60.0, 
                 if moved is not None:
                     sub, best = tighter, (h[0], moved, tighter)
                     bound = _MaxBound(lag, _CostToGo(sub, keyneed, cap0, grid))
-        if best is not None and best[0] - proven <= mip_rel_gap * abs(best[0]):
+        if best is not None and best[0] - proven() <= mip_rel_gap * abs(best[0]):
             break  # within the requested gap
         upper = guess if best is None else min(guess, best[0])
-        # search only for plans better than the requested gap allows
-        target = upper if best is None or upper < best[0] else best[0] - mip_rel_gap * abs(best[0])
+        # at the known plan, look only for plans better by the other half of the gap
+        target = upper if best is None or upper < best[0] else best[0] - 0.5 * mip_rel_gap * abs(best[0])
         if float(bound(0, np.zeros(1))[0]) > target + _TOL * (1 + abs(target)):
             exact = None  # the bound alone rules out every plan the pass admits
         else:
@@ -365,12 +382,9 @@ def solve_dp(prob: Problem, budget_bytes: float, *, time_limit_s: float = 60.0, 
                 work += search.work
         if exact is not None and (best is None or exact[0] < best[0]):
             best = (exact[0], exact[1], sub)
-        if exact is None:
-            proven = max(proven, min(target, guess))
-        else:
-            proven = max(proven, exact[0])  # the pass returns the cheapest plan it admits
+        # the pass admits every kept-point plan up to min(target, guess) and returns the cheapest
+        searched = max(searched, exact[0] if exact is not None else min(target, guess))
         if best is not None and best[0] <= guess:
-            proven = max(proven, min(best[0], target))
             break  # every plan costing less lies inside the guess and was searched
         if not math.isfinite(guess):
             break  # searched everything: no plan
@@ -383,12 +397,12 @@ def solve_dp(prob: Problem, budget_bytes: float, *, time_limit_s: float = 60.0, 
             return None
         return Solution("infeasible", "no plan fits the budget")
     cost, choices, sub = best
-    gap = min(1.0, max(0.0, (cost - proven) / cost)) if cost > 0 else 0.0
-    if exc is None or gap <= mip_rel_gap:
-        gap = min(gap, mip_rel_gap)  # the last pass searched below cost * (1 - mip_rel_gap)
+    gap = min(1.0, max(0.0, (cost - proven()) / cost)) if cost > 0 else 0.0
+    if exc is None or gap <= mip_rel_gap * (1 + 1e-9):
+        gap = min(gap, mip_rel_gap)
         status, message = "optimal", "optimal plan found (exact bounded DP)"
     else:
-        why = "time limit reached" if isinstance(exc, _Timeout) else "state limit reached"
+        why = "time limit reached" if isinstance(exc, _Timeout) else "search work limit reached"
         status, message = "feasible", f"{why}; best plan found, with its proven gap"
     decisions = {}
     for i, j in choices.items():
@@ -422,6 +436,29 @@ class _MaxBound:
 
     def __call__(self, k: int, s: np.ndarray) -> np.ndarray:
         return np.maximum(self.a(k, s), self.b(k, s))
+
+
+def _absorb(fr: _Frontiers, pen: list[np.ndarray], eps: float) -> tuple[_Frontiers, list[np.ndarray]]:
+    """Drop each point that a kept point of the same module beats on discard for at most ``eps`` more ms."""
+    out = _Frontiers([], [], [], fr.starts, fr.hulls)
+    memo: dict[int, np.ndarray] = {}
+    kept_pen = []
+    for i in range(len(fr.d)):
+        if id(fr.rc[i]) not in memo:  # modules with the same op list share their arrays
+            rc = fr.rc[i].tolist()  # ascending, as d is
+            keep = np.zeros(len(rc), bool)
+            last = math.inf
+            for j in range(len(rc) - 1, -1, -1):
+                if last - rc[j] > eps:
+                    keep[j] = True
+                    last = rc[j]
+            memo[id(fr.rc[i])] = keep
+        keep = memo[id(fr.rc[i])]
+        out.d.append(fr.d[i][keep])
+        out.rc.append(fr.rc[i][keep])
+        out.point.append(fr.point[i][keep])
+        kept_pen.append(pen[i][keep])
+    return out, kept_pen
 
 
 def _fix(fr: _Frontiers, lag: Lagrange, pen: list[np.ndarray], upper: float) -> tuple[_Frontiers, int]:

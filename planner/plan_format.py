@@ -38,8 +38,9 @@ class Plan(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     status: PlanStatus = Field(
-        description="optimal: proven best; feasible: the search stopped early (time limit, or the exact DP's "
-        "state limit on very deep models), best plan found with its proven gap (mip_gap); "
+        description="optimal: proven best within the requested mip_rel_gap (mip_gap: the proven gap); "
+        "feasible: the search stopped early (time limit, or the exact DP's work limit on deep stacks of "
+        "identical blocks), best plan found with its proven gap (mip_gap); "
         "infeasible: no plan fits (see min_feasible_budget_gib); time_limit: no plan found in time; "
         "error: the solver failed (see message)."
     )
@@ -51,7 +52,7 @@ class Plan(BaseModel):
     baseline_peak_bytes: int = Field(description="Peak memory with no checkpointing.")
     compute_ms: float = Field(description="Forward + backward time of the step without recomputation.")
     solve_seconds: float = 0.0
-    mip_gap: float | None = Field(None, description="Proven relative optimality gap (0 when optimal).")
+    mip_gap: float | None = Field(None, description="Proven relative optimality gap (at most the requested mip_rel_gap when optimal).")
     planner_version: str
     min_feasible_budget_gib: float | None = Field(
         None, description="When infeasible: the smallest budget that has a plan."

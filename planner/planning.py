@@ -46,10 +46,12 @@ def plan(
         FSDP-wrapped modules: no checkpointed module may contain one.
     time_limit_s
         Solver time limit; on expiry the best plan is returned as ``feasible``
-        with its proven gap. ``feasible`` also comes back when the exact DP's
-        state lists outgrow their limit (very deep models), again with the gap.
+        with its proven gap. ``feasible`` also comes back when the exact DP
+        uses up its work allowance (deep stacks of identical blocks), again
+        with the gap.
     mip_rel_gap
-        Relative optimality gap at which the solver stops and calls the plan optimal.
+        Relative optimality gap at which the solver stops and calls the plan
+        optimal (both engines: the plan's proven gap is then at most this).
     include_optimizer_state, reserve_gib
         Opt-in memory terms: the root's optimizer state (sharded) and a fixed
         reserve added at every point of the step. Off by default, so

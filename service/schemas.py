@@ -104,6 +104,10 @@ class PlanOptions(_In):
         None, max_length=MAX_UNITS, description="fqns of the FSDP-wrapped modules; null: the whole model is one unit."
     )
     time_limit_s: float = Field(60.0, gt=0.0, le=3600.0, allow_inf_nan=False, description="Solver time limit.")
+    mip_rel_gap: float = Field(
+        1e-6, ge=0.0, lt=1.0, allow_inf_nan=False,
+        description="Relative gap at which a plan counts as optimal (the plan's mip_gap is then at most this).",
+    )
 
     def cache_fields(self) -> dict[str, Any]:
         """The request fields that change the result, normalised (unit lists are sets)."""
@@ -112,6 +116,7 @@ class PlanOptions(_In):
             "ac_units": None if self.ac_units is None else sorted(set(self.ac_units)),
             "fsdp_units": None if self.fsdp_units is None else sorted(set(self.fsdp_units)),
             "time_limit_s": float(self.time_limit_s),
+            "mip_rel_gap": float(self.mip_rel_gap),
         }
 
 

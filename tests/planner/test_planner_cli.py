@@ -65,6 +65,7 @@ def test_sweep_json_and_table():
     (["plan", L4, "--budget-gib", "4", "--ac-unit", "Nope"], "ac_units[0] 'Nope' is not a module"),
     (["plan", L4, "--budget-gib", "4", "--world-size", "0"], "world_size must be a positive integer"),
     (["sweep", L4, "--budgets-gib", "2,x"], "is not a comma-separated list"),
+    (["plan", L4, "--budget-gib", "4", "--mip-rel-gap", "1.5"], "mip_rel_gap must be in [0, 1), got 1.5"),
 ])
 def test_bad_input_exit_1(args, match):
     r = sacplan(*args)

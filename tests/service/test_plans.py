@@ -48,13 +48,13 @@ def test_every_result_changing_field_is_in_the_cache_key(client, example_id, cou
     base = {"time_limit_s": 30}
     ids = {_plan(client, example_id, 4.5, **base).json()["id"]}
     for change in ({"world_size": 2}, {"time_limit_s": 31}, {"ac_units": ["Net.layers.0"]},
-                   {"fsdp_units": ["Net.layers.0", "Net.layers.1"]}):
+                   {"fsdp_units": ["Net.layers.0", "Net.layers.1"]}, {"mip_rel_gap": 0.01}):
         r = _plan(client, example_id, 4.5, **{**base, **change})
         assert r.status_code == 200, (change, r.text)
         assert r.json()["cached"] is False, change
         ids.add(r.json()["id"])
-    assert len(ids) == 5
-    assert count_rows()["plans"] == 5
+    assert len(ids) == 6
+    assert count_rows()["plans"] == 6
     # Unit lists are sets: another order is the same request.
     r = _plan(client, example_id, 4.5, **base, fsdp_units=["Net.layers.1", "Net.layers.0"])
     assert r.json()["cached"] is True
@@ -73,6 +73,7 @@ def test_infeasible_budget_is_200_with_minimum(client, example_id):
     [({"memory_budget_gib": -1}, "memory_budget_gib"), ({"memory_budget_gib": 1e308}, "memory_budget_gib"),
      ({"world_size": 0}, "world_size"), ({"world_size": 10**30}, "world_size"),
      ({"time_limit_s": 0}, "time_limit_s"), ({"time_limit_s": 10**6}, "time_limit_s"),
+     ({"mip_rel_gap": -0.1}, "mip_rel_gap"), ({"mip_rel_gap": 1}, "mip_rel_gap"),
      ({"stats_id": 10**30}, "stats_id"), ({"surprise": 1}, "surprise"), ({"ac_units": "Net"}, "ac_units")],
 )
 def test_bad_plan_requests_are_422(client, example_id, count_rows, extra, field):
