@@ -294,7 +294,7 @@ def _subtree_starts(prob: Problem) -> list[int]:
 
 def solve_dp(prob: Problem, budget_bytes: float, *, time_limit_s: float = 60.0, state_limit: int = 200_000,
              beam: int = 32, grid: int = 8192, first_gap: float = 1e-5,
-             mip_rel_gap: float = 1e-6, work_limit: float = 1.5e7) -> Solution | None:
+             mip_rel_gap: float = 1e-6, work_limit: float = 1e7) -> Solution | None:
     """Plan by bounded DP; None when the DP does not apply or finds nothing (use the MILP).
 
     The hull LP's duals give an affine lower bound on what every DP state
