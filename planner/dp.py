@@ -33,6 +33,7 @@ from planner.milp import Problem, Solution, _frontier, _reduced_keyneeds
 __all__ = ["solve_dp"]
 
 _TOL = 1e-9
+_MIB = float(2**20)
 
 
 @dataclass
@@ -94,6 +95,7 @@ class _CostToGo:
         m = len(fr.d)
         self.fr, self.grid = fr, grid
         self.eps = max(top_bytes, 1.0) / grid
+        self.inv_eps = 1.0 / self.eps
         g = np.arange(grid + 1)
         s_top = np.where(g < grid, (g + 1) * self.eps, np.inf)
         self.feasible = [s_top >= keyneed[k] - 0.5 for k in range(m + 1)]
@@ -147,7 +149,8 @@ class _CostToGo:
         return u
 
     def __call__(self, k: int, s: np.ndarray) -> np.ndarray:
-        g = np.minimum((np.asarray(s, dtype=np.float64) / self.eps).astype(np.int64), self.grid)
+        g = (np.asarray(s) * self.inv_eps).astype(np.int64)
+        np.minimum(g, self.grid, out=g)
         return self.U[k][g]
 
 
@@ -223,10 +226,20 @@ class _DP:
             raise _GiveUp
         s2 = (s[:, None] + d[None, :]).ravel()
         c2 = (c[:, None] + rc[None, :]).ravel()
-        # Cheap pre-filter: the state must still be able to meet later needs.
-        bound = c2 + self.lb(i + 1, s2)
-        ok = bound <= self.upper + _TOL * (1 + abs(self.upper)) if math.isfinite(self.upper) else np.isfinite(bound)
-        flat = np.flatnonzero(ok)
+        if math.isfinite(self.upper) and isinstance(self.lb, _MaxBound):
+            # The Lagrangian part is separable (state term + point term): a cheap
+            # first filter, so the gridded bound is looked up only for survivors.
+            lim = self.upper + _TOL * (1 + abs(self.upper))
+            lag, k = self.lb.a, i + 1
+            slope = lag.M[k] / _MIB
+            lag_b = ((c - slope * s)[:, None] + (rc - slope * d + (lag.G[k] + lag.C[k]))[None, :]).ravel()
+            flat = np.flatnonzero(lag_b <= lim)
+            flat = flat[c2[flat] + self.lb.b(k, s2[flat]) <= lim]
+        else:
+            # the state must still be able to meet later needs (and, with an upper bound, beat it)
+            bound = c2 + self.lb(i + 1, s2)
+            ok = bound <= self.upper + _TOL * (1 + abs(self.upper)) if math.isfinite(self.upper) else np.isfinite(bound)
+            flat = np.flatnonzero(ok)
         new = (s2[flat], c2[flat], t[flat // len(d)], np.full(len(flat), i), flat % len(d))
         if with_none:
             return tuple(np.concatenate([a, b]) for a, b in zip(st, new))
