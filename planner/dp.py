@@ -197,9 +197,15 @@ class _DP:
         keep = np.ones(len(c), bool)
         keep[1:] = c[1:] < best[:-1] - _TOL * (1 + np.abs(best[:-1]))
         s, c, t, nc, npt = s[keep], c[keep], t[keep], nc[keep], npt[keep]
-        bound = c + self.lb(k, s)
-        ok = bound <= self.upper + _TOL * (1 + abs(self.upper)) if math.isfinite(self.upper) else np.isfinite(bound)
-        s, c, t, nc, npt, bound = s[ok], c[ok], t[ok], nc[ok], npt[ok], bound[ok]
+        if self.beam is None and math.isfinite(self.upper) and isinstance(self.lb, _MaxBound):
+            lim = self.upper + _TOL * (1 + abs(self.upper))
+            ok = np.flatnonzero(c + self.lb.a(k, s) <= lim)  # cheap Lagrangian part first
+            ok = ok[c[ok] + self.lb.b(k, s[ok]) <= lim]
+        else:
+            bound = c + self.lb(k, s)
+            ok = bound <= self.upper + _TOL * (1 + abs(self.upper)) if math.isfinite(self.upper) else np.isfinite(bound)
+            bound = bound[ok]
+        s, c, t, nc, npt = s[ok], c[ok], t[ok], nc[ok], npt[ok]
         if self.beam is not None and len(s) > self.beam:
             # Half by best bound, half spread evenly over discarded bytes, so
             # the beam keeps states able to meet later, larger needs.
@@ -224,23 +230,27 @@ class _DP:
         self.work += len(s) * len(d)
         if self.work > self.work_limit:
             raise _GiveUp
-        s2 = (s[:, None] + d[None, :]).ravel()
-        c2 = (c[:, None] + rc[None, :]).ravel()
         if math.isfinite(self.upper) and isinstance(self.lb, _MaxBound):
             # The Lagrangian part is separable (state term + point term): a cheap
-            # first filter, so the gridded bound is looked up only for survivors.
+            # first filter, so pairs are formed and the gridded bound looked up
+            # only for its survivors.
             lim = self.upper + _TOL * (1 + abs(self.upper))
             lag, k = self.lb.a, i + 1
             slope = lag.M[k] / _MIB
-            lag_b = ((c - slope * s)[:, None] + (rc - slope * d + (lag.G[k] + lag.C[k]))[None, :]).ravel()
-            flat = np.flatnonzero(lag_b <= lim)
-            flat = flat[c2[flat] + self.lb.b(k, s2[flat]) <= lim]
+            lag_b = (c - slope * s)[:, None] + (rc - slope * d + (lag.G[k] + lag.C[k]))[None, :]
+            row, col = np.nonzero(lag_b <= lim)
+            s2, c2 = s[row] + d[col], c[row] + rc[col]
+            ok = c2 + self.lb.b(k, s2) <= lim
+            row, col, s2, c2 = row[ok], col[ok], s2[ok], c2[ok]
         else:
             # the state must still be able to meet later needs (and, with an upper bound, beat it)
+            s2 = (s[:, None] + d[None, :]).ravel()
+            c2 = (c[:, None] + rc[None, :]).ravel()
             bound = c2 + self.lb(i + 1, s2)
             ok = bound <= self.upper + _TOL * (1 + abs(self.upper)) if math.isfinite(self.upper) else np.isfinite(bound)
             flat = np.flatnonzero(ok)
-        new = (s2[flat], c2[flat], t[flat // len(d)], np.full(len(flat), i), flat % len(d))
+            row, col, s2, c2 = flat // len(d), flat % len(d), s2[flat], c2[flat]
+        new = (s2, c2, t[row], np.full(len(row), i), col)
         if with_none:
             return tuple(np.concatenate([a, b]) for a, b in zip(st, new))
         return new
@@ -367,7 +377,8 @@ def solve_dp(prob: Problem, budget_bytes: float, *, time_limit_s: float = 60.0, 
         if n_fixed == 0:
             guess = math.inf  # nothing left to fix: search everything
         bound = _MaxBound(lag, _CostToGo(sub, keyneed, cap0, grid))
-        h = _beam(prob, sub, keyneed, bound, beam, state_limit)
+        # a beam pass for a plan, unless the exact pass below searches up to the best one anyway
+        h = None if best is not None and guess >= best[0] else _beam(prob, sub, keyneed, bound, beam, state_limit)
         if h is not None and (best is None or h[0] < best[0]):
             best = (h[0], h[1], sub)
             if best[0] < guess:  # a better plan fixes more points
