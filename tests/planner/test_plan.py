@@ -315,3 +315,16 @@ def test_dp_equals_milp_on_deeper_random_trees():
             assert peak <= budget * GIB and rc == pytest.approx(dp.recompute_ms)
         else:
             assert dp.min_feasible_budget_gib == pytest.approx(milp.min_feasible_budget_gib, rel=1e-5)
+
+
+@pytest.mark.slow
+def test_l12_dp_optimum_lies_inside_the_milp_interval():
+    """An independent engine's bracket: HiGHS's incumbent and proven bound on the same model."""
+    stats = load_stats(L12)
+    for budget in (7.013, 12.0):  # the hardest budgets of the benchmark's range
+        dp = plan(stats, budget)
+        milp = plan(stats, budget, solver="milp", time_limit_s=5)
+        assert dp.status == "optimal" and dp.mip_gap <= 1e-6
+        assert milp.status in ("optimal", "feasible")
+        assert dp.recompute_ms <= milp.recompute_ms * (1 + 1e-6)
+        assert dp.recompute_ms >= milp.recompute_ms * (1 - milp.mip_gap) * (1 - 1e-6)
