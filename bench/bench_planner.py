@@ -405,13 +405,13 @@ def _code_state() -> str:
     return head + (f" + uncommitted edits to {', '.join(x[3:] for x in dirty)}" if dirty else "")
 
 
-def write_results(text: str, path: Path) -> None:
+def write_results(text: str, path: Path, section: str = SECTION) -> None:
     """Replace (or append) this benchmark's section of RESULTS.md, leaving other sections alone."""
     old = path.read_text() if path.exists() else "# Benchmark results\n"
     lines, out, skipping = old.splitlines(), [], False
     placed = False
     for line in lines:
-        if line.strip() == SECTION:
+        if line.strip() == section:
             out += text.rstrip("\n").splitlines()
             skipping, placed = True, True
             continue

@@ -91,18 +91,45 @@ class _CostToGo:
     U is infinite where no completion can meet the remaining needs.
     """
 
-    def __init__(self, fr: _Frontiers, keyneed: np.ndarray, top_bytes: float, grid: int):
+    def __init__(self, fr: _Frontiers, keyneed: np.ndarray, eps: float, grid: int):
         m = len(fr.d)
         self.fr, self.grid = fr, grid
-        self.eps = max(top_bytes, 1.0) / grid
+        self.eps = float(eps)
         self.inv_eps = 1.0 / self.eps
-        g = np.arange(grid + 1)
-        s_top = np.where(g < grid, (g + 1) * self.eps, np.inf)
-        self.feasible = [s_top >= keyneed[k] - 0.5 for k in range(m + 1)]
+        # bucket g < grid holds [g eps, (g + 1) eps) and meets a need if its top
+        # does; the last bucket holds everything from grid * eps on and meets
+        # every need (grid * eps is at least the largest one)
+        need = np.asarray(keyneed, dtype=np.float64) - 0.5
+        first = np.ceil(need * self.inv_eps) - 1.0
+        self.first = np.clip(first, 0, grid).astype(np.int64).tolist()  # first bucket meeting key k's need
         self.U: list[np.ndarray | None] = [None] * (m + 1)
-        self.U[m] = np.where(self.feasible[m], 0.0, np.inf)
+        self.U[m] = self._gate(np.zeros(grid + 1), self.first[m])
         self._shifts = [self._point_shifts(c) for c in range(m)]
         self.U[0] = self._back(0, m, self.U[m])
+
+    @classmethod
+    def sized(cls, fr: _Frontiers, keyneed: np.ndarray, top_bytes: float, min_grid: int,
+              cells: float, memory_cells: float, max_grid: int = 2**17) -> "_CostToGo":
+        """The finest grid whose build work and tables fit ``cells`` and ``memory_cells``.
+
+        The bucket width is a power of two bytes (tensor sizes are mostly
+        multiples of large powers of two, so discards then round by a few
+        bytes only) and at most top_bytes / min_grid.
+        """
+        m = len(fr.d)
+        passes = sum(len(d) for d in fr.d) + 12 * m + 1  # about the array passes per bucket in _back
+        cap = max(min(cells / passes, memory_cells / (m + 1), float(max_grid)), float(min_grid))
+        top = max(float(top_bytes), 1.0)
+        eps = 2.0 ** math.ceil(math.log2(top / cap))
+        grid = max(int(math.ceil(top / eps)), 1)
+        return cls(fr, keyneed, eps, grid)
+
+    @staticmethod
+    def _gate(u: np.ndarray, first: int) -> np.ndarray:
+        """u where the bucket meets the need, infinite below it (a copy)."""
+        out = u.copy()
+        out[:first] = np.inf
+        return out
 
     def _point_shifts(self, c: int) -> tuple[np.ndarray, np.ndarray]:
         """Per distinct bucket shift of candidate c's points, the cheapest recompute."""
@@ -137,13 +164,12 @@ class _CostToGo:
             a = self.fr.starts[r]
             take = self._take(r, u)
             if a == r:
-                u = np.where(self.feasible[r], np.minimum(u, take), np.inf)
+                u = self._gate(np.minimum(u, take), self.first[r])
             else:
-                skip_root = np.where(self.feasible[r], u, np.inf)
+                skip_root = self._gate(u, self.first[r])
                 self.U[r] = skip_root
                 below = self._back(a, r, skip_root)
-                ok = np.logical_and.reduce([self.feasible[q] for q in range(a, r + 1)])
-                u = np.minimum(below, np.where(ok, take, np.inf))
+                u = np.minimum(below, self._gate(take, max(self.first[a:r + 1])))
             self.U[a] = u
             k = a
         return u
@@ -317,7 +343,8 @@ def _subtree_starts(prob: Problem) -> list[int]:
 
 def solve_dp(prob: Problem, budget_bytes: float, *, time_limit_s: float = 60.0, state_limit: int = 200_000,
              beam: int = 32, grid: int = 8192, first_gap: float = 1e-5,
-             mip_rel_gap: float = 1e-6, work_limit: float = 1e7) -> Solution | None:
+             mip_rel_gap: float = 1e-6, work_limit: float = 1e7, grid_cells: float = 1e7,
+             grid_memory: float = 2.0**25, finish_cells: float = 1e9) -> Solution | None:
     """Plan by bounded DP; None when the DP does not apply or finds nothing (use the MILP).
 
     The hull LP's duals give an affine lower bound on what every DP state
@@ -376,7 +403,8 @@ def solve_dp(prob: Problem, budget_bytes: float, *, time_limit_s: float = 60.0, 
         sub, n_fixed = _fix(fr, lag, pen, guess)
         if n_fixed == 0:
             guess = math.inf  # nothing left to fix: search everything
-        bound = _MaxBound(lag, _CostToGo(sub, keyneed, cap0, grid))
+        level = guess  # every kept-point plan costing at most this uses only sub's points
+        bound = _MaxBound(lag, _CostToGo.sized(sub, keyneed, cap0, grid, grid_cells, grid_memory))
         # a beam pass for a plan, unless the exact pass below searches up to the best one anyway
         h = None if best is not None and guess >= best[0] else _beam(prob, sub, keyneed, bound, beam, state_limit)
         if h is not None and (best is None or h[0] < best[0]):
@@ -385,14 +413,18 @@ def solve_dp(prob: Problem, budget_bytes: float, *, time_limit_s: float = 60.0, 
                 tighter, _ = _fix(fr, lag, pen, best[0])
                 moved = _remap(h[1], sub, tighter)
                 if moved is not None:
-                    sub, best = tighter, (h[0], moved, tighter)
-                    bound = _MaxBound(lag, _CostToGo(sub, keyneed, cap0, grid))
+                    sub, best, level = tighter, (h[0], moved, tighter), h[0]
+                    bound = _MaxBound(lag, _CostToGo.sized(sub, keyneed, cap0, grid, grid_cells, grid_memory))
+        # The gridded bound at the root holds for every plan over sub's points,
+        # so no kept-point plan costs less than it or than sub's level.
+        root = float(bound(0, np.zeros(1))[0])
+        searched = max(searched, min(level, root))
         if best is not None and best[0] - proven() <= mip_rel_gap * abs(best[0]):
             break  # within the requested gap
         upper = guess if best is None else min(guess, best[0])
         # at the known plan, look only for plans better by the other half of the gap
         target = upper if best is None or upper < best[0] else best[0] - 0.5 * mip_rel_gap * abs(best[0])
-        if float(bound(0, np.zeros(1))[0]) > target + _TOL * (1 + abs(target)):
+        if root > target + _TOL * (1 + abs(target)):
             exact = None  # the bound alone rules out every plan the pass admits
         else:
             search = _DP(prob, sub, keyneed, bound, target, None, state_limit, deadline)
@@ -416,6 +448,21 @@ def solve_dp(prob: Problem, budget_bytes: float, *, time_limit_s: float = 60.0, 
         guess = lower + 4 * (guess - lower)
         if best is not None and guess >= lower + 0.5 * (best[0] - lower):
             guess = best[0]  # close to the known plan: search up to it at once
+    if (best is not None and exc is not None and not isinstance(exc, _Timeout) and finish_cells > 0
+            and best[0] - proven() > mip_rel_gap * abs(best[0])
+            and time.perf_counter() + finish_cells / 1e9 < deadline):  # about a second per 1e9 cells
+        # The search ran out of work before closing the gap (deep stacks of
+        # near-equal layers). Finish on a finer grid over the points a better
+        # plan may use: its root bound certifies a tighter gap, and a beam
+        # guided by it often finds a better plan.
+        sub, _ = _fix(fr, lag, pen, best[0])
+        fine = _CostToGo.sized(sub, keyneed, cap0, grid, finish_cells, grid_memory, max_grid=2**18)
+        bound = _MaxBound(lag, fine)
+        searched = max(searched, min(best[0], float(bound(0, np.zeros(1))[0])))
+        if time.perf_counter() < deadline:
+            h = _beam(prob, sub, keyneed, bound, beam, state_limit)
+            if h is not None and h[0] < best[0]:
+                best = (h[0], h[1], sub)
     if best is None:
         if exc is not None:
             return None

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from planner import plan
-from planner.dp import _hull_lp, _prepare
+from planner.dp import _CostToGo, _hull_lp, _prepare, solve_dp
 from planner.lagrange import Lagrange
 from planner.milp import _reduced_keyneeds, prepare
 
@@ -102,3 +102,55 @@ def test_tight_gap_request_still_returns_the_optimum():
             assert peak <= budget and rc == pytest.approx(p.recompute_ms, abs=1e-9)
         compared += 1
     assert compared >= 20
+
+
+@pytest.mark.parametrize("make", [random_stats, _deep_stats], ids=["shallow", "deep"])
+def test_gridded_cost_to_go_holds_for_every_plan(make):
+    """The grid bound never exceeds what is left to recompute, whatever the bucket width."""
+    checked = 0
+    for rng, prob, fr, keyneed in _instances(13, 40, make):
+        plans = list(_plans(fr, keyneed))
+        top = float(max(np.max(keyneed), 0.0))
+        bounds = [_CostToGo.sized(fr, keyneed, top, 2, cells, 1e6) for cells in (50.0, 1e4, 1e7)]
+        for eps in (1.0, 3.0, 97.0):  # widths that are not powers of two, one of them finer than a byte
+            bounds.append(_CostToGo(fr, keyneed, eps, max(int(math.ceil(top / eps)), 1)))
+        for u in bounds:
+            for cost, chosen, s in plans:
+                for k in range(len(s)):
+                    if any(fr.starts[r] < k <= r for r in chosen):
+                        continue
+                    rest = math.fsum(float(fr.rc[i][p]) for i, p in chosen.items() if i >= k)
+                    assert float(u(k, s[k:k + 1])[0]) <= rest + 1e-9 * (1 + rest), (u.eps, k)
+                checked += 1
+    assert checked >= 200
+
+
+def test_finishing_after_the_work_limit_keeps_plans_valid_and_gaps_honest(monkeypatch):
+    """With no search work allowed, the finishing grid still brackets the true optimum."""
+    finishes = []
+    sized = _CostToGo.sized.__func__
+
+    def spy(cls, *args, **kwargs):
+        if "max_grid" in kwargs:
+            finishes.append(kwargs["max_grid"])
+        return sized(cls, *args, **kwargs)
+
+    monkeypatch.setattr(_CostToGo, "sized", classmethod(spy))
+    rng = random.Random(17)
+    compared = 0
+    for trial in range(80):
+        stats = random_stats(rng)
+        budget = rng.uniform(0.45, 0.95) * realize(stats, {})[0]
+        expected = brute_force(stats, budget)
+        sol = solve_dp(prepare(stats), budget, work_limit=0, first_gap=1e-9, beam=1)
+        if expected is None or sol is None or sol.status == "infeasible":
+            continue
+        assert sol.status in ("optimal", "feasible")
+        peak, rc = realize(stats, {f: save for f, (save, _, _) in sol.decisions.items()})
+        assert peak <= budget and rc == pytest.approx(sol.recompute_ms, abs=1e-9)
+        tol = 1e-9 * (1 + expected)
+        assert sol.recompute_ms >= expected - tol, f"trial {trial}"
+        assert sol.recompute_ms * (1 - sol.mip_gap) <= expected + tol, f"trial {trial}"
+        compared += 1
+    assert compared >= 20
+    assert finishes  # the finishing stage ran
