@@ -31,6 +31,7 @@ import logging
 import math
 import os
 import platform
+import statistics
 import sys
 import time
 from collections import OrderedDict
@@ -114,13 +115,22 @@ class Outcome:
     gap: float | None = None  # ours: the plan's proven gap
 
 
+REPS = 3  # planner.plan calls per budget; the median is reported
+
+
 def run_ours(stats: planner.Stats, doc: dict, budget_gib: float, world_size: int) -> Outcome:
-    t0 = time.perf_counter()
-    try:
-        p = planner.plan(stats, budget_gib, world_size=world_size)
-    except NotImplementedError:
-        return Outcome("stub", 0.0)
-    seconds = time.perf_counter() - t0
+    times, p = [], None
+    for _ in range(REPS):  # the median of a few calls: one call of ~0.1 s is at the mercy of a shared machine
+        t0 = time.perf_counter()
+        try:
+            q = planner.plan(stats, budget_gib, world_size=world_size)
+        except NotImplementedError:
+            return Outcome("stub", 0.0)
+        times.append(time.perf_counter() - t0)
+        if p is not None and (q.status, q.recompute_ms) != (p.status, p.recompute_ms):
+            raise RuntimeError(f"planner.plan is not deterministic at {budget_gib} GiB: {p.recompute_ms} vs {q.recompute_ms}")
+        p = q
+    seconds = statistics.median(times)
     if p.status not in ("optimal", "feasible"):
         note = f"min {p.min_feasible_budget_gib:.3f}" if p.min_feasible_budget_gib is not None else p.message[:40]
         return Outcome(p.status, seconds, note=note)
@@ -356,10 +366,13 @@ def target_lines(series_rows: dict[tuple[str, int], list[Row]]) -> list[str]:
                      and r.ours.realized.recompute_ms > r.torch.realized.recompute_ms * (1 + REL_TOL) + 1e-9]
             slow = [f"{r.budget_gib:.3f} GiB ({r.ours.seconds:.2f} s vs {r.torch.seconds:.2f} s)"
                     for r in paired if r.ours.seconds > r.torch.seconds]
-            ok = min(ratios) >= 50 and not worse
-            out.append(f"- >= 50x faster than sac_milp on L12 at equal or lower realized recompute: "
-                       f"{'**met**' if ok else '**not met**'}; speedup {_times(sum(r.torch.seconds for r in paired) / sum(r.ours.seconds for r in paired))} "
-                       f"overall, {_times(min(ratios))} to {_times(max(ratios))} per budget; realized recompute "
+            overall = sum(r.torch.seconds for r in paired) / sum(r.ours.seconds for r in paired)
+            under = [f"{r.budget_gib:.3f}" for r, x in zip(paired, ratios) if x < 50]
+            whole, each = overall >= 50 and not worse, min(ratios) >= 50 and not worse
+            out.append(f"- >= 50x faster than sac_milp on L12 at equal or lower realized recompute: on the sample as "
+                       f"a whole {'**met**' if whole else '**not met**'} ({_times(overall)} in total time), budget by "
+                       f"budget {'**met**' if each else '**not met**'} ({_times(min(ratios))} to {_times(max(ratios))}"
+                       f"{'; under 50x at ' + ', '.join(under) + ' GiB' if under else ''}); realized recompute "
                        f"{'never higher than' if not worse else 'higher than'} PyTorch's"
                        f"{'' if not worse else ' at ' + ', '.join(f'{r.budget_gib:.3f}' for r in worse)}; "
                        f"slower than sac_milp at: {', '.join(slow) or 'none'}.")
@@ -466,7 +479,7 @@ def main(argv: list[str] | None = None) -> int:
     load_end = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     out += [f"Command: `{cmd}` (from the repo root; {elapsed / 60:.1f} min in all; 1-min load {load_end:.2f} "
             "at the end). Times are wall-clock seconds of "
-            "one `planner.plan` call (ours) and one `sac_milp` call (PyTorch: PuLP model build + CBC at gapRel 0.05, "
+            f"the median of {REPS} `planner.plan` calls (ours, identical plans each time) and one `sac_milp` call (PyTorch: PuLP model build + CBC at gapRel 0.05, "
             "timeLimit 180 s); PyTorch's per-module op policy (`torch policy s`, one CBC call per checkpointed "
             "module) is extra and not in the speedup. `rc` = recompute time; realized figures are recomputed here "
             "from each tool's per-op save lists under PyTorch's memory model (see the script's docstring). "

@@ -66,9 +66,11 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for x in (float(v) for v in args.fractions.split(",")):
         budget = round(lo + (hi - lo) * x, 3)
-        t0 = time.perf_counter()
-        p = planner.plan(stats, budget)
-        solve_s = time.perf_counter() - t0
+        solve_s = math.inf
+        for _ in range(2):  # best of two: the first call in a process pays one-time costs
+            t0 = time.perf_counter()
+            p = planner.plan(stats, budget)
+            solve_s = min(solve_s, time.perf_counter() - t0)
         keyneed = _reduced_keyneeds(prob, budget * GIB)
         _, mu = _hull_lp(fr, prob).duals(keyneed)
         lag = Lagrange(mu, keyneed, fr.starts, fr.d, fr.rc)
@@ -85,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"({cells[-1][1]:.1f} s)", file=sys.stderr, flush=True)
         rows.append((budget, p, solve_s, lag.lower, cells))
 
-    head = (f"| budget GiB | status | s | plan rc ms | proven gap | LP bound ms | "
+    head = (f"| budget GiB | status | plan s (best of 2) | plan rc ms | proven gap | LP bound ms | "
             + " | ".join(f"grid bound @{w // 1024} KiB ms (s)" for w in widths)
             + " | plan above finest bound |")
     out = [SECTION, "",

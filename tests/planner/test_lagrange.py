@@ -137,7 +137,7 @@ def test_finishing_after_the_work_limit_keeps_plans_valid_and_gaps_honest(monkey
 
     monkeypatch.setattr(_CostToGo, "sized", classmethod(spy))
     rng = random.Random(17)
-    compared = 0
+    compared = improved = 0
     for trial in range(80):
         stats = random_stats(rng)
         budget = rng.uniform(0.45, 0.95) * realize(stats, {})[0]
@@ -151,6 +151,10 @@ def test_finishing_after_the_work_limit_keeps_plans_valid_and_gaps_honest(monkey
         tol = 1e-9 * (1 + expected)
         assert sol.recompute_ms >= expected - tol, f"trial {trial}"
         assert sol.recompute_ms * (1 - sol.mip_gap) <= expected + tol, f"trial {trial}"
+        unfinished = solve_dp(prepare(stats), budget, work_limit=0, first_gap=1e-9, beam=1, finish_cells=0)
+        assert sol.recompute_ms <= unfinished.recompute_ms + tol, f"trial {trial}"
+        improved += sol.recompute_ms < unfinished.recompute_ms - tol
         compared += 1
     assert compared >= 20
+    assert improved >= 1  # the finishing beam found a cheaper plan somewhere
     assert finishes  # the finishing stage ran
