@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from planner.lagrange import HullLP, Lagrange, hull_vertices
 from planner.milp import Problem, Solution, _frontier, _reduced_keyneeds
+from planner.stack import StackResult, find_stack, solve_stack
 
 __all__ = ["solve_dp"]
 
@@ -44,6 +45,8 @@ class _Frontiers:
     starts: list[int]  # first candidate of each candidate's subtree
     hulls: list[tuple[np.ndarray, np.ndarray]]  # lower hull vertices per candidate (MiB, ms)
     lp: HullLP | None = None
+    fid: list[int] = field(default_factory=list)  # equal for candidates with the same frontier
+    stack: object = None  # planner.stack.Stack, or False when the candidates form no stack
 
 
 class _GiveUp(Exception):
@@ -64,6 +67,7 @@ def _prepare(prob: Problem) -> _Frontiers | None:
 def _build(prob: Problem) -> _Frontiers | None:
     out = _Frontiers([], [], [], _subtree_starts(prob), [])
     memo: dict[tuple, tuple] = {}
+    fids: dict[tuple, int] = {}
     for cand in prob.candidates:
         key = (cand.ops_key, cand.act_saved_bytes)
         if key not in memo:
@@ -74,6 +78,7 @@ def _build(prob: Problem) -> _Frontiers | None:
             keep = d > 0  # a point that frees nothing is never part of a plan
             d, rc = d[keep].astype(np.int64), f.recompute_ms[::-1][keep]
             memo[key] = (d, rc, np.arange(len(f))[::-1][keep], hull_vertices(d, rc))
+        out.fid.append(fids.setdefault(key, len(fids)))
         for lst, v in zip((out.d, out.rc, out.point, out.hulls), memo[key]):
             lst.append(v)
     return out
@@ -388,15 +393,25 @@ def solve_dp(prob: Problem, budget_bytes: float, *, time_limit_s: float = 60.0, 
     # and costs at most ``slack`` more, so the cheapest plan over the kept
     # points is within ``slack`` of the optimum.
     slack = 0.5 * mip_rel_gap * max(lower, 0.0)
-    fr, pen = _absorb(fr, lag.penalties(), slack / max(len(fr.d), 1))
     best: tuple[float, dict[int, int], _Frontiers] | None = None
+    stack_lower = -math.inf  # the count-space relaxation's bound, when the candidates form a stack
+    res = _stack_pass(fr, keyneed, slack)
+    if res is not None:
+        stack_lower = res.lower
+        if res.choices is not None:
+            best = (res.cost, res.choices, fr)
+            if res.cost - res.lower <= mip_rel_gap * abs(res.cost):
+                return _solution(prob, fr, res.choices, "optimal", "optimal plan found (exact count-space "
+                                 "relaxation of a stack of identical blocks)", max(res.cost - res.lower, 0.0) / res.cost
+                                 if res.cost > 0 else 0.0)
+    fr, pen = _absorb(fr, lag.penalties(), slack / max(len(fr.d), 1))
     exc: Exception | None = None
     exact = None
     work = 0
     searched = -math.inf  # no plan over the kept points costs less (raised by every exact pass)
 
     def proven() -> float:  # no plan at all costs less
-        return max(lower, searched - slack)
+        return max(lower, searched - slack, stack_lower)
 
     guess = lower + first_gap * max(abs(lower), 1e-9)
     while True:
@@ -475,16 +490,31 @@ def solve_dp(prob: Problem, budget_bytes: float, *, time_limit_s: float = 60.0, 
     else:
         why = "time limit reached" if isinstance(exc, _Timeout) else "search work limit reached"
         status, message = "feasible", f"{why}; best plan found, with its proven gap"
+    return _solution(prob, sub, choices, status, message, gap)
+
+
+def _solution(prob: Problem, fr: _Frontiers, choices: dict[int, int], status: str, message: str,
+              gap: float) -> Solution:
+    """A plan from (candidate -> index into fr's frontier) choices, its peak and recompute re-derived."""
     decisions = {}
     for i, j in choices.items():
         cand = prob.candidates[i]
         f = _frontier(prob._frontiers, prob.stats.module(cand.fqn))
-        k = int(sub.point[i][j])
+        k = int(fr.point[i][j])
         decisions[cand.fqn] = (f.save_list(k), int(f.saved_bytes[k]), float(f.saved_ms[k]))
     discarded = {f: prob.stats.module(f).act_saved_bytes - sb for f, (_, sb, _) in decisions.items()}
     peak = prob.model.peak_bytes(discarded)
     recompute = math.fsum(prob.stats.module(f).op_ms - sm for f, (_, _, sm) in decisions.items())
     return Solution(status, message, peak, recompute, gap, 0.0, decisions)
+
+
+def _stack_pass(fr: _Frontiers, keyneed: np.ndarray, slack: float) -> StackResult | None:
+    """The count-space relaxation (bound and, often, an optimal plan) when the candidates form a stack."""
+    if fr.stack is None:
+        fr.stack = find_stack(fr) or False
+    if not fr.stack:
+        return None
+    return solve_stack(fr, fr.stack, keyneed, math.inf, eps=slack / max(len(fr.stack.members), 1), max_gap=0.01)
 
 
 def _remap(choices: dict[int, int], old: _Frontiers, new: _Frontiers) -> dict[int, int] | None:

@@ -1,13 +1,13 @@
 """Module-level plans: brute force on small trees, realized == reported, samples, outcomes."""
 
-import itertools
 import math
 import random
 from pathlib import Path
 
 import pytest
 
-from planner import Stats, load_stats, module_frontier, plan, sweep
+from planner import Stats, load_stats, plan, sweep
+from plan_helpers import random_ops, valid_save, brute_force, realize
 
 GIB = 2**30
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -16,50 +16,7 @@ L4 = DATA / "torch_format_transformer_L4.json"
 L12 = SHARED / "torch_format_transformer_L12.json"
 
 
-# --- an evaluator written from docs/memory-model.md, independent of the planner ---
-
-def realize(stats: Stats, decisions: dict[str, list[int]], world_size: int = 1) -> tuple[float, float]:
-    """(peak bytes, recompute ms) of per-module save lists, from the raw stats."""
-    post = {f: k for k, f in enumerate(stats.fw_post_order)}
-    mods = {m.fqn: m for m in stats.modules}
-    root = mods[stats.fw_pre_order[0]]
-    discard, recompute = {}, 0.0
-    for fqn, save in decisions.items():
-        ops = mods[fqn].ops
-        assert len(save) == len(ops)
-        discard[fqn] = mods[fqn].act_saved_bytes - sum(op.output_bytes for op, s in zip(ops, save) if s)
-        recompute += sum(op.runtime_ms for op, s in zip(ops, save) if not s)
-    peak = max(
-        m.act_total_bytes + m.act_grad_bytes + (root.param_bytes + m.grad_total_bytes) / world_size
-        - sum(d for f, d in discard.items() if post[f] < post[m.fqn])
-        for m in stats.modules
-    )
-    return peak, recompute
-
-
-def _valid_save(ops, save, fsr=False):
-    for i, op in enumerate(ops):
-        if op.view_like and save[i]:
-            return False
-        p = op.inplace_parent
-        if p is not None and ((p == i and not save[i]) or save[i] != save[p]):
-            return False
-    rand = {save[i] for i, op in enumerate(ops) if op.random}
-    return len(rand) <= 1 and (not fsr or rand <= {1})
-
-
-# --- random small instances ---
-
-def _ops(rng, n):
-    out = []
-    for i in range(n):
-        r = rng.random()
-        out.append(dict(name=f"aten.op{i}", runtime_ms=round(rng.uniform(0, 5), 3),
-                        output_bytes=rng.choice([0, 64, 128, 256, 512, 1024]),
-                        view_like=r < 0.1, random=0.1 <= r < 0.2,
-                        inplace_parent=(rng.randrange(i) if (0.2 <= r < 0.3 and i) else None)))
-    return out
-
+# random small instances
 
 def random_stats(rng) -> Stats:
     """Root R with 1-2 blocks, each block non-leaf (with ops) holding 1-2 leaves; <= 6 modules."""
@@ -67,14 +24,14 @@ def random_stats(rng) -> Stats:
     pre, post = ["R"], []
     for b in range(rng.choice([1, 2])):
         bf = f"R.b{b}"
-        mods.append(dict(fqn=bf, parent="R", is_leaf=False, ops=_ops(rng, rng.randrange(2, 6))))
+        mods.append(dict(fqn=bf, parent="R", is_leaf=False, ops=random_ops(rng, rng.randrange(2, 6))))
         pre.append(bf)
         n_leaves = 1 if len(mods) >= 4 else rng.choice([1, 2])
         for j in range(n_leaves):
             lf = f"{bf}.l{j}"
             if rng.random() < 0.3 and len(mods) < 5:
                 # a nested non-leaf with ops, so nesting constraints matter
-                mods.append(dict(fqn=lf, parent=bf, is_leaf=False, ops=_ops(rng, rng.randrange(2, 5))))
+                mods.append(dict(fqn=lf, parent=bf, is_leaf=False, ops=random_ops(rng, rng.randrange(2, 5))))
                 mods.append(dict(fqn=lf + ".x", parent=lf, is_leaf=True))
                 pre += [lf, lf + ".x"]
                 post += [lf + ".x", lf]
@@ -97,24 +54,6 @@ def random_stats(rng) -> Stats:
                                      fw_post_order=post, modules=mods))
 
 
-def brute_force(stats: Stats, budget_bytes: float):
-    """Least recompute over every non-nested choice of frontier points (None if infeasible)."""
-    cands = [m for m in stats.modules if not m.is_leaf and m.ops]
-    options = []
-    for m in cands:
-        f = module_frontier(m.ops, m.force_store_random)
-        options.append([None] + [f.save_list(k) for k in range(len(f))])
-    best = None
-    for choice in itertools.product(*options):
-        chosen = {m.fqn: s for m, s in zip(cands, choice) if s is not None}
-        if any(a != b and b.startswith(a + ".") for a in chosen for b in chosen):
-            continue
-        peak, rc = realize(stats, chosen)
-        if peak <= budget_bytes and (best is None or rc < best - 1e-9):
-            best = rc
-    return best
-
-
 @pytest.mark.parametrize("solver", ["dp", "milp"])
 def test_plans_equal_brute_force_on_random_trees(solver):
     rng = random.Random(2024)
@@ -135,7 +74,7 @@ def test_plans_equal_brute_force_on_random_trees(solver):
         assert peak <= budget
         assert rc == pytest.approx(p.recompute_ms, abs=1e-9)
         for m in p.modules:
-            assert _valid_save(stats.module(m.fqn).ops, m.save)
+            assert valid_save(stats.module(m.fqn).ops, m.save)
         compared += 1
     assert compared >= 30 and infeasible >= 1
 
@@ -177,7 +116,7 @@ def test_l4_sweep_realized_equals_reported(l4):
         assert abs(rc - p.recompute_ms) <= 1e-6 * max(rc, 1e-9)
         for m in p.modules:
             ops = l4.module(m.fqn).ops
-            assert _valid_save(ops, m.save, l4.module(m.fqn).force_store_random)
+            assert valid_save(ops, m.save, l4.module(m.fqn).force_store_random)
             saved = sum(op.output_bytes for op, s in zip(ops, m.save) if s)
             assert m.saved_bytes == saved
             assert m.discarded_bytes == l4.module(m.fqn).act_saved_bytes - saved
@@ -279,7 +218,7 @@ def _deep_stats(rng) -> Stats:
         name = f"{parent}.m{len(mods)}"
         if depth < 3 and rng.random() < 0.6:
             mods.append(dict(fqn=name, parent=parent, is_leaf=False,
-                             ops=_ops(rng, rng.randrange(2, 7)) if rng.random() < 0.9 else None))
+                             ops=random_ops(rng, rng.randrange(2, 7)) if rng.random() < 0.9 else None))
             pre.append(name)
             for _ in range(rng.randrange(1, 4)):
                 add(name, depth + 1)
