@@ -514,7 +514,8 @@ def _stack_pass(fr: _Frontiers, keyneed: np.ndarray, slack: float) -> StackResul
         fr.stack = find_stack(fr) or False
     if not fr.stack:
         return None
-    return solve_stack(fr, fr.stack, keyneed, math.inf, eps=slack / max(len(fr.stack.members), 1), max_gap=0.01)
+    return solve_stack(fr, fr.stack, keyneed, math.inf, eps=slack / len(fr.stack.blocks),
+                       max_gap=0.01)
 
 
 def _remap(choices: dict[int, int], old: _Frontiers, new: _Frontiers) -> dict[int, int] | None:

@@ -18,43 +18,36 @@ earlier subtrees. The optimum of this relaxation is a lower bound on every
 plan.
 
 **Plans from it.** The relaxation's optimal counts are dealt out to the
-blocks, the largest discards first (the order that maximises the discard
-accumulated at every block boundary). If every dropped constraint holds, the
-result is a real plan costing exactly the bound: optimal. On the stacks of
-the benchmark this happens at every budget tried.
+blocks in the order that best keeps the dropped constraints (see
+:func:`_deal`). If every one holds, the result is a real plan costing
+exactly the bound: optimal.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from planner.counts import CountWorkLimit, min_cost_counts
+from planner.stack_tail import tail_requirements
 
 __all__ = ["Stack", "StackResult", "find_stack", "solve_stack"]
 
 _MIN_BLOCKS = 3  # identical subtrees needed before the relaxation is worth building
-_MAX_TAIL_OPTIONS = 200_000
 _MAX_OTHER_POINTS = 20_000
 
 
 @dataclass
 class Stack:
-    """The budget-independent part: structure, block options and the tail's options."""
+    """The budget-independent part: which subtrees are the blocks, and one block's joint options."""
 
-    k0: int  # first candidate of the last block
-    members: list[int]  # roots of the identical blocks before k0, in post-order
+    blocks: list[int]  # roots of the identical blocks, in post-order
+    roots: list[int]  # every maximal subtree before the last block, in post-order
     d: np.ndarray  # joint frontier of one block (zero point first), bytes
     rc: np.ndarray  # ms
-    choices: list[tuple[tuple[int, int], ...]]  # per point: (candidate, point) pairs, relative to members[0]
-    others: list[int]  # roots of the other subtrees before k0
-    tail_partial: np.ndarray  # per tail option: discard it adds by each key k0..m
-    tail_cost: np.ndarray
-    tail_free: np.ndarray  # subtrees before k0 starting before this may still be chosen
-    tail_choices: list[tuple[tuple[int, int], ...]]
+    choices: list[tuple[tuple[int, int], ...]]  # per point: (candidate, point) pairs, relative to blocks[0]
     _other_options: dict[int, tuple] = field(default_factory=dict)
 
 
@@ -79,73 +72,69 @@ def find_stack(fr) -> Stack | None:
     if not stacks:
         return None
     best = max(stacks, key=lambda g: (len(g) * size[g[0]], g[-1]))  # the class covering most candidates
-    last = best[-1]
-    k0 = fr.starts[last]
-    roots, k = [], k0 - 1  # maximal subtrees before k0
+    roots, k = [], fr.starts[best[-1]] - 1  # maximal subtrees before the last block
     while k >= 0:
         roots.append(k)
         k = fr.starts[k] - 1
     roots.reverse()
-    members = [r for r in roots if sig[r] == sig[last]]
-    if len(members) != len(best) - 1:
+    if [r for r in roots if sig[r] == sig[best[-1]]] != best[:-1]:
         return None  # some copies sit inside larger subtrees: not a stack of blocks
-    d, rc, choices = _subtree_options(fr, members[0])
-    tail = _tail_options(fr, k0, m)
-    if tail is None:
-        return None
-    partial, cost, free, tail_choices = tail
-    others = [r for r in roots if sig[r] != sig[last]]
-    return Stack(k0, members, d, rc, choices, others, partial, cost, free, tail_choices)
+    d, rc, choices = _subtree_options(fr, best[0])
+    return Stack(best, roots, d, rc, choices)
 
 
 def solve_stack(fr, stack: Stack, keyneed: np.ndarray, upper: float, eps: float,
-                max_gap: float = math.inf, work_limit: float = 2e7) -> StackResult | None:
+                max_gap: float = math.inf, work_limit: float = 3e6) -> StackResult | None:
     """The relaxation's bound, and a plan meeting it when the dealt-out counts fit every constraint.
 
     ``eps``: frontier points of a block that another point beats on discard
     for at most ``eps`` more ms are dropped first (the bound is lowered by
     ``eps`` per block to stay valid). ``upper``: a known plan's recompute (or
-    inf); the bound is capped there. ``max_gap``: give up on the plan when
-    the relaxation's optimum lies further than this (relative) above its LP
-    bound, as on short stacks, where the DP does better. None when the
-    enumeration outgrows ``work_limit``.
+    inf); the bound is capped there. ``max_gap``: give up when the
+    relaxation's optimum lies further than this (relative) above its LP
+    bound, as on short stacks, where the DP does better. None when it gave
+    up or outgrew ``work_limit``.
     """
-    k0, m = stack.k0, len(fr.d)
     need = np.asarray(keyneed, dtype=np.float64)
-    req = np.max(need[k0:m + 1][None, :] - stack.tail_partial, axis=1)
+    k0 = fr.starts[stack.blocks[-1]]
+    members = stack.blocks[:-1]
+    others = [r for r in stack.roots if r not in set(members)]
     keep = _absorbed(stack.rc, eps)
     d, rc = stack.d[keep], stack.rc[keep]
     point_of = np.flatnonzero(keep)
-    lower, best, gave_up = math.inf, None, False
-    for free in np.unique(stack.tail_free).tolist():
-        sel = np.flatnonzero(stack.tail_free == free)
-        x, c, which = _pareto_targets(req[sel], stack.tail_cost[sel], sel)
+    try:
+        tail = tail_requirements(fr, k0, need, work_limit=work_limit)
+    except CountWorkLimit:
+        return None
+    lower, best = upper, None
+    for free in np.unique(tail.free).tolist():
+        sel = np.flatnonzero(tail.free == free)
+        x, c, which = _pareto_targets(tail.need[sel], tail.cost[sel], sel)
         try:
-            od, orc, oidx = _others(fr, stack, free)
+            od, orc, och = _others(fr, stack, [r for r in others if r < free], free)
         except CountWorkLimit:
             return None
         x = (x[:, None] - od[None, :]).ravel()  # the other subtrees' discard lowers what the blocks need
         c = (c[:, None] + orc[None, :]).ravel()
-        pair = np.stack([np.repeat(which, len(od)), np.tile(oidx, len(which))], axis=1)
+        pair = np.stack([np.repeat(which, len(od)), np.tile(np.arange(len(od)), len(which))], axis=1)
         x, c, pair = _pareto_targets(x, c, pair)
-        n = sum(1 for r in stack.members if r < free)
-        cap = min(upper, best[0] if best else math.inf)
+        n = sum(1 for r in members if r < free)
+        limit = min(upper, best[0] if best else math.inf)
         try:
-            sol, bound = min_cost_counts(d, rc, n, x, c, cap, max_gap=max_gap, work_limit=work_limit)
+            sol, bound = min_cost_counts(d, rc, n, x, c, limit, max_gap=max_gap, work_limit=work_limit)
         except CountWorkLimit:
             return None
+        if sol is None and bound < limit:
+            return None  # gave up: far from the LP bound
         lower = min(lower, bound - n * eps)
-        if sol is None and bound < cap:
-            gave_up = True
         if sol is not None:
-            best = (sol.value, sol, pair[sol.target], n, free)
-    lower = min(lower, upper)
-    if best is None or gave_up:
+            best = (sol.value, sol, pair[sol.target], n, och)
+    if best is None:
         return StackResult(lower)
-    _, sol, (tail_i, other_i), n, free = best
-    choices = _deal(fr, stack, {int(point_of[p]): k for p, k in sol.counts.items()}, n)
-    choices.update(dict(stack.tail_choices[tail_i]))
-    choices.update(dict(stack._other_options[free][2][other_i]))
+    _, sol, (tail_i, other_i), n, och = best
+    choices = _deal(fr, stack, {int(point_of[p]): k for p, k in sol.counts.items()}, members[:n], need)
+    choices.update(tail.choices(int(tail_i)))
+    choices.update(dict(och[other_i]))
     cost = math.fsum(float(fr.rc[i][j]) for i, j in choices.items())
     if not _fits(fr, choices, need):
         return StackResult(lower)
@@ -191,39 +180,6 @@ def _subtree_options(fr, c: int):
                    ch + [((c, j),) for j in range(len(fr.d[c]))])
 
 
-def _tail_options(fr, k0: int, m: int):
-    """Every decision from k0 on, as (discard added by each key k0..m, cost, free-before, choices)."""
-    def start(j):
-        return max(fr.starts[j], k0)
-
-    def options(lo, hi):
-        roots, k = [], hi - 1
-        while k >= lo:
-            roots.append(k)
-            k = start(k) - 1
-        out = [((), k0)]
-        for r in reversed(roots):
-            own = options(start(r), r) + [(((r, j),), min(fr.starts[r], k0)) for j in range(len(fr.d[r]))]
-            if len(out) * len(own) > _MAX_TAIL_OPTIONS:
-                raise OverflowError
-            out = [(a + b, min(fa, fb)) for (a, fa), (b, fb) in itertools.product(out, own)]
-        return out
-
-    try:
-        opts = options(k0, m)
-    except OverflowError:
-        return None
-    disc = np.zeros((len(opts), m - k0), np.int64)
-    cost = np.zeros(len(opts))
-    for row, (ch, _) in enumerate(opts):
-        for i, j in ch:
-            disc[row, i - k0] += fr.d[i][j]
-            cost[row] += fr.rc[i][j]
-    partial = np.concatenate([np.zeros((len(opts), 1), np.int64), np.cumsum(disc, axis=1)], axis=1)
-    free = np.array([f for _, f in opts], dtype=np.int64)
-    return partial, cost, free, [ch for ch, _ in opts]
-
-
 def _pareto_targets(x: np.ndarray, c: np.ndarray, tag: np.ndarray):
     """Targets no other beats on both need and cost, by ascending need."""
     order = np.lexsort((c, x))
@@ -232,11 +188,11 @@ def _pareto_targets(x: np.ndarray, c: np.ndarray, tag: np.ndarray):
     return x[ok], c[ok], tag[ok]
 
 
-def _others(fr, stack: Stack, free: int):
-    """Joint options of the non-block subtrees before k0 that may be chosen (those before ``free``)."""
-    if free not in stack._other_options:
+def _others(fr, stack: Stack, roots: list[int], key: int):
+    """Joint options (discard, recompute, choices) of the non-block subtrees ``roots`` before k0."""
+    if key not in stack._other_options:
         d, rc, ch = np.zeros(1, np.int64), np.zeros(1), [()]
-        for r in (r for r in stack.others if r < free):
+        for r in roots:
             od, orc, och = _subtree_options(fr, r)
             if len(d) * len(od) > 50 * _MAX_OTHER_POINTS:
                 raise CountWorkLimit
@@ -244,9 +200,8 @@ def _others(fr, stack: Stack, free: int):
                                 [p + q for p in ch for q in och])
             if len(d) > _MAX_OTHER_POINTS:
                 raise CountWorkLimit
-        stack._other_options[free] = (d, rc, ch)
-    d, rc, _ = stack._other_options[free]
-    return d, rc, np.arange(len(d))
+        stack._other_options[key] = (d, rc, ch)
+    return stack._other_options[key]
 
 
 def _absorbed(rc: np.ndarray, eps: float) -> np.ndarray:
@@ -260,12 +215,31 @@ def _absorbed(rc: np.ndarray, eps: float) -> np.ndarray:
     return keep
 
 
-def _deal(fr, stack: Stack, counts: dict[int, int], n: int) -> dict[int, int]:
-    """The counts dealt out to the first n blocks, largest discard first."""
-    items = sorted((p for p, k in counts.items() for _ in range(k)), key=lambda p: (-int(stack.d[p]), p))
+def _deal(fr, stack: Stack, counts: dict[int, int], members: list[int], need: np.ndarray) -> dict[int, int]:
+    """The counts dealt out to the blocks ``members``, in the order that best keeps every constraint.
+
+    A block taking point p needs the discard S accumulated before it to be at
+    least ``r_p`` (its own constraints, inside and at its end, net of what it
+    discards itself by then) and raises S by ``d_p``. With needs growing by
+    about the same amount per block, this is the scheduling problem of jobs
+    that need a level to start and change it: taking the jobs in decreasing
+    ``r_p + d_p`` is optimal (an exchange argument). ``r_p`` is read at the
+    last block dealt, where the constraints are tightest.
+    """
+    if not members:
+        return {}
+    rep, last = stack.blocks[0], members[-1]
+    keys = np.arange(fr.starts[last], last + 2)  # from the block's start to its end
+    level = np.where(np.isfinite(need[keys]), need[keys], -np.inf)
+    order_key = {}
+    for p in counts:
+        partial = np.zeros(len(keys))
+        for i, j in stack.choices[p]:
+            partial[np.flatnonzero(keys > i + last - rep)] += fr.d[i][j]
+        order_key[p] = float(np.max(level - partial)) + float(stack.d[p])
+    items = sorted((p for p, k in counts.items() for _ in range(k)), key=lambda p: (-order_key[p], -int(stack.d[p]), p))
     out = {}
-    rep = stack.members[0]
-    for root, p in zip(stack.members[:n], items):
+    for root, p in zip(members, items):
         for i, j in stack.choices[p]:
             out[i + root - rep] = j
     return out

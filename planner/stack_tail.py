@@ -1,0 +1,126 @@
+"""The exact part of the stack relaxation: what the tail of the model needs from the blocks before it.
+
+For the candidates from key ``k0`` on (the last blocks, what follows them,
+and ancestors spanning ``k0``), :func:`tail_requirements` lists every
+non-dominated pair (t, c): "if the candidates before ``k0`` discard at least
+t bytes, the rest can meet every constraint from ``k0`` on at c ms of
+recompute". It is the DP of :mod:`planner.dp` run backward over exact
+thresholds instead of a grid: at each key the list holds the least
+recompute per required discard, a candidate either checkpointed at one of
+its frontier points (its discard lowers what is required before it) or
+left to its submodules, and every key's need is applied as a floor.
+
+Entries are also tagged with ``free``: candidates before ``k0`` that start at
+or after it must stay unchosen (a spanning ancestor was checkpointed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.counts import CountWorkLimit
+
+__all__ = ["TailList", "tail_requirements"]
+
+
+@dataclass
+class TailList:
+    need: np.ndarray  # t: discard required from the candidates before k0
+    cost: np.ndarray  # c: recompute of the tail's decisions
+    free: np.ndarray  # candidates before k0 starting at or after this stay unchosen
+    trace: np.ndarray  # id into the trace table, -1 for no decision
+    _parent: np.ndarray
+    _cand: np.ndarray
+    _point: np.ndarray
+
+    def choices(self, i: int) -> dict[int, int]:
+        """candidate -> frontier index of entry i's decisions."""
+        out, t = {}, int(self.trace[i])
+        while t >= 0:
+            out[int(self._cand[t])] = int(self._point[t])
+            t = int(self._parent[t])
+        return out
+
+
+class _Builder:
+    def __init__(self, fr, k0: int, need: np.ndarray, work_limit: float):
+        self.fr, self.k0, self.need = fr, k0, need
+        self.work, self.work_limit = 0, work_limit
+        self.parent: list[np.ndarray] = []
+        self.cand: list[np.ndarray] = []
+        self.point: list[np.ndarray] = []
+        self.n_traces = 0
+
+    # An entry list is six arrays: need, cost, free, trace id, and a pending
+    # (candidate, point) decision (-1 if none) turned into a trace only if the
+    # entry survives pruning.
+    def keep(self, e, k: int):
+        t, c, f, tr, nc, npt = e
+        order = np.lexsort((t, c, f))  # by free group, then cost, then need
+        t, c, f, tr, nc, npt = (a[order] for a in (t, c, f, tr, nc, npt))
+        keep = np.zeros(len(t), bool)
+        for g in np.unique(f).tolist():
+            idx = np.flatnonzero(f == g)
+            lowest = np.concatenate([[np.inf], np.minimum.accumulate(t[idx])[:-1]])
+            keep[idx[t[idx] < lowest]] = True  # cheaper entries need no less: dominated
+        t, c, f, tr, nc, npt = (a[keep] for a in (t, c, f, tr, nc, npt))
+        new = nc >= 0
+        if new.any():
+            tr = tr.copy()
+            ids = np.arange(self.n_traces, self.n_traces + int(new.sum()))
+            self.parent.append(tr[new]), self.cand.append(nc[new]), self.point.append(npt[new])
+            self.n_traces += len(ids)
+            tr[new] = ids
+        none = np.full(len(t), -1)
+        return t, c, f, tr, none, none
+
+    def gate(self, e, g: float):
+        return (np.maximum(e[0], g),) + tuple(e[1:])
+
+    def take(self, e, r: int):
+        """Candidate r checkpointed at each of its points, from every entry."""
+        d, rc = self.fr.d[r], self.fr.rc[r]
+        self.work += len(e[0]) * len(d)
+        if self.work > self.work_limit:
+            raise CountWorkLimit
+        row = np.repeat(np.arange(len(e[0])), len(d))
+        col = np.tile(np.arange(len(d)), len(e[0]))
+        start = self.fr.starts[r]
+        free = np.minimum(e[2][row], start) if start < self.k0 else e[2][row]
+        return (e[0][row] - d[col], e[1][row] + rc[col], free, e[3][row], np.full(len(row), r), col)
+
+    def run(self, lo: int, hi: int, e):
+        k = hi
+        while k > lo:
+            r = k - 1
+            a = max(self.fr.starts[r], self.k0)
+            took = self.take(e, r)
+            if a == r:
+                e = self.keep(self.gate(_union(e, took), self.need[r]), r)
+            else:
+                skip = self.keep(self.gate(e, self.need[r]), r)
+                below = self.run(a, r, skip)
+                took = self.gate(took, float(np.max(self.need[a:r + 1])))
+                e = self.keep(_union(below, took), a)
+            k = a
+        return e
+
+
+def _union(a, b):
+    return tuple(np.concatenate([x, y]) for x, y in zip(a, b))
+
+
+def tail_requirements(fr, k0: int, need: np.ndarray, *, work_limit: float = 3e6) -> TailList:
+    """Every non-dominated (required discard before k0, recompute) of the decisions from k0 on.
+
+    Raises :class:`planner.counts.CountWorkLimit` past ``work_limit`` (entry, point) pairs.
+    """
+    m = len(fr.d)
+    b = _Builder(fr, k0, need, work_limit)
+    one = np.ones(1)
+    start = (one * need[m], np.zeros(1), np.full(1, k0), np.full(1, -1), np.full(1, -1), np.full(1, -1))
+    e = b.run(k0, m, b.keep(start, m))
+    cat = (lambda parts: np.concatenate(parts) if parts else np.zeros(0, np.int64))
+    return TailList(e[0], e[1], e[2], e[3], cat(b.parent), cat(b.cand), cat(b.point))
