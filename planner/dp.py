@@ -28,13 +28,21 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from planner.lagrange import HullLP, Lagrange, hull_vertices
-from planner.milp import Problem, Solution, _frontier, _reduced_keyneeds
+from planner.knapsack import GroupClasses, best_saved_within
+from planner.milp import _FRONTIER_LIMIT, Problem, Solution, _frontier, _reduced_keyneeds
+from planner.op_policy import Frontier, FrontierTooLarge, capped_frontier, frontier_hull, max_discard_decision
 from planner.stack import StackResult, find_stack, solve_stack
 
 __all__ = ["solve_dp"]
 
 _TOL = 1e-9
 _MIB = float(2**20)
+# Stacks of at least this many identical blocks are planned by the count-space
+# relaxation first (planner/stack.py). Measured on copies of the L12 sample's
+# block: from 16 blocks on it is faster at most budgets, below it the DP is
+# (bench/RESULTS.md, "Planner: stack pass").
+_STACK_FIRST_BLOCKS = 16
+_STACK_WORK = 2e7  # label extensions / tail pairs the relaxation may spend (about a second at most)
 
 
 @dataclass
@@ -47,6 +55,12 @@ class _Frontiers:
     lp: HullLP | None = None
     fid: list[int] = field(default_factory=list)  # equal for candidates with the same frontier
     stack: object = None  # planner.stack.Stack, or False when the candidates form no stack
+    max_d: list[int] = field(default_factory=list)  # per candidate: its largest discard
+    # Candidates whose whole frontier is too long to list (a module spanning a
+    # whole model): no points here; per budget :func:`_for_budget` lists the
+    # part a plan can use into ``capped`` (candidate -> its Frontier object).
+    giants: dict[int, str] = field(default_factory=dict)
+    capped: dict[int, "Frontier | _Points"] = field(default_factory=dict)
 
 
 class _GiveUp(Exception):
@@ -64,24 +78,102 @@ def _prepare(prob: Problem) -> _Frontiers | None:
     return prob._dp[0]
 
 
-def _build(prob: Problem) -> _Frontiers | None:
+def _build(prob: Problem) -> _Frontiers:
     out = _Frontiers([], [], [], _subtree_starts(prob), [])
     memo: dict[tuple, tuple] = {}
     fids: dict[tuple, int] = {}
-    for cand in prob.candidates:
+    for i, cand in enumerate(prob.candidates):
         key = (cand.ops_key, cand.act_saved_bytes)
         if key not in memo:
-            f = _frontier(prob._frontiers, prob.stats.module(cand.fqn))
-            if f is None:
-                return None
-            d = cand.act_saved_bytes - f.saved_bytes[::-1]
-            keep = d > 0  # a point that frees nothing is never part of a plan
-            d, rc = d[keep].astype(np.int64), f.recompute_ms[::-1][keep]
-            memo[key] = (d, rc, np.arange(len(f))[::-1][keep], hull_vertices(d, rc))
+            m = prob.stats.module(cand.fqn)
+            f = _frontier(prob._frontiers, m)
+            if f is None:  # too long to list: points per budget (_for_budget), the hull from the knapsack's greedy
+                hd, hrc = frontier_hull(m.ops, m.force_store_random, act_saved_bytes=cand.act_saved_bytes)
+                none = np.zeros(0, np.int64)
+                memo[key] = (none, np.zeros(0), none, hull_vertices(hd, hrc), int(hd[-1]) if len(hd) else 0, True)
+            else:
+                d = cand.act_saved_bytes - f.saved_bytes[::-1]
+                keep = d > 0  # a point that frees nothing is never part of a plan
+                d, rc = d[keep].astype(np.int64), f.recompute_ms[::-1][keep]
+                memo[key] = (d, rc, np.arange(len(f))[::-1][keep], hull_vertices(d, rc),
+                             int(d[-1]) if len(d) else 0, False)
         out.fid.append(fids.setdefault(key, len(fids)))
-        for lst, v in zip((out.d, out.rc, out.point, out.hulls), memo[key]):
+        d, rc, point, hull, max_d, giant = memo[key]
+        for lst, v in zip((out.d, out.rc, out.point, out.hulls, out.max_d), (d, rc, point, hull, max_d)):
             lst.append(v)
+        if giant:
+            out.giants[i] = cand.fqn
     return out
+
+
+def _for_budget(prob: Problem, fr: _Frontiers, keyneed: np.ndarray) -> _Frontiers | None:
+    """``fr`` with its giant candidates' usable points listed for this budget; None if still too many.
+
+    A checkpointed candidate c blocks its whole subtree, so the keys from its
+    subtree's start to c itself see only the discards of candidates before
+    that start: if their largest possible sum cannot meet a need there, c is
+    never part of a plan. Otherwise c's discard only helps keys after c,
+    so no plan uses more of it than the largest need after c, and the
+    frontier capped there (:func:`planner.op_policy.capped_frontier`) holds
+    every point a plan can use.
+    """
+    if not fr.giants:
+        return fr
+    out = _Frontiers(list(fr.d), list(fr.rc), list(fr.point), fr.starts, fr.hulls, fr.lp, fr.fid, fr.stack,
+                     fr.max_d, fr.giants, {})
+    most = np.concatenate([[0], np.cumsum(np.asarray(fr.max_d, dtype=np.float64))])  # over-estimates: nesting ignored
+    for i, fqn in fr.giants.items():
+        a = fr.starts[i]
+        after = keyneed[i + 1:]
+        cap = float(np.max(after))
+        if float(np.max(keyneed[a:i + 1])) > most[a] + 0.5 or cap <= 0:
+            continue  # never part of a plan at this budget: no points
+        # Less than this discard leaves some key after i short whatever the others discard.
+        least = float(np.max(after - most[a] - (most[i + 1:] - most[i + 1])))
+        m = prob.stats.module(fqn)
+        if least >= cap - 0.5:  # one useful point: the cheapest decision discarding at least cap
+            f = _cheapest_discarding(prob.candidates[i].classes, m.act_saved_bytes, cap)
+        else:
+            try:
+                f = capped_frontier(m.ops, m.force_store_random, act_saved_bytes=m.act_saved_bytes,
+                                    max_discard_bytes=cap, max_points=_FRONTIER_LIMIT)
+            except FrontierTooLarge:
+                return None
+        d = m.act_saved_bytes - f.saved_bytes[::-1]
+        keep = d > 0
+        out.d[i], out.rc[i] = d[keep].astype(np.int64), (m.op_ms - f.saved_ms[::-1])[keep]
+        out.point[i] = np.arange(len(f))[::-1][keep]
+        out.capped[i] = f
+    return out
+
+
+@dataclass
+class _Points:
+    """A few decisions of one module, shaped like a Frontier for :func:`_solution`."""
+
+    saved_bytes: np.ndarray
+    saved_ms: np.ndarray
+    lists: list[list[int]]
+
+    def __len__(self) -> int:
+        return len(self.saved_bytes)
+
+    def save_list(self, k: int) -> list[int]:
+        return self.lists[k]
+
+
+def _cheapest_discarding(classes: GroupClasses, act_saved_bytes: int, cap: float) -> _Points:
+    """The decision recomputing least among those discarding at least ``cap`` bytes (no point if there is none).
+
+    One exact integer program over op-group classes (interchangeable groups
+    counted): :func:`planner.knapsack.best_saved_within`.
+    """
+    counts = best_saved_within(classes, math.floor(act_saved_bytes - cap))
+    if counts is None:
+        return _Points(np.zeros(0, np.int64), np.zeros(0), [])
+    saved_bytes = classes.always_saved_bytes + int(counts @ classes.class_bytes)
+    saved_ms = classes.always_saved_ms + float(counts @ classes.class_ms)
+    return _Points(np.array([saved_bytes], np.int64), np.array([saved_ms]), [classes.save_list(counts)])
 
 
 class _CostToGo:
@@ -378,6 +470,10 @@ def solve_dp(prob: Problem, budget_bytes: float, *, time_limit_s: float = 60.0, 
     keyneed = _reduced_keyneeds(prob, budget_bytes)
     if keyneed[0] > 0:
         return Solution("infeasible", "modules before any checkpointable module already exceed the budget")
+    _hull_lp(fr, prob)  # budget-independent: built once, on the shared frontiers
+    fr = _for_budget(prob, fr, keyneed)
+    if fr is None:
+        return None
     status, mu = _hull_lp(fr, prob).duals(keyneed)
     if status == "infeasible":
         return Solution("infeasible", "no plan fits the budget (even the convex relaxation is infeasible)")
@@ -395,15 +491,20 @@ def solve_dp(prob: Problem, budget_bytes: float, *, time_limit_s: float = 60.0, 
     slack = 0.5 * mip_rel_gap * max(lower, 0.0)
     best: tuple[float, dict[int, int], _Frontiers] | None = None
     stack_lower = -math.inf  # the count-space relaxation's bound, when the candidates form a stack
-    res = _stack_pass(fr, keyneed, slack)
-    if res is not None:
-        stack_lower = res.lower
-        if res.choices is not None:
-            best = (res.cost, res.choices, fr)
-            if res.cost - res.lower <= mip_rel_gap * abs(res.cost):
-                return _solution(prob, fr, res.choices, "optimal", "optimal plan found (exact count-space "
-                                 "relaxation of a stack of identical blocks)", max(res.cost - res.lower, 0.0) / res.cost
-                                 if res.cost > 0 else 0.0)
+    stack = _stack_of(_prepare(prob))
+    # Deep stacks go to the count-space relaxation first: the DP's state lists
+    # explode there. Short ones are the DP's (fast, and the relaxation's
+    # integrality gap is wide); the relaxation is their fallback below.
+    stack_tried = stack is not None and len(stack.blocks) >= _STACK_FIRST_BLOCKS
+    if stack_tried:
+        res = _stack_pass(fr, stack, keyneed, slack)
+        if res is not None:
+            stack_lower = res.lower
+            if res.choices is not None:
+                best = (res.cost, res.choices, fr)
+                if res.cost - res.lower <= mip_rel_gap * abs(res.cost):
+                    return _stack_solution(prob, fr, res)
+    base_fr = fr
     fr, pen = _absorb(fr, lag.penalties(), slack / max(len(fr.d), 1))
     exc: Exception | None = None
     exact = None
@@ -478,6 +579,15 @@ def solve_dp(prob: Problem, budget_bytes: float, *, time_limit_s: float = 60.0, 
             h = _beam(prob, sub, keyneed, bound, beam, state_limit)
             if h is not None and h[0] < best[0]:
                 best = (h[0], h[1], sub)
+    if (not stack_tried and stack is not None and best is not None and exc is not None
+            and best[0] - proven() > mip_rel_gap * abs(best[0])):
+        res = _stack_pass(base_fr, stack, keyneed, slack)  # a short stack the DP could not close
+        if res is not None:
+            stack_lower = res.lower
+            if res.choices is not None and res.cost < best[0]:
+                best = (res.cost, res.choices, base_fr)
+            if best[0] - proven() <= mip_rel_gap * abs(best[0]):
+                exc = None
     if best is None:
         if exc is not None:
             return None
@@ -499,7 +609,7 @@ def _solution(prob: Problem, fr: _Frontiers, choices: dict[int, int], status: st
     decisions = {}
     for i, j in choices.items():
         cand = prob.candidates[i]
-        f = _frontier(prob._frontiers, prob.stats.module(cand.fqn))
+        f = fr.capped.get(i) or _frontier(prob._frontiers, prob.stats.module(cand.fqn))
         k = int(fr.point[i][j])
         decisions[cand.fqn] = (f.save_list(k), int(f.saved_bytes[k]), float(f.saved_ms[k]))
     discarded = {f: prob.stats.module(f).act_saved_bytes - sb for f, (_, sb, _) in decisions.items()}
@@ -508,14 +618,27 @@ def _solution(prob: Problem, fr: _Frontiers, choices: dict[int, int], status: st
     return Solution(status, message, peak, recompute, gap, 0.0, decisions)
 
 
-def _stack_pass(fr: _Frontiers, keyneed: np.ndarray, slack: float) -> StackResult | None:
-    """The count-space relaxation (bound and, often, an optimal plan) when the candidates form a stack."""
-    if fr.stack is None:
-        fr.stack = find_stack(fr) or False
-    if not fr.stack:
-        return None
-    return solve_stack(fr, fr.stack, keyneed, math.inf, eps=slack / len(fr.stack.blocks),
-                       max_gap=0.01)
+def _stack_of(base: _Frontiers):
+    """The stack structure of the candidates (cached on the budget-independent frontiers), or None."""
+    if base.stack is None:
+        stack = find_stack(base)
+        if stack is not None and any(base.starts[stack.blocks[0]] <= i <= stack.blocks[-1] for i in base.giants):
+            stack = None  # a block's points would change with the budget
+        base.stack = stack or False
+    return base.stack or None
+
+
+def _stack_pass(fr: _Frontiers, stack, keyneed: np.ndarray, slack: float) -> StackResult | None:
+    """The count-space relaxation (bound and, often, an optimal plan) of a stack of identical blocks."""
+    if fr.giants:
+        stack._other_options.clear()  # a giant among the other subtrees lists other points per budget
+    return solve_stack(fr, stack, keyneed, math.inf, eps=slack / len(stack.blocks), work_limit=_STACK_WORK)
+
+
+def _stack_solution(prob: Problem, fr: _Frontiers, res: StackResult) -> Solution:
+    gap = max(res.cost - res.lower, 0.0) / res.cost if res.cost > 0 else 0.0
+    return _solution(prob, fr, res.choices, "optimal",
+                     "optimal plan found (exact count-space relaxation of a stack of identical blocks)", gap)
 
 
 def _remap(choices: dict[int, int], old: _Frontiers, new: _Frontiers) -> dict[int, int] | None:
@@ -542,7 +665,7 @@ class _MaxBound:
 
 def _absorb(fr: _Frontiers, pen: list[np.ndarray], eps: float) -> tuple[_Frontiers, list[np.ndarray]]:
     """Drop each point that a kept point of the same module beats on discard for at most ``eps`` more ms."""
-    out = _Frontiers([], [], [], fr.starts, fr.hulls)
+    out = _Frontiers([], [], [], fr.starts, fr.hulls, giants=fr.giants, capped=fr.capped)
     memo: dict[int, np.ndarray] = {}
     kept_pen = []
     for i in range(len(fr.d)):
@@ -566,7 +689,7 @@ def _absorb(fr: _Frontiers, pen: list[np.ndarray], eps: float) -> tuple[_Frontie
 def _fix(fr: _Frontiers, lag: Lagrange, pen: list[np.ndarray], upper: float) -> tuple[_Frontiers, int]:
     """The frontiers without points that cannot be part of a plan costing at most ``upper``, and how many went."""
     tol = 1e-7 * (1.0 + abs(upper))
-    out = _Frontiers([], [], [], fr.starts, fr.hulls)
+    out = _Frontiers([], [], [], fr.starts, fr.hulls, giants=fr.giants, capped=fr.capped)
     fixed = 0
     for i in range(len(fr.d)):
         keep = lag.lower + pen[i] <= upper + tol
@@ -600,7 +723,7 @@ def solve_min_peak_dp(prob: Problem) -> Solution | None:
     m = len(prob.candidates)
     key_base = np.full(m + 1, -np.inf)
     np.maximum.at(key_base, prob.node_key, prob.model.base_bytes)
-    best_d = [int(d[-1]) if len(d) else 0 for d in fr.d]
+    best_d = fr.max_d
     # a state: (discarded bytes, peak so far, chosen candidates as a tuple)
     def settle(states, k):
         states = [(s, max(p, key_base[k] - s), ch) for s, p, ch in states]
@@ -635,7 +758,11 @@ def solve_min_peak_dp(prob: Problem) -> Solution | None:
     decisions = {}
     for i in chosen:
         cand = prob.candidates[i]
-        f = _frontier(prob._frontiers, prob.stats.module(cand.fqn))
+        m = prob.stats.module(cand.fqn)
+        if i in fr.giants:
+            decisions[cand.fqn] = max_discard_decision(m.ops, m.force_store_random)
+            continue
+        f = _frontier(prob._frontiers, m)
         k = int(fr.point[i][-1])
         decisions[cand.fqn] = (f.save_list(k), int(f.saved_bytes[k]), float(f.saved_ms[k]))
     discarded = {f: prob.stats.module(f).act_saved_bytes - sb for f, (_, sb, _) in decisions.items()}

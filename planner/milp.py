@@ -44,6 +44,10 @@ __all__ = ["Candidate", "Problem", "Solution", "prepare", "solve_budget", "solve
 # Frontiers up to this many points are listed; larger modules use the exact
 # per-module knapsack MILP to land on a non-dominated point.
 _FRONTIER_LIMIT = 50_000
+# Modules with more free op groups than this (one spanning a whole model) are
+# not even tried: listing such a frontier up to the limit costs seconds, and
+# it would overflow anyway (a 48-layer Llama's decoder: 2185 groups, 1.5 s).
+_FRONTIER_ITEMS = 1024
 
 
 @dataclass(frozen=True)
@@ -144,10 +148,12 @@ def prepare(
 
 
 def _frontier(cache: dict[tuple, Frontier | None], m) -> Frontier | None:
+    """m's frontier, or None when it is too long to list (then planned from capped parts, or by the MILP)."""
     key = _ops_key(m)
     if key not in cache:
         try:
-            cache[key] = module_frontier(m.ops, m.force_store_random, max_points=_FRONTIER_LIMIT)
+            cache[key] = module_frontier(m.ops, m.force_store_random, max_points=_FRONTIER_LIMIT,
+                                         max_items=_FRONTIER_ITEMS)
         except FrontierTooLarge:
             cache[key] = None
     return cache[key]

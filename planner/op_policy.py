@@ -27,7 +27,8 @@ import numpy as np
 
 from planner.stats import OpStats
 
-__all__ = ["OpGroups", "Frontier", "FrontierTooLarge", "op_groups", "ops_from_torch", "module_frontier", "optimal_op_policy"]
+__all__ = ["OpGroups", "Frontier", "FrontierTooLarge", "capped_frontier", "frontier_hull", "max_discard_decision",
+           "op_groups", "ops_from_torch", "module_frontier", "optimal_op_policy"]
 
 FREE, RECOMPUTE, SAVE = -1, 0, 1
 
@@ -71,6 +72,7 @@ class Frontier:
     _groups: OpGroups
     _free: np.ndarray  # indices of free groups, in merge order
     _steps: tuple[tuple[np.ndarray, np.ndarray], ...]  # per merge: (source index, took item)
+    _recomputes: bool = False  # took = recomputed (capped_frontier) instead of saved
 
     def __len__(self) -> int:
         return len(self.saved_bytes)
@@ -87,11 +89,13 @@ class Frontier:
         """The per-op 0/1 save decisions realizing point ``k``."""
         g = self._groups
         group_save = np.where(g.fixed == SAVE, 1, 0).astype(np.int8)
+        if self._recomputes:
+            group_save[self._free] = 1
         idx = k
         for step in range(len(self._steps) - 1, -1, -1):
             src, took = self._steps[step]
             if took[idx]:
-                group_save[self._free[step]] = 1
+                group_save[self._free[step]] = 0 if self._recomputes else 1
             idx = int(src[idx])
         return g.op_decisions(group_save)
 
@@ -205,21 +209,9 @@ def op_groups(ops: Sequence[OpStats], force_store_random: bool = False) -> OpGro
     return OpGroups(tuple(tuple(m) for m in members), group_bytes, group_ms, fixed, n)
 
 
-def module_frontier(
-    op_stats: Any, force_store_random: bool | None = None, *, max_points: int | None = None
-) -> Frontier:
-    """The exact memory/recompute trade-off frontier of one module's ops.
-
-    ``op_stats`` is a list of :class:`OpStats` (or dicts of that shape), or a
-    PyTorch ``SACStats`` object or dict. Every valid decision is dominated by
-    (or equal to) a point of the result. Raises :class:`FrontierTooLarge` when
-    the list grows past ``max_points``.
-    """
-    ops, fsr = _coerce(op_stats, force_store_random)
+def _knapsack_items(ops: Sequence[OpStats], fsr: bool) -> tuple[OpGroups, np.ndarray, int, float]:
+    """The groups with trivial decisions fixed, the free groups (big first), and the always-saved bytes/ms."""
     groups = op_groups(ops, fsr)
-    total_bytes = int(groups.group_bytes.sum())
-    total_ms = math.fsum(op.runtime_ms for op in ops)
-
     always = groups.fixed == SAVE
     base_bytes = int(groups.group_bytes[always].sum())
     base_ms = float(groups.group_ms[always].sum())
@@ -235,7 +227,26 @@ def module_frontier(
     items = np.flatnonzero(fixed == FREE)
     # Big items first keeps the intermediate lists short.
     items = items[np.lexsort((-groups.group_ms[items], -groups.group_bytes[items]))]
+    return groups, items, base_bytes, base_ms
 
+
+def module_frontier(
+    op_stats: Any, force_store_random: bool | None = None, *, max_points: int | None = None,
+    max_items: int | None = None,
+) -> Frontier:
+    """The exact memory/recompute trade-off frontier of one module's ops.
+
+    ``op_stats`` is a list of :class:`OpStats` (or dicts of that shape), or a
+    PyTorch ``SACStats`` object or dict. Every valid decision is dominated by
+    (or equal to) a point of the result. Raises :class:`FrontierTooLarge` when
+    the list grows past ``max_points``, or at once when there are more than
+    ``max_items`` free op groups to decide.
+    """
+    ops, fsr = _coerce(op_stats, force_store_random)
+    groups, items, base_bytes, base_ms = _knapsack_items(ops, fsr)
+    if max_items is not None and len(items) > max_items:
+        raise FrontierTooLarge(f"{len(items)} free op groups exceed {max_items}")
+    total_ms = math.fsum(op.runtime_ms for op in ops)
     tol = 1e-12 * (abs(total_ms) + 1.0)
     w = np.zeros(1, dtype=np.int64)
     v = np.zeros(1, dtype=np.float64)
@@ -258,12 +269,99 @@ def module_frontier(
     return Frontier(
         saved_bytes=w + base_bytes,
         saved_ms=v + base_ms,
-        total_bytes=total_bytes,
+        total_bytes=int(groups.group_bytes.sum()),
         total_ms=total_ms,
         _groups=groups,
         _free=items,
         _steps=tuple(steps),
     )
+
+
+def capped_frontier(
+    op_stats: Any, force_store_random: bool | None = None, *, act_saved_bytes: int, max_discard_bytes: float,
+    max_points: int | None = None,
+) -> Frontier:
+    """The frontier's points that discard less than ``max_discard_bytes``, and the cheapest one discarding at least that.
+
+    Discard is ``act_saved_bytes`` minus the saved bytes. When no plan can use
+    more than ``max_discard_bytes`` of a module's discard, every other point
+    is dominated by the cap point, so this is all the module's frontier a plan
+    needs; for a module spanning a whole model it is far shorter. The merge
+    runs from "save every free group" and recomputes groups one by one, so
+    discard only grows along it and partial decisions already past the cap
+    collapse to the cheapest one. Raises :class:`FrontierTooLarge` past
+    ``max_points``.
+    """
+    ops, fsr = _coerce(op_stats, force_store_random)
+    groups, items, base_bytes, base_ms = _knapsack_items(ops, fsr)
+    total_ms = math.fsum(op.runtime_ms for op in ops)
+    tol = 1e-12 * (abs(total_ms) + 1.0)
+    all_saved = base_bytes + int(groups.group_bytes[items].sum())
+    headroom = float(max_discard_bytes) - (act_saved_bytes - all_saved)  # recomputed bytes reaching the cap
+    r = np.zeros(1, dtype=np.int64)  # bytes recomputed among the free groups so far
+    c = np.zeros(1, dtype=np.float64)  # their ms
+    steps = []
+    for g in items:
+        gw, gv = groups.group_bytes[g], groups.group_ms[g]
+        cr = np.concatenate([r, r + gw])
+        cc = np.concatenate([c, c + gv])
+        src = np.concatenate([np.arange(len(r)), np.arange(len(r))])
+        took = np.concatenate([np.zeros(len(r), bool), np.ones(len(r), bool)])
+        order = np.lexsort((cc, -cr))  # most recomputed first; cheapest first among equals
+        cr, cc, src, took = cr[order], cc[order], src[order], took[order]
+        best_after = np.minimum.accumulate(cc)
+        keep = np.ones(len(cc), bool)
+        keep[1:] = cc[1:] < best_after[:-1] - tol  # more discard for no more recompute dominates
+        cr, cc, src, took = cr[keep][::-1], cc[keep][::-1], src[keep][::-1], took[keep][::-1]
+        over = int(np.searchsorted(cr, headroom, side="left"))  # first point at or past the cap
+        cr, cc, src, took = cr[:over + 1], cc[:over + 1], src[:over + 1], took[:over + 1]
+        r, c = cr, cc
+        steps.append((src, took))
+        if max_points is not None and len(r) > max_points:
+            raise FrontierTooLarge(f"frontier below the cap exceeds {max_points} points")
+    # points by saved bytes ascending: most recomputed first
+    saved_ms_all = base_ms + float(groups.group_ms[items].sum())
+    return Frontier(
+        saved_bytes=(all_saved - r)[::-1].copy(),
+        saved_ms=(saved_ms_all - c)[::-1].copy(),
+        total_bytes=int(groups.group_bytes.sum()),
+        total_ms=total_ms,
+        _groups=groups,
+        _free=items,
+        _steps=tuple((s[::-1].copy() if i == len(steps) - 1 else s, t[::-1].copy() if i == len(steps) - 1 else t)
+                     for i, (s, t) in enumerate(steps)),
+        _recomputes=True,
+    )
+
+
+def frontier_hull(op_stats: Any, force_store_random: bool | None = None, *,
+                  act_saved_bytes: int) -> tuple[np.ndarray, np.ndarray]:
+    """Lower convex hull of a module's (discarded bytes, recompute ms) decisions, without listing them.
+
+    The hull of 0/1 choices is traced by recomputing groups in increasing ms
+    per byte (the fractional knapsack): its vertices are those prefixes.
+    Returns the vertices with positive discard, as (bytes, ms) arrays.
+    """
+    ops, fsr = _coerce(op_stats, force_store_random)
+    groups, items, base_bytes, _ = _knapsack_items(ops, fsr)
+    all_saved = base_bytes + int(groups.group_bytes[items].sum())
+    rc0 = math.fsum(op.runtime_ms for op in ops) - (
+        float(groups.group_ms[groups.fixed == SAVE].sum()) + float(groups.group_ms[items].sum()))
+    gb, gm = groups.group_bytes[items], groups.group_ms[items]
+    order = np.argsort(gm / gb, kind="stable")
+    d = act_saved_bytes - all_saved + np.concatenate([[0], np.cumsum(gb[order])])
+    rc = rc0 + np.concatenate([[0.0], np.cumsum(gm[order])])
+    keep = d > 0
+    return d[keep].astype(np.int64), rc[keep]
+
+
+def max_discard_decision(op_stats: Any, force_store_random: bool | None = None) -> tuple[list[int], int, float]:
+    """The decision discarding the most, at the least recompute: (save list, saved bytes, saved ms)."""
+    ops, fsr = _coerce(op_stats, force_store_random)
+    groups, _, _, _ = _knapsack_items(ops, fsr)
+    save = (groups.fixed == SAVE).astype(np.int8)
+    return (groups.op_decisions(save), int(groups.group_bytes[save == 1].sum()),
+            float(groups.group_ms[save == 1].sum()))
 
 
 def optimal_op_policy(op_stats: Any, memory_budget: float, *, force_store_random: bool | None = None) -> list[int]:

@@ -74,7 +74,8 @@ def _stack_bound(stats: Stats, budget: float, eps: float = 0.0) -> float | None:
 
 @pytest.mark.parametrize("shape", [dict(), dict(spanning=True), dict(spanning=True, peak_at_end=True),
                                    dict(other=True)])
-def test_stack_plans_equal_brute_force(shape):
+def test_stack_plans_equal_brute_force(shape, monkeypatch):
+    monkeypatch.setattr("planner.dp._STACK_FIRST_BLOCKS", 3)  # these short stacks go to the relaxation first
     rng = random.Random(31 + len(shape) + 7 * ("other" in shape))
     stack_chose_wrapper = False
     from_stack = compared = 0
@@ -135,7 +136,8 @@ def test_no_stack_without_three_identical_blocks():
     assert find_stack(_prepare(prepare(stack_stats(rng, 3)))) is not None
 
 
-def test_dealt_counts_follow_the_largest_discard_first():
+def test_dealt_counts_follow_the_largest_discard_first(monkeypatch):
+    monkeypatch.setattr("planner.dp._STACK_FIRST_BLOCKS", 3)
     rng = random.Random(8)
     seen = 0
     for _ in range(200):
