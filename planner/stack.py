@@ -19,8 +19,11 @@ plan.
 
 **Plans from it.** The relaxation's optimal counts are dealt out to the
 blocks in the order that best keeps the dropped constraints (see
-:func:`_deal`). If every one holds, the result is a real plan costing
-exactly the bound: optimal.
+:func:`_exchange_order`). If every one holds, the result is a real plan
+costing exactly the bound: optimal. Near the smallest feasible budget the
+dropped constraints bind and the counts often cannot be dealt out; then the
+ordered relaxation of :mod:`planner.stack_order`, which keeps every block's
+own constraints, is solved instead.
 """
 
 from __future__ import annotations
@@ -31,12 +34,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from planner.counts import CountWorkLimit, min_cost_counts
+from planner.stack_order import block_types, ordered_counts, requirements
 from planner.stack_tail import tail_requirements
 
 __all__ = ["Stack", "StackResult", "find_stack", "solve_stack"]
 
 _MIN_BLOCKS = 3  # identical subtrees needed before the relaxation is worth building
 _MAX_OTHER_POINTS = 20_000
+_MAX_ORDERED_OTHERS = 8  # the ordered relaxation runs once per joint option of the subtrees before the blocks
 
 
 @dataclass
@@ -49,6 +54,7 @@ class Stack:
     rc: np.ndarray  # ms
     choices: list[tuple[tuple[int, int], ...]]  # per point: (candidate, point) pairs, relative to blocks[0]
     _other_options: dict[int, tuple] = field(default_factory=dict)
+    _types: object = None  # planner.stack_order.BlockTypes, False when the blocks are not back to back
 
 
 @dataclass(frozen=True)
@@ -92,8 +98,11 @@ def solve_stack(fr, stack: Stack, keyneed: np.ndarray, upper: float, eps: float,
     ``eps`` per block to stay valid). ``upper``: a known plan's recompute (or
     inf); the bound is capped there. ``max_gap``: give up when the
     relaxation's optimum lies further than this (relative) above its LP
-    bound, as on short stacks, where the DP does better. None when it gave
-    up or outgrew ``work_limit``.
+    bound. None when it gave up or outgrew ``work_limit``.
+
+    When the plain relaxation's counts cannot be dealt out (near the smallest
+    feasible budget, where every block's own constraints bind), the ordered
+    one of :mod:`planner.stack_order` keeps those constraints and is tried next.
     """
     need = np.asarray(keyneed, dtype=np.float64)
     k0 = fr.starts[stack.blocks[-1]]
@@ -104,40 +113,89 @@ def solve_stack(fr, stack: Stack, keyneed: np.ndarray, upper: float, eps: float,
     point_of = np.flatnonzero(keep)
     try:
         tail = tail_requirements(fr, k0, need, work_limit=work_limit)
+        groups = []  # per value of tail.free: what the blocks before it must discard, and at what cost
+        for free in np.unique(tail.free).tolist():
+            sel = np.flatnonzero(tail.free == free)
+            tx, tc, which = _pareto_targets(tail.need[sel], tail.cost[sel], sel)
+            od, orc, och = _others(fr, stack, [r for r in others if r < free], free)
+            n = sum(1 for r in members if r < free)
+            groups.append(_Group(n, tx, tc, which, od, orc, och))
     except CountWorkLimit:
         return None
-    lower, best = upper, None
-    for free in np.unique(tail.free).tolist():
-        sel = np.flatnonzero(tail.free == free)
-        x, c, which = _pareto_targets(tail.need[sel], tail.cost[sel], sel)
-        try:
-            od, orc, och = _others(fr, stack, [r for r in others if r < free], free)
-        except CountWorkLimit:
-            return None
-        x = (x[:, None] - od[None, :]).ravel()  # the other subtrees' discard lowers what the blocks need
-        c = (c[:, None] + orc[None, :]).ravel()
-        pair = np.stack([np.repeat(which, len(od)), np.tile(np.arange(len(od)), len(which))], axis=1)
+    lower, best, starts = upper, None, []
+    for g in groups:
+        x = (g.tx[:, None] - g.od[None, :]).ravel()  # the other subtrees' discard lowers what the blocks need
+        c = (g.tc[:, None] + g.orc[None, :]).ravel()
+        pair = np.stack([np.repeat(g.which, len(g.od)), np.tile(np.arange(len(g.od)), len(g.which))], axis=1)
         x, c, pair = _pareto_targets(x, c, pair)
-        n = sum(1 for r in members if r < free)
         limit = min(upper, best[0] if best else math.inf)
         try:
-            sol, bound = min_cost_counts(d, rc, n, x, c, limit, max_gap=max_gap, work_limit=work_limit)
+            sol, bound = min_cost_counts(d, rc, g.n, x, c, limit, max_gap=max_gap, work_limit=work_limit)
         except CountWorkLimit:
             return None
         if sol is None and bound < limit:
             return None  # gave up: far from the LP bound
-        lower = min(lower, bound - n * eps)
+        starts.append(bound)
+        lower = min(lower, bound - g.n * eps)
         if sol is not None:
-            best = (sol.value, sol, pair[sol.target], n, och)
+            best = (sol.value, sol, pair[sol.target], g)
+    if best is not None:
+        _, sol, (tail_i, other_i), g = best
+        seq = [int(point_of[p]) for p, k in sol.counts.items() for _ in range(k)]
+        choices = _assemble(fr, stack, _exchange_order(fr, stack, seq, need), tail.choices(int(tail_i)),
+                            g.och[other_i])
+        if _fits(fr, choices, need):
+            cost = math.fsum(float(fr.rc[i][j]) for i, j in choices.items())
+            return StackResult(min(lower, cost), cost, choices)
+    ordered = _ordered(fr, stack, need, groups, starts, d, rc, point_of, tail, eps, upper, work_limit)
+    if ordered is None:
+        return StackResult(lower)
+    return StackResult(max(lower, ordered.lower), ordered.cost, ordered.choices)
+
+
+@dataclass
+class _Group:
+    n: int  # member blocks before the tail's free point
+    tx: np.ndarray  # the tail's targets: discard needed before k0
+    tc: np.ndarray  # and the tail's recompute for it
+    which: np.ndarray  # index of each target in the tail list
+    od: np.ndarray  # the other subtrees' joint options: discard
+    orc: np.ndarray  # recompute
+    och: list  # choices
+
+
+def _ordered(fr, stack: Stack, need, groups, starts, d, rc, point_of, tail, eps, upper, work_limit):
+    """The ordered relaxation (planner.stack_order) over every group; None when it does not apply."""
+    if stack._types is None:
+        stack._types = block_types(fr, stack) or False
+    if not stack._types or any(len(g.od) > _MAX_ORDERED_OTHERS for g in groups):
+        return None
+    lower, best = math.inf, None
+    for g, start in sorted(zip(groups, starts), key=lambda x: x[1]):
+        limit = min(upper, best[0] if best else math.inf)
+        if start >= limit:
+            lower = min(lower, start - g.n * eps)
+            continue
+        R, delta = requirements(fr, stack, stack._types, need, g.n) if g.n else (np.zeros(len(stack.d)), 0.0)
+        bound = math.inf
+        for o in range(len(g.od)):  # the other subtrees (all before the blocks) set the starting slack
+            limit = min(upper, best[0] if best else math.inf)
+            try:
+                sol, b = ordered_counts(d, rc, R[point_of], delta, float(g.od[o]), g.n, g.tx, g.tc + g.orc[o],
+                                        limit, start=start, work_limit=work_limit)
+            except CountWorkLimit:
+                return None
+            bound = min(bound, b)
+            if sol is not None:
+                best = (sol.value, [int(point_of[p]) for p in sol.sequence], g.which[sol.target], g.och[o])
+        lower = min(lower, bound - g.n * eps)
     if best is None:
-        return StackResult(lower)
-    _, sol, (tail_i, other_i), n, och = best
-    choices = _deal(fr, stack, {int(point_of[p]): k for p, k in sol.counts.items()}, members[:n], need)
-    choices.update(tail.choices(int(tail_i)))
-    choices.update(dict(och[other_i]))
-    cost = math.fsum(float(fr.rc[i][j]) for i, j in choices.items())
+        return StackResult(min(lower, upper))
+    value, seq, tail_i, och = best
+    choices = _assemble(fr, stack, seq, tail.choices(int(tail_i)), och)
     if not _fits(fr, choices, need):
-        return StackResult(lower)
+        return StackResult(min(lower, value))
+    cost = math.fsum(float(fr.rc[i][j]) for i, j in choices.items())
     return StackResult(min(lower, cost), cost, choices)
 
 
@@ -215,33 +273,35 @@ def _absorbed(rc: np.ndarray, eps: float) -> np.ndarray:
     return keep
 
 
-def _deal(fr, stack: Stack, counts: dict[int, int], members: list[int], need: np.ndarray) -> dict[int, int]:
-    """The counts dealt out to the blocks ``members``, in the order that best keeps every constraint.
+def _exchange_order(fr, stack: Stack, seq: list[int], need: np.ndarray) -> list[int]:
+    """The options ``seq`` (one per block) in the order that best keeps every block's constraints.
 
-    A block taking point p needs the discard S accumulated before it to be at
-    least ``r_p`` (its own constraints, inside and at its end, net of what it
-    discards itself by then) and raises S by ``d_p``. With needs growing by
-    about the same amount per block, this is the scheduling problem of jobs
-    that need a level to start and change it: taking the jobs in decreasing
-    ``r_p + d_p`` is optimal (an exchange argument). ``r_p`` is read at the
-    last block dealt, where the constraints are tightest.
+    A block taking option p needs slack ``T >= R_p`` before it and changes it
+    by ``g_p = d_p - delta`` (:mod:`planner.stack_order`): gainers first by
+    increasing R, then the rest by decreasing ``R + g``, the order that meets
+    every constraint whenever any order does (an exchange argument). Blocks
+    not back to back: largest discard first.
     """
-    if not members:
-        return {}
-    rep, last = stack.blocks[0], members[-1]
-    keys = np.arange(fr.starts[last], last + 2)  # from the block's start to its end
-    level = np.where(np.isfinite(need[keys]), need[keys], -np.inf)
-    order_key = {}
-    for p in counts:
-        partial = np.zeros(len(keys))
-        for i, j in stack.choices[p]:
-            partial[np.flatnonzero(keys > i + last - rep)] += fr.d[i][j]
-        order_key[p] = float(np.max(level - partial)) + float(stack.d[p])
-    items = sorted((p for p, k in counts.items() for _ in range(k)), key=lambda p: (-order_key[p], -int(stack.d[p]), p))
+    if not seq:
+        return []
+    if stack._types is None:
+        stack._types = block_types(fr, stack) or False
+    if not stack._types:
+        return sorted(seq, key=lambda p: (-int(stack.d[p]), p))
+    R, delta = requirements(fr, stack, stack._types, need, len(seq))
+    g = stack.d - delta
+    return sorted(seq, key=lambda p: (0, R[p], p) if g[p] >= 0 else (1, -(R[p] + g[p]), p))
+
+
+def _assemble(fr, stack: Stack, seq: list[int], tail_choices: dict, other_choices) -> dict[int, int]:
+    """Candidate -> frontier index: option seq[j] on block j, then the tail's and the other subtrees' choices."""
+    rep = stack.blocks[0]
     out = {}
-    for root, p in zip(members, items):
+    for root, p in zip(stack.blocks, seq):
         for i, j in stack.choices[p]:
             out[i + root - rep] = j
+    out.update(tail_choices)
+    out.update(dict(other_choices))
     return out
 
 

@@ -1,0 +1,248 @@
+"""Stacks at tight budgets: the blocks' own memory constraints kept, in count space, through an exchange order.
+
+The count-space relaxation of :mod:`planner.stack` drops the constraints of
+every block before the last one. Near the smallest feasible budget those are
+exactly the ones that bind (each block must leave enough slack for the next),
+so its optimum often cannot be dealt out to the blocks.
+
+Here they are kept. Member block j (0-based) taking joint option p must have
+``S_j + partial_p(q) >= need(j, q)`` at each of its keys q, where ``S_j`` is
+the discard finished before it. With ``T_j = S_j - j * delta`` (``delta``:
+how much the needs grow per block) that reads ``T_j >= R_p(j)``; taking
+``R_p = min_j R_p(j)`` keeps a relaxation whatever the growth (and loses
+nothing when it is linear, as it is for identical blocks). Each block then
+moves T by ``g_p = d_p - delta``. For a fixed multiset of options the best
+order is known (an exchange argument, as for scheduling jobs that need a
+level to start and change it): options with ``g >= 0`` first by increasing
+R, then the rest by decreasing ``R + g``. So only counts need choosing: the
+options are taken in that order, each any number of times, a copy allowed
+when the slack before it meets its R.
+
+The search is a dynamic program over (blocks so far, discard so far) with
+one Pareto front (more discard for no more recompute) per block count,
+pruned by Lagrangian penalties: with ``lam`` the slope of the options' lower
+hull around the targets, every plan costs at least its target's
+``lower_e`` plus the penalties ``pi_p = rc_p - lam d_p - base >= 0`` of its
+options, so no label whose penalties already exceed a guess of the optimum
+can lead under it. The guess grows until a plan lies under it, which is then
+the exact optimum of this relaxation.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.counts import CountWorkLimit
+from planner.hull import lower_hull
+
+__all__ = ["BlockTypes", "OrderedSolution", "block_types", "ordered_counts"]
+
+_TOL = 1e-12
+
+
+@dataclass(frozen=True)
+class BlockTypes:
+    """Budget-independent: each joint option's partial discards at its block's keys."""
+
+    partial: np.ndarray  # (options, keys): discard finished before each key of the block
+    n_keys: int  # keys from the block's start to its root
+
+
+def block_types(fr, stack) -> BlockTypes | None:
+    """The partial-discard table of the stack's options; None when the blocks are not back to back."""
+    blocks = stack.blocks
+    for prev, nxt in zip(blocks, blocks[1:]):
+        if fr.starts[nxt] != prev + 1:
+            return None  # something sits between two blocks: positions are not interchangeable
+    rep = blocks[0]
+    s0 = fr.starts[rep]
+    n_keys = rep - s0 + 1
+    partial = np.zeros((len(stack.d), n_keys))
+    q = np.arange(n_keys) + s0  # absolute keys of block 0
+    for p, choice in enumerate(stack.choices):
+        for i, j in choice:
+            partial[p, q > i] += float(fr.d[i][j])
+    return BlockTypes(partial, n_keys)
+
+
+def requirements(fr, stack, types: BlockTypes, need: np.ndarray, n: int) -> tuple[np.ndarray, float]:
+    """(R per option, delta) for the first n member blocks at these needs."""
+    starts = np.array([fr.starts[b] for b in stack.blocks[:n]])
+    block_need = need[starts[:, None] + np.arange(types.n_keys)[None, :]]  # (n, keys)
+    delta = float(block_need[-1, 0] - block_need[0, 0]) / (n - 1) if n > 1 else 0.0
+    shift = delta * np.arange(n)
+    # R_p(j) = max_q need(j, q) - partial_p(q) - j delta; the relaxation keeps min over j
+    req = np.max(block_need[None, :, :] - types.partial[:, None, :], axis=2) - shift[None, :]
+    return req.min(axis=1), delta
+
+
+@dataclass(frozen=True)
+class OrderedSolution:
+    value: float  # target cost + the options' recompute
+    target: int
+    sequence: list[int]  # option per member block, in block order
+
+
+def ordered_counts(d: np.ndarray, rc: np.ndarray, R: np.ndarray, delta: float, s0: float, n: int,
+                   need: np.ndarray, cost: np.ndarray, upper: float, *, start: float, first_gap: float = 1e-4,
+                   work_limit: float = 2e7) -> tuple[OrderedSolution | None, float]:
+    """The cheapest (target, sequence of n options) meeting every block's R and the target, and a lower bound.
+
+    ``d`` (int64 bytes) / ``rc`` (ms) / ``R`` (bytes): the options; ``s0``:
+    discard finished before the first block; target e needs
+    ``s0 + sum d >= need[e]`` and adds ``cost[e]``. ``start``: a known lower
+    bound on the optimum (the plain relaxation's) where the guesses begin.
+    Returns ``(solution, its value)`` or ``(None, bound)`` when no sequence
+    costs less than ``upper``. Raises :class:`CountWorkLimit` past
+    ``work_limit`` label extensions.
+    """
+    d = np.asarray(d, dtype=np.int64)
+    rc = np.asarray(rc, dtype=np.float64)
+    need = np.asarray(need, dtype=np.float64) - s0
+    cost = np.asarray(cost, dtype=np.float64)
+    if n == 0:
+        ok = np.flatnonzero(need <= 0.5)
+        if len(ok) == 0:
+            return None, upper
+        e = int(ok[np.argmin(cost[ok])])
+        return (OrderedSolution(float(cost[e]), e, []), float(cost[e])) if cost[e] < upper else (None, upper)
+    lam, base = _supporting_line(d, rc, need, cost, n)
+    pi = np.maximum(rc - lam * d - base, 0.0)
+    lower = cost + n * base + lam * np.maximum(need, 0.0)
+    floor = float(lower.min())
+    g = d - delta
+    pos = g >= 0
+    # the exchange order: gainers by increasing R, then the rest by decreasing R + g
+    order = np.concatenate([np.flatnonzero(pos)[np.argsort(R[pos], kind="stable")],
+                            np.flatnonzero(~pos)[np.argsort(-(R[~pos] + g[~pos]), kind="stable")]])
+    R = np.asarray(R, dtype=np.float64) - s0  # slack is measured with s0 taken out, as the needs are
+    guess = max(start, floor) + first_gap * max(abs(start), 1e-9)
+    spent = 0.0
+    while True:
+        cap = min(guess, upper)
+        sol, work, exhaustive = _search(d, rc, R, delta, n, need, cost, pi, lam, base, order, cap - floor, cap,
+                                        work_limit - spent)
+        spent += work
+        if sol is not None:  # the cheapest under cap, or the cheapest of all when nothing was pruned
+            return (sol, sol.value) if sol.value < upper else (None, upper)
+        if cap >= upper or exhaustive:
+            return None, upper if exhaustive else cap
+        guess = start + 2.0 * (guess - start)
+
+
+def _supporting_line(d, rc, need, cost, n) -> tuple[float, float]:
+    """(lam, base) with rc >= base + lam d for every option, chosen to make the Lagrangian floor highest.
+
+    The floor ``min_e cost_e + n base + lam max(need_e, 0)`` is concave in
+    ``lam`` and piecewise linear with breaks at the slopes of the options'
+    lower hull, so its maximum is at one of those slopes (or 0).
+    """
+    x = d.astype(np.float64)
+    _, _, slopes = lower_hull(x, rc)
+    best = (-math.inf, 0.0, float(np.min(rc)))
+    for lam in np.concatenate([[0.0], np.maximum(slopes, 0.0)]).tolist():
+        base = float(np.min(rc - lam * x))
+        floor = float(np.min(cost + n * base + lam * np.maximum(need, 0.0)))
+        if floor > best[0]:
+            best = (floor, lam, base)
+    return best[1], best[2]
+
+
+def _search(d, rc, R, delta, n, need, cost, pi, lam, base, order, room, cap, work_limit):
+    """The cheapest sequence costing less than ``cap``, exactly; None if there is none."""
+    if room < 0:
+        return None, 0.0, False
+    use = [int(p) for p in order if pi[p] <= room]
+    exhaustive = len(use) == len(order)  # until a label is dropped for its penalties
+    # every block still to come takes this option or a later one: at least the smallest penalty among them
+    rest = np.minimum.accumulate(pi[use][::-1])[::-1] if use else np.zeros(0)
+    labels = _Labels()
+    fronts: list[np.ndarray] = [np.zeros(1, np.int64)] + [np.zeros(0, np.int64) for _ in range(n)]
+    work = 0
+    tol = _TOL * (1 + abs(cap))
+    for t, p in enumerate(use):
+        dp, rp, cut, least = float(d[p]), float(rc[p]), float(R[p]), float(rest[t])
+        for k in range(n):
+            ids = fronts[k]
+            if len(ids) == 0:
+                continue
+            D, C = labels.D, labels.C
+            ok = ids[D[ids] - k * delta >= cut - 0.5]  # the slack before this copy meets its R
+            if len(ok) == 0:
+                continue
+            nd, nc = D[ok] + dp, C[ok] + rp
+            # penalties so far, and the least the blocks after this one will add
+            alive = nc - (k + 1) * base - lam * nd + (n - k - 1) * least <= room + tol
+            if not alive.all():
+                exhaustive = False
+                ok, nd, nc = ok[alive], nd[alive], nc[alive]
+                if len(ok) == 0:
+                    continue
+            work += len(ok)
+            if work > work_limit:
+                raise CountWorkLimit
+            new = labels.add(nd, nc, ok, p)
+            fronts[k + 1] = _pareto(np.concatenate([fronts[k + 1], new]), labels.D, labels.C)
+    D, C, parent, opt = labels.D, labels.C, labels.parent, labels.opt
+    ids = fronts[n]
+    if len(ids) == 0:
+        return None, float(work), exhaustive
+    ids = ids[np.argsort(D[ids], kind="stable")]
+    suffix = np.concatenate([np.minimum.accumulate(C[ids][::-1])[::-1], [np.inf]])
+    j = np.searchsorted(D[ids], need - 0.5, side="left")  # first label meeting each target
+    total = cost + suffix[j]
+    e = int(np.argmin(total))
+    if not np.isfinite(total[e]) or not (total[e] < cap or exhaustive):
+        return None, float(work), exhaustive
+    label = int(ids[j[e] + int(np.argmin(C[ids][j[e]:]))])
+    seq = []
+    while parent[label] >= 0:
+        seq.append(int(opt[label]))
+        label = int(parent[label])
+    seq.reverse()  # the exchange order is block order
+    value = math.fsum([float(rc[p]) for p in seq] + [float(cost[e])])
+    if not (value < cap or exhaustive):  # the search's sum and the exact one may differ in the last bits
+        return None, float(work), False
+    return OrderedSolution(value, e, seq), float(work), exhaustive
+
+
+class _Labels:
+    """Growing arrays of labels: discard, cost, parent label, option (views trimmed to the used length)."""
+
+    def __init__(self):
+        self._d, self._c = np.zeros(1024), np.zeros(1024)
+        self._parent, self._opt = np.full(1024, -1, np.int64), np.full(1024, -1, np.int64)
+        self.n = 1  # label 0: no block yet
+
+    def add(self, d, c, parent, opt) -> np.ndarray:
+        end = self.n + len(d)
+        if end > len(self._d):
+            size = max(end, 2 * len(self._d))
+            for name in ("_d", "_c", "_parent", "_opt"):
+                old = getattr(self, name)
+                grown = np.empty(size, old.dtype)
+                grown[: self.n] = old[: self.n]
+                setattr(self, name, grown)
+        self._d[self.n:end], self._c[self.n:end] = d, c
+        self._parent[self.n:end], self._opt[self.n:end] = parent, opt
+        ids = np.arange(self.n, end)
+        self.n = end
+        return ids
+
+    D = property(lambda self: self._d[: self.n])
+    C = property(lambda self: self._c[: self.n])
+    parent = property(lambda self: self._parent[: self.n])
+    opt = property(lambda self: self._opt[: self.n])
+
+
+def _pareto(ids: np.ndarray, D: np.ndarray, C: np.ndarray) -> np.ndarray:
+    """Labels no other beats on both discard (more) and cost (less)."""
+    order = np.lexsort((C[ids], -D[ids]))  # most discard first, cheapest first among equals
+    ids = ids[order]
+    c = C[ids]
+    keep = np.ones(len(ids), bool)
+    keep[1:] = c[1:] < np.minimum.accumulate(c)[:-1] - _TOL * (1 + np.abs(c[1:]))
+    return ids[keep]
