@@ -29,6 +29,7 @@ import numpy as np
 
 from planner.lagrange import HullLP, Lagrange, hull_vertices
 from planner.knapsack import GroupClasses, best_saved_within
+from planner.memory_model import NEED_TOL_BYTES
 from planner.milp import _FRONTIER_LIMIT, Problem, Solution, _frontier, _reduced_keyneeds
 from planner.op_policy import Frontier, FrontierTooLarge, capped_frontier, frontier_hull, max_discard_decision
 from planner.stack import StackResult, find_stack, solve_stack
@@ -126,12 +127,12 @@ def _for_budget(prob: Problem, fr: _Frontiers, keyneed: np.ndarray) -> _Frontier
         a = fr.starts[i]
         after = keyneed[i + 1:]
         cap = float(np.max(after))
-        if float(np.max(keyneed[a:i + 1])) > most[a] + 0.5 or cap <= 0:
+        if float(np.max(keyneed[a:i + 1])) > most[a] + NEED_TOL_BYTES or cap <= 0:
             continue  # never part of a plan at this budget: no points
         # Less than this discard leaves some key after i short whatever the others discard.
         least = float(np.max(after - most[a] - (most[i + 1:] - most[i + 1])))
         m = prob.stats.module(fqn)
-        if least >= cap - 0.5:  # one useful point: the cheapest decision discarding at least cap
+        if least >= cap - NEED_TOL_BYTES:  # one useful point: the cheapest decision discarding at least cap
             f = _cheapest_discarding(prob.candidates[i].classes, m.act_saved_bytes, cap)
         else:
             try:
@@ -196,7 +197,7 @@ class _CostToGo:
         # bucket g < grid holds [g eps, (g + 1) eps) and meets a need if its top
         # does; the last bucket holds everything from grid * eps on and meets
         # every need (grid * eps is at least the largest one)
-        need = np.asarray(keyneed, dtype=np.float64) - 0.5
+        need = np.asarray(keyneed, dtype=np.float64) - NEED_TOL_BYTES
         first = np.ceil(need * self.inv_eps) - 1.0
         self.first = np.clip(first, 0, grid).astype(np.int64).tolist()  # first bucket meeting key k's need
         self.U: list[np.ndarray | None] = [None] * (m + 1)
@@ -304,7 +305,7 @@ class _DP:
     # (candidate, point) added at this step (-1 if none), turned into a trace
     # entry only if the state survives pruning.
     def _filter(self, st, k: int):
-        ok = st[0] >= self.keyneed[k] - 0.5
+        ok = st[0] >= self.keyneed[k] - NEED_TOL_BYTES
         return tuple(a[ok] for a in st)
 
     def _prune(self, st, k: int):

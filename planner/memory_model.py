@@ -19,9 +19,13 @@ import numpy as np
 
 from planner.stats import Stats
 
-__all__ = ["GIB", "MemoryModel", "memory_model", "baseline_peak_bytes", "compute_ms"]
+__all__ = ["GIB", "NEED_TOL_BYTES", "MemoryModel", "memory_model", "baseline_peak_bytes", "compute_ms"]
 
 GIB = 2**30
+# Bytes are whole, but needs are floats (budget * 2**30, sharded terms / world_size):
+# a plan meets a need when its discard falls short by at most float noise, never
+# by a real fraction of a byte, so a plan's peak never exceeds its budget.
+NEED_TOL_BYTES = 1e-6
 
 
 @dataclass(frozen=True)

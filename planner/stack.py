@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from planner.counts import CountWorkLimit, min_cost_counts
+from planner.memory_model import NEED_TOL_BYTES
 from planner.stack_order import block_types, ordered_counts, requirements
 from planner.stack_tail import tail_requirements
 
@@ -306,9 +307,9 @@ def _assemble(fr, stack: Stack, seq: list[int], tail_choices: dict, other_choice
 
 
 def _fits(fr, choices: dict[int, int], need: np.ndarray) -> bool:
-    """Whether the plan meets every memory constraint (the DP's half-byte tolerance)."""
+    """Whether the plan meets every memory constraint."""
     disc = np.zeros(len(fr.d), np.int64)
     for i, j in choices.items():
         disc[i] += fr.d[i][j]
     s = np.concatenate([[0], np.cumsum(disc)])
-    return bool(np.all(s >= need - 0.5))
+    return bool(np.all(s >= need - NEED_TOL_BYTES))

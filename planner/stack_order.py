@@ -37,6 +37,7 @@ import numpy as np
 
 from planner.counts import CountWorkLimit
 from planner.hull import lower_hull
+from planner.memory_model import NEED_TOL_BYTES
 
 __all__ = ["BlockTypes", "OrderedSolution", "block_types", "ordered_counts"]
 
@@ -104,7 +105,7 @@ def ordered_counts(d: np.ndarray, rc: np.ndarray, R: np.ndarray, delta: float, s
     need = np.asarray(need, dtype=np.float64) - s0
     cost = np.asarray(cost, dtype=np.float64)
     if n == 0:
-        ok = np.flatnonzero(need <= 0.5)
+        ok = np.flatnonzero(need <= NEED_TOL_BYTES)
         if len(ok) == 0:
             return None, upper
         e = int(ok[np.argmin(cost[ok])])
@@ -170,7 +171,7 @@ def _search(d, rc, R, delta, n, need, cost, pi, lam, base, order, room, cap, wor
             if len(ids) == 0:
                 continue
             D, C = labels.D, labels.C
-            ok = ids[D[ids] - k * delta >= cut - 0.5]  # the slack before this copy meets its R
+            ok = ids[D[ids] - k * delta >= cut - NEED_TOL_BYTES]  # the slack before this copy meets its R
             if len(ok) == 0:
                 continue
             nd, nc = D[ok] + dp, C[ok] + rp
@@ -192,7 +193,7 @@ def _search(d, rc, R, delta, n, need, cost, pi, lam, base, order, room, cap, wor
         return None, float(work), exhaustive
     ids = ids[np.argsort(D[ids], kind="stable")]
     suffix = np.concatenate([np.minimum.accumulate(C[ids][::-1])[::-1], [np.inf]])
-    j = np.searchsorted(D[ids], need - 0.5, side="left")  # first label meeting each target
+    j = np.searchsorted(D[ids], need - NEED_TOL_BYTES, side="left")  # first label meeting each target
     total = cost + suffix[j]
     e = int(np.argmin(total))
     if not np.isfinite(total[e]) or not (total[e] < cap or exhaustive):

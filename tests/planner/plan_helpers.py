@@ -49,7 +49,7 @@ def random_ops(rng, n):
     return out
 
 
-def brute_force(stats: Stats, budget_bytes: float):
+def brute_force(stats: Stats, budget_bytes: float, world_size: int = 1):
     """Least recompute over every non-nested choice of frontier points (None if infeasible)."""
     cands = [m for m in stats.modules if not m.is_leaf and m.ops]
     options = []
@@ -61,7 +61,7 @@ def brute_force(stats: Stats, budget_bytes: float):
         chosen = {m.fqn: s for m, s in zip(cands, choice) if s is not None}
         if any(a != b and b.startswith(a + ".") for a in chosen for b in chosen):
             continue
-        peak, rc = realize(stats, chosen)
+        peak, rc = realize(stats, chosen, world_size)
         if peak <= budget_bytes and (best is None or rc < best - 1e-9):
             best = rc
     return best

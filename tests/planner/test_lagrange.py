@@ -34,7 +34,7 @@ def _plans(fr, keyneed):
         s = np.zeros(m + 1)
         for i in range(m):
             s[i + 1] = s[i] + (float(fr.d[i][chosen[i]]) if i in chosen else 0.0)
-        if np.all(s >= keyneed - 0.5):
+        if np.all(s >= keyneed - 1e-6):  # the planner's tolerance (planner.memory_model.NEED_TOL_BYTES)
             yield math.fsum(float(fr.rc[i][p]) for i, p in chosen.items()), chosen, s
 
 

@@ -171,7 +171,7 @@ def test_dealt_order_keeps_the_blocks_constraints_whenever_some_order_does(monke
                 disc[i + root - rep] += fr.d[i][j]
         s = np.concatenate([[0], np.cumsum(disc)])
         keys = np.arange(fr.starts[rep], stack.blocks[len(order) - 1] + 1)
-        return bool(np.all(s[keys] >= need[keys] - 0.5))
+        return bool(np.all(s[keys] >= need[keys] - 1e-6))
 
     rng = random.Random(8)
     orders_mattered = 0

@@ -22,13 +22,13 @@ def _brute(d, rc, R, delta, s0, n, need, cost):
     for seq in itertools.product(range(len(d)), repeat=n):
         s, ok = s0, True
         for j, p in enumerate(seq):
-            if s - j * delta < R[p] - 0.5:
+            if s - j * delta < R[p] - 1e-6:
                 ok = False
                 break
             s += d[p]
         if ok:
             for e in range(len(need)):
-                if s >= need[e] - 0.5:
+                if s >= need[e] - 1e-6:
                     best = min(best, cost[e] + sum(rc[p] for p in seq))
     return best
 
@@ -55,9 +55,9 @@ def test_ordered_counts_equal_brute_force_over_every_order():
             assert sol is not None and sol.value == pytest.approx(expected, abs=1e-9), f"trial {trial}"
             s = s0
             for j, p in enumerate(sol.sequence):  # the sequence itself meets every R, in its order
-                assert s - j * delta >= R[p] - 0.5
+                assert s - j * delta >= R[p] - 1e-6
                 s += d[p]
-            assert s >= need[sol.target] - 0.5
+            assert s >= need[sol.target] - 1e-6
             found += 1
         else:
             assert sol is None, f"trial {trial}"
