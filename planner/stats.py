@@ -183,11 +183,35 @@ def _validate(s: Stats) -> None:
             )
         has_children.add(m.parent)
 
+    _check_contiguous(s, pre, post)
     for i, m in enumerate(s.modules):
         if m.is_leaf and m.fqn in has_children:
             raise ValueError(f"modules[{i}].is_leaf is true but {m.fqn!r} has submodules")
         if m.ops is not None:
             _check_ops(f"modules[{i}]", m)
+
+
+def _check_contiguous(s: Stats, pre: dict[str, int], post: dict[str, int]) -> None:
+    """Each module's subtree is one unbroken run of both orders, as in a depth-first walk.
+
+    The memory model and the nesting rule read "finished before" and "inside"
+    off these orders; a module of another branch inside a subtree's run would
+    make them disagree with the parent links.
+    """
+    size = {m.fqn: 1 for m in s.modules}
+    for fqn in s.fw_post_order:  # children before parents
+        parent = s.module(fqn).parent
+        if parent is not None:
+            size[parent] += size[fqn]
+    for field, order, pos, first in (("fw_pre_order", s.fw_pre_order, pre, lambda f: pre[f]),
+                                     ("fw_post_order", s.fw_post_order, post, lambda f: post[f] - size[f] + 1)):
+        for fqn in order:
+            lo = first(fqn)
+            for k in range(lo, lo + size[fqn]):
+                other = order[k]
+                if other != fqn and not other.startswith(fqn + "."):
+                    raise ValueError(f"{field}[{k}] {other!r} is not a submodule of {fqn!r} but lies inside "
+                                     f"the run of its submodules, {field}[{lo}:{lo + size[fqn]}]")
 
 
 def _check_order(field: str, order: list[str], index: dict[str, int]) -> None:

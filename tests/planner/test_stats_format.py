@@ -65,6 +65,12 @@ def _broken(edit):
     (lambda d: d.update(format="sacplan.stats/v9"), "format"),
     (lambda d: d["modules"][1]["ops"][1].update(inplace_parent=1), "contradictory SAC rules"),
     (lambda d: d["modules"][0].update(colour="red"), r"modules\[0\]\.colour: Extra inputs are not permitted \(got 'red'\)"),
+    # orders that are not depth-first walks: another branch inside a subtree's run
+    (lambda d: d.update(fw_post_order=["M.block.lin", "M.head", "M.block", "M"]),
+     r"fw_post_order\[1\] 'M.head' is not a submodule of 'M.block' but lies inside the run of its submodules, "
+     r"fw_post_order\[1:3\]"),
+    (lambda d: d.update(fw_pre_order=["M", "M.block", "M.head", "M.block.lin"]),
+     r"fw_pre_order\[2\] 'M.head' is not a submodule of 'M.block'"),
 ])
 def test_validation_errors_name_field_and_value(edit, match):
     with pytest.raises(StatsError, match=match):
