@@ -26,6 +26,7 @@ The running sum S keeps the matrix sparse: each memory row is one bound.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -44,6 +45,10 @@ __all__ = ["Candidate", "Problem", "Solution", "prepare", "solve_budget", "solve
 # Frontiers up to this many points are listed; larger modules use the exact
 # per-module knapsack MILP to land on a non-dominated point.
 _FRONTIER_LIMIT = 50_000
+# HiGHS's defaults (1e-7) let a solution miss a need by 1e-7 of the memory unit:
+# kilobytes on a large model. Tighter tolerances make the retries below rare.
+_TOLERANCES = {"primal_feasibility_tolerance": 1e-9, "mip_feasibility_tolerance": 1e-9}
+_RELAX = 1e-6  # needs are first relaxed by this fraction of the memory unit (1000x the tolerance)
 # Modules with more free op groups than this (one spanning a whole model) are
 # not even tried: listing such a frontier up to the limit costs seconds, and
 # it would overflow anyway (a 48-layer Llama's decoder: 2185 groups, 1.5 s).
@@ -108,6 +113,7 @@ class Solution:
     mip_gap: float | None = None
     solve_seconds: float = 0.0
     decisions: dict[str, tuple[list[int], int, float]] | None = None  # fqn -> (save, saved_bytes, saved_ms)
+    lower_bound: float | None = None  # the solver's proven bound on recompute, when it gives one
 
 
 def prepare(
@@ -314,16 +320,41 @@ def solve_budget(prob: Problem, budget_bytes: float, *, time_limit_s: float, mip
     if rows[0][0] == 0:
         return Solution("infeasible", "modules before any checkpointable module already exceed the budget")
     mat = _Matrix(prob, with_peak=False)
-    margin = 0.0
-    for _ in range(4):
+    # First a relaxation: every need lowered by far more than HiGHS's tolerance,
+    # so no plan that meets the budget is cut off. Its optimum bounds every
+    # plan; if it meets the budget it is optimal. If it misses by a hair, the
+    # needs are raised until a plan meets the budget, and the gap is honest.
+    margin, bound = -_RELAX * prob.unit, None
+    for attempt in range(6):
         lb = np.zeros(mat.n_var)
         for k, v in rows:
             lb[mat.s0 + k - 1] = max(lb[mat.s0 + k - 1], (v + margin) / prob.unit)
         sol = _run(prob, mat, mat.cost, lb, mat.constraint(), time_limit_s, mip_rel_gap)
-        if sol.decisions is None or sol.peak_bytes <= budget_bytes:
-            return sol
-        margin += 2 * (sol.peak_bytes - budget_bytes) + 1  # solver tolerance: tighten and resolve
-    return Solution("error", "could not meet the budget within solver tolerances")
+        if attempt == 0:
+            bound = sol.lower_bound if sol.status in ("optimal", "feasible") else None
+        if sol.decisions is None:
+            if attempt == 0:
+                return sol  # infeasible even relaxed, or stopped before any plan
+            return Solution("error", "no plan meets the budget to the byte within the MILP's tolerances; "
+                                     "use solver='dp' (exact)")
+        if sol.peak_bytes <= budget_bytes:
+            return sol if attempt == 0 else _against(sol, bound, mip_rel_gap)
+        margin = max(margin, 0.0) + 2 * (sol.peak_bytes - budget_bytes) + 1
+    return Solution("error", "no plan meets the budget to the byte within the MILP's tolerances; use solver='dp' (exact)")
+
+
+def _against(sol: Solution, bound: float | None, mip_rel_gap: float) -> Solution:
+    """A plan found only after tightening the needs: optimal only if it is within the gap of the first bound."""
+    if bound is None or sol.recompute_ms is None:
+        return Solution("feasible", "plan meets the budget after tightening for solver tolerances; gap unknown",
+                        sol.peak_bytes, sol.recompute_ms, 1.0, sol.solve_seconds, sol.decisions)
+    gap = max(sol.recompute_ms - bound, 0.0) / sol.recompute_ms if sol.recompute_ms > 0 else 0.0
+    if gap <= mip_rel_gap:
+        return Solution("optimal", sol.message, sol.peak_bytes, sol.recompute_ms, gap, sol.solve_seconds,
+                        sol.decisions)
+    return Solution("feasible", "plan meets the budget only with needs tightened for the solver's tolerances; "
+                    "its gap is against the untightened bound (solver='dp' is exact to the byte)",
+                    sol.peak_bytes, sol.recompute_ms, gap, sol.solve_seconds, sol.decisions)
 
 
 def solve_min_peak(prob: Problem, *, time_limit_s: float) -> Solution:
@@ -345,17 +376,22 @@ def solve_min_peak(prob: Problem, *, time_limit_s: float) -> Solution:
 
 
 def _run(prob: Problem, mat: _Matrix, cost, lb, constraint, time_limit_s: float, mip_rel_gap: float) -> Solution:
-    res = milp(cost, integrality=mat.integrality, bounds=Bounds(lb, mat.ub), constraints=[constraint],
-               options={"time_limit": time_limit_s, "mip_rel_gap": mip_rel_gap, "presolve": True})
+    with warnings.catch_warnings():  # HiGHS options scipy does not name are passed on verbatim, with a warning
+        warnings.simplefilter("ignore", RuntimeWarning)
+        res = milp(cost, integrality=mat.integrality, bounds=Bounds(lb, mat.ub), constraints=[constraint],
+                   options={"time_limit": time_limit_s, "mip_rel_gap": mip_rel_gap, "presolve": True,
+                            **_TOLERANCES})
     status, message = _status(res)
+    bound = getattr(res, "mip_dual_bound", None)
+    bound = float(bound) if bound is not None and math.isfinite(bound) else None
     if res.x is None or status not in ("optimal", "feasible"):
-        return Solution(status, message)
+        return Solution(status, message, lower_bound=bound)
     decisions = _decode(prob, mat, res.x)
     discarded = {f: prob.stats.module(f).act_saved_bytes - saved for f, (_, saved, _) in decisions.items()}
     peak = prob.model.peak_bytes(discarded)
     recompute = math.fsum(prob.stats.module(f).op_ms - saved_ms for f, (_, _, saved_ms) in decisions.items())
     gap = float(res.mip_gap) if getattr(res, "mip_gap", None) is not None else 0.0
-    return Solution(status, message, peak, recompute, max(gap, 0.0), 0.0, decisions)
+    return Solution(status, message, peak, recompute, max(gap, 0.0), 0.0, decisions, bound)
 
 
 def _status(res) -> tuple[str, str]:
