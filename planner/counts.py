@@ -29,6 +29,7 @@ multiset under the upper bound proves there is none.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -126,7 +127,7 @@ class _Front:
 
 def min_cost_counts(d: np.ndarray, rc: np.ndarray, n: int, need: np.ndarray, cost: np.ndarray, upper: float,
                     *, first_gap: float = 1e-5, max_gap: float = math.inf,
-                    work_limit: float = 2e7) -> tuple[CountSolution | None, float]:
+                    work_limit: float = 2e7, deadline: float = math.inf) -> tuple[CountSolution | None, float]:
     """The cheapest (target, multiset) pair costing less than ``upper``, and a proven lower bound.
 
     Returns ``(solution, lower)``: the optimum and its own value, or
@@ -140,7 +141,8 @@ def min_cost_counts(d: np.ndarray, rc: np.ndarray, n: int, need: np.ndarray, cos
     growing guesses (``first_gap`` above the LP bound, four times further
     each round), so a good solution is found without enumerating up to
     ``upper``. Raises :class:`CountWorkLimit` when the enumeration outgrows
-    ``work_limit`` label extensions.
+    ``work_limit`` label extensions or a round would start after ``deadline``
+    (``time.perf_counter()``).
     """
     cost = np.asarray(cost, dtype=np.float64)
     # a point another beats on both discard and recompute is never needed
@@ -148,7 +150,7 @@ def min_cost_counts(d: np.ndarray, rc: np.ndarray, n: int, need: np.ndarray, cos
     useful = order[np.asarray(d)[order] > np.concatenate([[-1], np.maximum.accumulate(np.asarray(d)[order])[:-1]])]
     if len(useful) < len(d):
         sol, lower = min_cost_counts(np.asarray(d)[useful], np.asarray(rc)[useful], n, need, cost, upper,
-                                     first_gap=first_gap, max_gap=max_gap, work_limit=work_limit)
+                                     first_gap=first_gap, max_gap=max_gap, work_limit=work_limit, deadline=deadline)
         if sol is not None:
             sol = CountSolution(sol.value, sol.target, {int(useful[p]): c for p, c in sol.counts.items()})
         return sol, lower
@@ -179,6 +181,8 @@ def min_cost_counts(d: np.ndarray, rc: np.ndarray, n: int, need: np.ndarray, cos
     guess = floor + first_gap * max(abs(floor), 1e-9)
     spent = 0.0
     while True:
+        if time.perf_counter() > deadline:
+            raise CountWorkLimit
         cap = min(guess, upper)
         sol, work = _search(d, rc, n, need, cost, lower, pi, lam, a, b, cap, work_limit - spent)
         spent += work

@@ -498,7 +498,7 @@ def solve_dp(prob: Problem, budget_bytes: float, *, time_limit_s: float = 60.0, 
     # integrality gap is wide); the relaxation is their fallback below.
     stack_tried = stack is not None and len(stack.blocks) >= _STACK_FIRST_BLOCKS
     if stack_tried:
-        res = _stack_pass(fr, stack, keyneed, slack)
+        res = _stack_pass(fr, stack, keyneed, slack, deadline)
         if res is not None:
             stack_lower = res.lower
             if res.choices is not None:
@@ -582,7 +582,7 @@ def solve_dp(prob: Problem, budget_bytes: float, *, time_limit_s: float = 60.0, 
                 best = (h[0], h[1], sub)
     if (not stack_tried and stack is not None and best is not None and exc is not None
             and best[0] - proven() > mip_rel_gap * abs(best[0])):
-        res = _stack_pass(base_fr, stack, keyneed, slack)  # a short stack the DP could not close
+        res = _stack_pass(base_fr, stack, keyneed, slack, deadline)  # a short stack the DP could not close
         if res is not None:
             stack_lower = res.lower
             if res.choices is not None and res.cost < best[0]:
@@ -629,11 +629,13 @@ def _stack_of(base: _Frontiers):
     return base.stack or None
 
 
-def _stack_pass(fr: _Frontiers, stack, keyneed: np.ndarray, slack: float) -> StackResult | None:
+def _stack_pass(fr: _Frontiers, stack, keyneed: np.ndarray, slack: float,
+                deadline: float = math.inf) -> StackResult | None:
     """The count-space relaxation (bound and, often, an optimal plan) of a stack of identical blocks."""
     if fr.giants:
         stack._other_options.clear()  # a giant among the other subtrees lists other points per budget
-    return solve_stack(fr, stack, keyneed, math.inf, eps=slack / len(stack.blocks), work_limit=_STACK_WORK)
+    return solve_stack(fr, stack, keyneed, math.inf, eps=slack / len(stack.blocks), work_limit=_STACK_WORK,
+                       deadline=deadline)
 
 
 def _stack_solution(prob: Problem, fr: _Frontiers, res: StackResult) -> Solution:

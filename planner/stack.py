@@ -91,7 +91,7 @@ def find_stack(fr) -> Stack | None:
 
 
 def solve_stack(fr, stack: Stack, keyneed: np.ndarray, upper: float, eps: float,
-                max_gap: float = math.inf, work_limit: float = 3e6) -> StackResult | None:
+                max_gap: float = math.inf, work_limit: float = 3e6, deadline: float = math.inf) -> StackResult | None:
     """The relaxation's bound, and a plan meeting it when the dealt-out counts fit every constraint.
 
     ``eps``: frontier points of a block that another point beats on discard
@@ -99,7 +99,8 @@ def solve_stack(fr, stack: Stack, keyneed: np.ndarray, upper: float, eps: float,
     ``eps`` per block to stay valid). ``upper``: a known plan's recompute (or
     inf); the bound is capped there. ``max_gap``: give up when the
     relaxation's optimum lies further than this (relative) above its LP
-    bound. None when it gave up or outgrew ``work_limit``.
+    bound. None when it gave up, outgrew ``work_limit`` or passed ``deadline``
+    (``time.perf_counter()``).
 
     When the plain relaxation's counts cannot be dealt out (near the smallest
     feasible budget, where every block's own constraints bind), the ordered
@@ -131,7 +132,8 @@ def solve_stack(fr, stack: Stack, keyneed: np.ndarray, upper: float, eps: float,
         x, c, pair = _pareto_targets(x, c, pair)
         limit = min(upper, best[0] if best else math.inf)
         try:
-            sol, bound = min_cost_counts(d, rc, g.n, x, c, limit, max_gap=max_gap, work_limit=work_limit)
+            sol, bound = min_cost_counts(d, rc, g.n, x, c, limit, max_gap=max_gap, work_limit=work_limit,
+                                         deadline=deadline)
         except CountWorkLimit:
             return None
         if sol is None and bound < limit:
@@ -148,7 +150,7 @@ def solve_stack(fr, stack: Stack, keyneed: np.ndarray, upper: float, eps: float,
         if _fits(fr, choices, need):
             cost = math.fsum(float(fr.rc[i][j]) for i, j in choices.items())
             return StackResult(min(lower, cost), cost, choices)
-    ordered = _ordered(fr, stack, need, groups, starts, d, rc, point_of, tail, eps, upper, work_limit)
+    ordered = _ordered(fr, stack, need, groups, starts, d, rc, point_of, tail, eps, upper, work_limit, deadline)
     if ordered is None:
         return StackResult(lower)
     return StackResult(max(lower, ordered.lower), ordered.cost, ordered.choices)
@@ -165,7 +167,8 @@ class _Group:
     och: list  # choices
 
 
-def _ordered(fr, stack: Stack, need, groups, starts, d, rc, point_of, tail, eps, upper, work_limit):
+def _ordered(fr, stack: Stack, need, groups, starts, d, rc, point_of, tail, eps, upper, work_limit,
+             deadline=math.inf):
     """The ordered relaxation (planner.stack_order) over every group; None when it does not apply."""
     if stack._types is None:
         stack._types = block_types(fr, stack) or False
@@ -183,7 +186,7 @@ def _ordered(fr, stack: Stack, need, groups, starts, d, rc, point_of, tail, eps,
             limit = min(upper, best[0] if best else math.inf)
             try:
                 sol, b = ordered_counts(d, rc, R[point_of], delta, float(g.od[o]), g.n, g.tx, g.tc + g.orc[o],
-                                        limit, start=start, work_limit=work_limit)
+                                        limit, start=start, work_limit=work_limit, deadline=deadline)
             except CountWorkLimit:
                 return None
             bound = min(bound, b)

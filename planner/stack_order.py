@@ -31,6 +31,7 @@ the exact optimum of this relaxation.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -89,7 +90,7 @@ class OrderedSolution:
 
 def ordered_counts(d: np.ndarray, rc: np.ndarray, R: np.ndarray, delta: float, s0: float, n: int,
                    need: np.ndarray, cost: np.ndarray, upper: float, *, start: float, first_gap: float = 1e-4,
-                   work_limit: float = 2e7) -> tuple[OrderedSolution | None, float]:
+                   work_limit: float = 2e7, deadline: float = math.inf) -> tuple[OrderedSolution | None, float]:
     """The cheapest (target, sequence of n options) meeting every block's R and the target, and a lower bound.
 
     ``d`` (int64 bytes) / ``rc`` (ms) / ``R`` (bytes): the options; ``s0``:
@@ -98,7 +99,8 @@ def ordered_counts(d: np.ndarray, rc: np.ndarray, R: np.ndarray, delta: float, s
     bound on the optimum (the plain relaxation's) where the guesses begin.
     Returns ``(solution, its value)`` or ``(None, bound)`` when no sequence
     costs less than ``upper``. Raises :class:`CountWorkLimit` past
-    ``work_limit`` label extensions.
+    ``work_limit`` label extensions, or when a round would start after
+    ``deadline`` (``time.perf_counter()``).
     """
     d = np.asarray(d, dtype=np.int64)
     rc = np.asarray(rc, dtype=np.float64)
@@ -123,6 +125,8 @@ def ordered_counts(d: np.ndarray, rc: np.ndarray, R: np.ndarray, delta: float, s
     guess = max(start, floor) + first_gap * max(abs(start), 1e-9)
     spent = 0.0
     while True:
+        if time.perf_counter() > deadline:
+            raise CountWorkLimit
         cap = min(guess, upper)
         sol, work, exhaustive = _search(d, rc, R, delta, n, need, cost, pi, lam, base, order, cap - floor, cap,
                                         work_limit - spent)
