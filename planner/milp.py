@@ -26,6 +26,7 @@ The running sum S keeps the matrix sparse: each memory row is one bound.
 from __future__ import annotations
 
 import math
+import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -325,11 +326,16 @@ def solve_budget(prob: Problem, budget_bytes: float, *, time_limit_s: float, mip
     # plan; if it meets the budget it is optimal. If it misses by a hair, the
     # needs are raised until a plan meets the budget, and the gap is honest.
     margin, bound = -_RELAX * prob.unit, None
+    deadline = time.perf_counter() + time_limit_s  # the retries share the time limit
     for attempt in range(6):
+        left = deadline - time.perf_counter()
+        if attempt > 0 and left <= 0:
+            return Solution("time_limit", "time limit reached before a plan met the budget to the byte; "
+                                          "raise time_limit_s or use solver='dp' (exact)")
         lb = np.zeros(mat.n_var)
         for k, v in rows:
             lb[mat.s0 + k - 1] = max(lb[mat.s0 + k - 1], (v + margin) / prob.unit)
-        sol = _run(prob, mat, mat.cost, lb, mat.constraint(), time_limit_s, mip_rel_gap)
+        sol = _run(prob, mat, mat.cost, lb, mat.constraint(), max(left, 0.01), mip_rel_gap)
         if attempt == 0:
             bound = sol.lower_bound if sol.status in ("optimal", "feasible") else None
         if sol.decisions is None:

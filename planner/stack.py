@@ -35,7 +35,7 @@ import numpy as np
 
 from planner.counts import CountWorkLimit, min_cost_counts
 from planner.memory_model import NEED_TOL_BYTES
-from planner.stack_order import block_types, ordered_counts, requirements
+from planner.stack_order import absorbed, block_types, ordered_counts, partial_table, requirements
 from planner.stack_tail import tail_requirements
 
 __all__ = ["Stack", "StackResult", "find_stack", "solve_stack"]
@@ -55,7 +55,7 @@ class Stack:
     rc: np.ndarray  # ms
     choices: list[tuple[tuple[int, int], ...]]  # per point: (candidate, point) pairs, relative to blocks[0]
     _other_options: dict[int, tuple] = field(default_factory=dict)
-    _types: object = None  # planner.stack_order.BlockTypes, False when the blocks are not back to back
+    _types: object = None  # planner.stack_order.BlockTypes (the ordered relaxation's options), or False
 
 
 @dataclass(frozen=True)
@@ -145,8 +145,8 @@ def solve_stack(fr, stack: Stack, keyneed: np.ndarray, upper: float, eps: float,
     if best is not None:
         _, sol, (tail_i, other_i), g = best
         seq = [int(point_of[p]) for p, k in sol.counts.items() for _ in range(k)]
-        choices = _assemble(fr, stack, _exchange_order(fr, stack, seq, need), tail.choices(int(tail_i)),
-                            g.och[other_i])
+        choices = _assemble(stack, [stack.choices[p] for p in _exchange_order(fr, stack, seq, need)],
+                            tail.choices(int(tail_i)), g.och[other_i])
         if _fits(fr, choices, need):
             cost = math.fsum(float(fr.rc[i][j]) for i, j in choices.items())
             return StackResult(min(lower, cost), cost, choices)
@@ -169,34 +169,41 @@ class _Group:
 
 def _ordered(fr, stack: Stack, need, groups, starts, d, rc, point_of, tail, eps, upper, work_limit,
              deadline=math.inf):
-    """The ordered relaxation (planner.stack_order) over every group; None when it does not apply."""
+    """The ordered relaxation (planner.stack_order) over every group; None when it does not apply.
+
+    It lists its own options (``stack._types``: every partial-discard profile
+    kept) and absorbs near-duplicates among them with the same ``eps``.
+    """
     if stack._types is None:
         stack._types = block_types(fr, stack) or False
-    if not stack._types or any(len(g.od) > _MAX_ORDERED_OTHERS for g in groups):
+    types = stack._types
+    if not types or any(len(g.od) > _MAX_ORDERED_OTHERS for g in groups):
         return None
+    kept = absorbed(types, eps)
+    od, orc, oR, och = types.d[kept], types.rc[kept], types.partial[kept], [types.choices[p] for p in kept]
     lower, best = math.inf, None
     for g, start in sorted(zip(groups, starts), key=lambda x: x[1]):
         limit = min(upper, best[0] if best else math.inf)
         if start >= limit:
             lower = min(lower, start - g.n * eps)
             continue
-        R, delta = requirements(fr, stack, stack._types, need, g.n) if g.n else (np.zeros(len(stack.d)), 0.0)
+        R, delta = requirements(fr, stack, oR, need, g.n) if g.n else (np.zeros(len(od)), 0.0)
         bound = math.inf
         for o in range(len(g.od)):  # the other subtrees (all before the blocks) set the starting slack
             limit = min(upper, best[0] if best else math.inf)
             try:
-                sol, b = ordered_counts(d, rc, R[point_of], delta, float(g.od[o]), g.n, g.tx, g.tc + g.orc[o],
+                sol, b = ordered_counts(od, orc, R, delta, float(g.od[o]), g.n, g.tx, g.tc + g.orc[o],
                                         limit, start=start, work_limit=work_limit, deadline=deadline)
             except CountWorkLimit:
                 return None
             bound = min(bound, b)
             if sol is not None:
-                best = (sol.value, [int(point_of[p]) for p in sol.sequence], g.which[sol.target], g.och[o])
+                best = (sol.value, [och[p] for p in sol.sequence], g.which[sol.target], g.och[o])
         lower = min(lower, bound - g.n * eps)
     if best is None:
         return StackResult(min(lower, upper))
     value, seq, tail_i, och = best
-    choices = _assemble(fr, stack, seq, tail.choices(int(tail_i)), och)
+    choices = _assemble(stack, seq, tail.choices(int(tail_i)), och)
     if not _fits(fr, choices, need):
         return StackResult(min(lower, value))
     cost = math.fsum(float(fr.rc[i][j]) for i, j in choices.items())
@@ -292,17 +299,19 @@ def _exchange_order(fr, stack: Stack, seq: list[int], need: np.ndarray) -> list[
         stack._types = block_types(fr, stack) or False
     if not stack._types:
         return sorted(seq, key=lambda p: (-int(stack.d[p]), p))
-    R, delta = requirements(fr, stack, stack._types, need, len(seq))
-    g = stack.d - delta
-    return sorted(seq, key=lambda p: (0, R[p], p) if g[p] >= 0 else (1, -(R[p] + g[p]), p))
+    used = sorted(set(seq))
+    R, delta = requirements(fr, stack, partial_table(fr, stack, [stack.choices[p] for p in used]), need, len(seq))
+    key = {p: ((0, R[i], p) if stack.d[p] >= delta else (1, -(R[i] + stack.d[p] - delta), p))
+           for i, p in enumerate(used)}
+    return sorted(seq, key=key.__getitem__)
 
 
-def _assemble(fr, stack: Stack, seq: list[int], tail_choices: dict, other_choices) -> dict[int, int]:
-    """Candidate -> frontier index: option seq[j] on block j, then the tail's and the other subtrees' choices."""
+def _assemble(stack: Stack, options: list, tail_choices: dict, other_choices) -> dict[int, int]:
+    """Candidate -> frontier index: options[j] (pairs relative to the first block) on block j, then the rest."""
     rep = stack.blocks[0]
     out = {}
-    for root, p in zip(stack.blocks, seq):
-        for i, j in stack.choices[p]:
+    for root, choice in zip(stack.blocks, options):
+        for i, j in choice:
             out[i + root - rep] = j
     out.update(tail_choices)
     out.update(dict(other_choices))

@@ -40,44 +40,127 @@ from planner.counts import CountWorkLimit
 from planner.hull import lower_hull
 from planner.memory_model import NEED_TOL_BYTES
 
-__all__ = ["BlockTypes", "OrderedSolution", "block_types", "ordered_counts"]
+__all__ = ["BlockTypes", "OrderedSolution", "absorbed", "block_types", "ordered_counts", "partial_table",
+           "requirements"]
 
 _TOL = 1e-12
+_MAX_OPTIONS = 20_000  # options of one block the ordered relaxation will list
 
 
 @dataclass(frozen=True)
 class BlockTypes:
-    """Budget-independent: each joint option's partial discards at its block's keys."""
+    """Budget-independent: one block's options for the ordered relaxation, with their partial discards.
 
+    Unlike the plain relaxation's options (non-dominated in total discard and
+    recompute only), these keep every option that no other beats on total
+    discard, recompute *and* the discard finished before each of the block's
+    own keys: an option that frees less in all but frees it earlier can be
+    what a tight budget needs.
+    """
+
+    d: np.ndarray  # total discard per option (int64 bytes)
+    rc: np.ndarray  # recompute ms
     partial: np.ndarray  # (options, keys): discard finished before each key of the block
+    choices: list  # per option: (candidate, point) pairs, relative to the first block
     n_keys: int  # keys from the block's start to its root
 
 
-def block_types(fr, stack) -> BlockTypes | None:
-    """The partial-discard table of the stack's options; None when the blocks are not back to back."""
+def block_types(fr, stack, max_options: int = _MAX_OPTIONS) -> BlockTypes | None:
+    """The ordered relaxation's options of one block; None when the blocks are not back to back or too many."""
     blocks = stack.blocks
     for prev, nxt in zip(blocks, blocks[1:]):
         if fr.starts[nxt] != prev + 1:
             return None  # something sits between two blocks: positions are not interchangeable
     rep = blocks[0]
-    s0 = fr.starts[rep]
-    n_keys = rep - s0 + 1
-    partial = np.zeros((len(stack.d), n_keys))
-    q = np.arange(n_keys) + s0  # absolute keys of block 0
-    for p, choice in enumerate(stack.choices):
+    keys = np.arange(fr.starts[rep], rep + 1)
+    try:
+        d, rc, partial, choices = _profile_options(fr, rep, keys, max_options)
+    except _TooMany:
+        return None
+    return BlockTypes(d.astype(np.int64), rc, partial, choices, len(keys))
+
+
+def partial_table(fr, stack, choices: list) -> np.ndarray:
+    """Partial discards (options, keys) of arbitrary joint options of the first block."""
+    rep = stack.blocks[0]
+    keys = np.arange(fr.starts[rep], rep + 1)
+    out = np.zeros((len(choices), len(keys)))
+    for p, choice in enumerate(choices):
         for i, j in choice:
-            partial[p, q > i] += float(fr.d[i][j])
-    return BlockTypes(partial, n_keys)
+            out[p, keys > i] += float(fr.d[i][j])
+    return out
 
 
-def requirements(fr, stack, types: BlockTypes, need: np.ndarray, n: int) -> tuple[np.ndarray, float]:
-    """(R per option, delta) for the first n member blocks at these needs."""
+class _TooMany(Exception):
+    pass
+
+
+def _profile_options(fr, c: int, keys: np.ndarray, limit: int):
+    """Options of c's subtree no other beats on discard, recompute and every partial discard."""
+    d, rc, part, ch = np.zeros(1), np.zeros(1), np.zeros((1, len(keys))), [()]
+    k = c - 1
+    while k >= fr.starts[c]:  # children, last first; a dominating child option dominates in any combination
+        cd, crc, cpart, cch = _profile_options(fr, k, keys, limit)
+        if len(d) * len(cd) > 50 * limit:
+            raise _TooMany
+        d = (d[:, None] + cd[None, :]).ravel()
+        rc = (rc[:, None] + crc[None, :]).ravel()
+        part = (part[:, None, :] + cpart[None, :, :]).reshape(-1, len(keys))
+        ch = [p + q for p in ch for q in cch]
+        d, rc, part, ch = _undominated(d, rc, part, ch, limit)
+        k = fr.starts[k] - 1
+    own = np.asarray(fr.d[c], dtype=np.float64)
+    own_part = own[:, None] * (keys[None, :] > c)  # c's discard counts from the key after it
+    d = np.concatenate([d, own])
+    rc = np.concatenate([rc, np.asarray(fr.rc[c], dtype=np.float64)])
+    part = np.concatenate([part, own_part])
+    ch = ch + [((c, j),) for j in range(len(own))]
+    return _undominated(d, rc, part, ch, limit)
+
+
+def _undominated(d, rc, part, ch, limit):
+    """Drop options another beats (or equals) on more discard, less recompute and more discard at every key."""
+    order = np.lexsort((-part.sum(axis=1), -d, rc))  # cheapest first; among equals the most discard first
+    keep_d, keep_p, kept = np.zeros(0), np.zeros((0, part.shape[1])), []
+    for i in order.tolist():
+        if len(kept) and np.any((keep_d >= d[i]) & np.all(keep_p >= part[i], axis=1)):
+            continue  # a cheaper-or-equal kept option discards at least as much everywhere
+        kept.append(i)
+        keep_d = np.append(keep_d, d[i])
+        keep_p = np.vstack([keep_p, part[i]])
+        if len(kept) > limit:
+            raise _TooMany
+    kept = np.array(kept, dtype=np.int64)
+    return d[kept], rc[kept], part[kept], [ch[i] for i in kept]
+
+
+def absorbed(types: BlockTypes, eps: float) -> np.ndarray:
+    """Indices of the options kept when each one another beats everywhere for at most ``eps`` more ms is dropped.
+
+    Swapping a dropped option for its absorber frees at least as much at every
+    key (so every constraint still holds) for at most ``eps`` more per block:
+    the optimum over the kept options is within ``n * eps`` of the true one.
+    """
+    order = np.lexsort((types.d, -types.rc))  # dearest first: an absorber is kept, never itself absorbed
+    kd, kp, kr, kept = np.zeros(0), np.zeros((0, types.partial.shape[1])), np.zeros(0), []
+    for i in order.tolist():
+        if len(kept) and np.any((kd >= types.d[i]) & (kr <= types.rc[i] + eps)
+                                & np.all(kp >= types.partial[i], axis=1)):
+            continue
+        kept.append(i)
+        kd, kr = np.append(kd, types.d[i]), np.append(kr, types.rc[i])
+        kp = np.vstack([kp, types.partial[i]])
+    return np.sort(np.array(kept, dtype=np.int64))
+
+
+def requirements(fr, stack, partial: np.ndarray, need: np.ndarray, n: int) -> tuple[np.ndarray, float]:
+    """(R per option, delta) for the first n member blocks at these needs; ``partial``: (options, keys)."""
     starts = np.array([fr.starts[b] for b in stack.blocks[:n]])
-    block_need = need[starts[:, None] + np.arange(types.n_keys)[None, :]]  # (n, keys)
+    block_need = need[starts[:, None] + np.arange(partial.shape[1])[None, :]]  # (n, keys)
     delta = float(block_need[-1, 0] - block_need[0, 0]) / (n - 1) if n > 1 else 0.0
     shift = delta * np.arange(n)
     # R_p(j) = max_q need(j, q) - partial_p(q) - j delta; the relaxation keeps min over j
-    req = np.max(block_need[None, :, :] - types.partial[:, None, :], axis=2) - shift[None, :]
+    req = np.max(block_need[None, :, :] - partial[:, None, :], axis=2) - shift[None, :]
     return req.min(axis=1), delta
 
 
