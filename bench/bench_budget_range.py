@@ -240,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
            "| input | modules | budgets GiB | optimal | not proven (gap) | over budget | median s | p90 s | max s (at GiB) |",
            "|---|---:|---|---:|---|---|---:|---:|---|"]
     for r in results:
-        unproven = ", ".join(f"{x[0]:.2f} ({x[1].mip_gap:.1e})" for x in r["unproven"]) or "none"
+        unproven = ", ".join(f"{x[0]:.2f} ({x[1].status}, gap {x[1].mip_gap if x[1].mip_gap is None else format(x[1].mip_gap, '.1e')})"
+                             for x in r["unproven"]) or "none"
         b, _, s = r["slowest"]
         out.append(f"| {r['label']} | {r['modules']} | {r['low']:.3f} - {r['base']:.3f} | {r['optimal']} of {r['n']} "
                    f"| {unproven} | {', '.join(f'{x[0]:.2f}' for x in r['over']) or 'none'} | {r['median']:.3f} "
@@ -260,8 +261,9 @@ def main(argv: list[str] | None = None) -> int:
                 "| budget GiB | status | gap | seconds | rc ms | the default plan's rc ms |", "|---:|---|---:|---:|---:|---:|"]
         for b, q, s in milp_ref:
             p = planner.plan(llama, b)
-            out.append(f"| {b:.3f} | {q.status} | {q.mip_gap:.1e} | {s:.1f} | {q.recompute_ms:.6f} | "
-                       f"{p.recompute_ms:.6f} |")
+            gap = "-" if q.mip_gap is None else f"{q.mip_gap:.1e}"
+            rc = "no plan" if q.recompute_ms is None else f"{q.recompute_ms:.6f}"
+            out.append(f"| {b:.3f} | {q.status} | {gap} | {s:.1f} | {rc} | {p.recompute_ms:.6f} |")
     text = "\n".join(out) + "\n"
     print(text)
     if not args.quick:

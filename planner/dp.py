@@ -39,9 +39,10 @@ __all__ = ["solve_dp"]
 _TOL = 1e-9
 _MIB = float(2**20)
 # Stacks of at least this many identical blocks are planned by the count-space
-# relaxation first (planner/stack.py). Measured on copies of the L12 sample's
-# block: from 16 blocks on it is faster at most budgets, below it the DP is
-# (bench/RESULTS.md, "Planner: stack pass").
+# relaxation first (planner/stack.py). Measured while tuning 0.4.0 on copies
+# of the L12 sample's block (bench/synthetic.py, 8 to 200 blocks): from 16
+# blocks on it is faster at most budgets, below it the DP is. Shorter stacks
+# still reach it as a fallback when the DP cannot close its gap.
 _STACK_FIRST_BLOCKS = 16
 _STACK_WORK = 2e7  # label extensions / tail pairs the relaxation may spend (about a second at most)
 

@@ -117,7 +117,7 @@ def test_deep_stack_is_proven_optimal_at_the_count_space_optimum():
     # 96 copies of block 5 of the L12 sample (bench/synthetic.py). Known answer: HiGHS's
     # dual bound on a count-space relaxation of this instance (scipy.optimize.milp,
     # bench/bench_budget_range.py's count_bound; first measured by planner 0.3.1's
-    # bench/finish_grid.py, which also found the DP's 64 KiB gridded bound there),
+    # bench/finish_grid.py (since removed), which also found the DP's 64 KiB gridded bound there),
     # 258.662949 ms at 44.040 GiB (bench/RESULTS.md, "every budget of deep models").
     # Planner 0.3.1 returned 258.665520 ms there as 'feasible' (gap 4.4e-4).
     import importlib.util
