@@ -156,8 +156,12 @@ def _round_up(gib: float, digits: int = 6) -> float:
     """``gib`` rounded up to ``digits`` significant digits: readable, and itself feasible."""
     if gib <= 0:
         return 0.0
-    step = 10.0 ** (math.floor(math.log10(gib)) - digits + 1)
-    out = math.ceil(gib / step) * step
+    exp = math.floor(math.log10(gib)) - digits + 1
+    k = math.ceil(gib / 10.0**exp)
+    for kk in (k, k + 1):
+        out = float(f"{kk}e{exp}")  # the shortest float for kk * 10**exp, not a product's rounding noise
+        if out >= gib:
+            return out
     while out < gib:
         out = math.nextafter(out, math.inf)
     return out

@@ -91,6 +91,8 @@ def test_min_feasible_budget_is_feasible_on_random_trees():
         if p.status != "infeasible":
             continue
         seen += 1
+        # readable: at most 6 significant digits, as the CLI and JSON show it (no 2.6521100000000004)
+        assert float(f"{p.min_feasible_budget_gib:.6g}") == p.min_feasible_budget_gib
         again = plan(stats, p.min_feasible_budget_gib)
         assert again.status == "optimal"
         assert again.peak_bytes <= p.min_feasible_budget_gib * GIB
