@@ -1,7 +1,10 @@
 """``sacplan plan``, ``sacplan sweep`` and ``sacplan schema``.
 
-Exit codes: 0 optimal or feasible, 2 infeasible (the message names the
-smallest budget with a plan), 1 bad input or no plan.
+Exit codes (``EXIT_CODES`` below, also in ``--help``): 0 optimal or feasible;
+1 bad input; 2 infeasible (the message names the smallest budget with a plan);
+3 no plan found (time limit reached before any plan, or solver error). A sweep
+exits 3 if any budget had no plan for a reason other than infeasibility (more
+time might find one), else 2 if any budget is infeasible, else 0.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import sys
 
 from planner.loader import StatsError, load_stats
@@ -20,18 +24,35 @@ from planner.stats import Stats
 
 __all__ = ["register"]
 
-EXIT_OK, EXIT_BAD_INPUT, EXIT_INFEASIBLE = 0, 1, 2
+EXIT_OK, EXIT_BAD_INPUT, EXIT_INFEASIBLE, EXIT_NO_PLAN = 0, 1, 2, 3
+
+EXIT_CODES = """exit codes:
+  0  optimal or feasible plan(s)
+  1  bad input (the message names the option or field and its value)
+  2  infeasible: no plan fits (stderr names the smallest budget with a plan)
+  3  no plan found: time limit reached before any plan, or solver error"""
+
+_SWEEP_EXIT_RULE = ("\nA sweep exits 3 if any budget had no plan for a reason other than infeasibility,\n"
+                    "else 2 if any budget is infeasible, else 0.")
+
+# planner parameter -> the CLI option a user typed, for the planner's ValueError messages
+_OPTION_OF = {"memory_budget_gib": "--budget-gib", "world_size": "--world-size", "time_limit_s": "--time-limit",
+              "mip_rel_gap": "--mip-rel-gap", "reserve_gib": "--reserve-gib", "solver": "--solver",
+              "ac_units": "--ac-unit", "fsdp_units": "--fsdp-unit"}
+_PARAMETER = re.compile(r"^(\w+)(?:\[(\d+)\])?")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="plan checkpointing for one memory budget",
-                       description="Plan selective activation checkpointing for one memory budget.")
+                       description="Plan selective activation checkpointing for one memory budget.",
+                       epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
     _common(p)
     p.add_argument("--budget-gib", type=float, required=True, help="peak memory allowed per rank, GiB")
     p.set_defaults(handler=_plan)
 
     s = sub.add_parser("sweep", help="plan for several budgets (the memory/recompute curve)",
-                       description="Plan for several budgets: the memory/recompute Pareto curve.")
+                       description="Plan for several budgets: the memory/recompute Pareto curve.",
+                       epilog=EXIT_CODES + _SWEEP_EXIT_RULE, formatter_class=argparse.RawDescriptionHelpFormatter)
     _common(s)
     s.add_argument("--budgets-gib", required=True, help="comma-separated budgets in GiB, e.g. 2,4,8")
     s.set_defaults(handler=_sweep)
@@ -71,15 +92,35 @@ def _load(path: str) -> Stats | None:
         return None
 
 
+def _option_message(exc: ValueError, is_sweep: bool) -> str:
+    """The planner's message with its parameter name replaced by the option the user typed."""
+    def option(m: re.Match) -> str:
+        name, index = m.group(1), m.group(2)
+        if name in ("budgets_gib", "memory_budget_gib"):  # both commands plan through sweep()
+            return f"--budgets-gib entry {int(index or 0) + 1}" if is_sweep else "--budget-gib"
+        return _OPTION_OF.get(name, m.group(0))
+    return _PARAMETER.sub(option, str(exc), count=1)
+
+
+def _run_sweep(stats: Stats, budgets: list[float], args, progress=None) -> list[Plan] | None:
+    """The planner's sweep; None (after printing why) on an invalid option."""
+    if args.include_optimizer_state and not stats.root.optimizer_state_bytes:
+        print("sacplan: note: --include-optimizer-state changes nothing: the stats record no optimizer state "
+              "(PyTorch-format stats never do)", file=sys.stderr)
+    try:
+        with _solver_output_to_stderr():
+            return sweep(stats, budgets, progress=progress, **_options(args))
+    except ValueError as exc:
+        print(f"sacplan: {_option_message(exc, is_sweep=hasattr(args, 'budgets_gib'))}", file=sys.stderr)
+        return None
+
+
 def _plan(args) -> int:
     stats = _load(args.stats)
     if stats is None:
         return EXIT_BAD_INPUT
-    try:
-        with _solver_output_to_stderr():
-            plans = sweep(stats, [args.budget_gib], **_options(args))
-    except ValueError as exc:
-        print(f"sacplan: {exc}", file=sys.stderr)
+    plans = _run_sweep(stats, [args.budget_gib], args)
+    if plans is None:
         return EXIT_BAD_INPUT
     plan = plans[0]
     if args.json:
@@ -93,26 +134,33 @@ def _sweep(args) -> int:
     stats = _load(args.stats)
     if stats is None:
         return EXIT_BAD_INPUT
-    try:
-        budgets = [float(b) for b in args.budgets_gib.split(",") if b.strip()]
-    except ValueError:
-        print(f"sacplan: --budgets-gib {args.budgets_gib!r} is not a comma-separated list of numbers", file=sys.stderr)
+    budgets = _parse_budgets(args.budgets_gib)
+    if budgets is None:
         return EXIT_BAD_INPUT
 
     def progress(i: int, n: int, p: Plan) -> None:
         print(f"[{i + 1}/{n}] {p.memory_budget_gib:g} GiB: {p.status} ({p.solve_seconds:.2f} s)", file=sys.stderr)
 
-    try:
-        with _solver_output_to_stderr():
-            plans = sweep(stats, budgets, progress=progress, **_options(args))
-    except ValueError as exc:
-        print(f"sacplan: {exc}", file=sys.stderr)
+    plans = _run_sweep(stats, budgets, args, progress)
+    if plans is None:
         return EXIT_BAD_INPUT
     if args.json:
         print(json.dumps([p.model_dump(mode="json") for p in plans], indent=2))
     else:
         print(_sweep_table(plans))
     return _exit_code(plans)
+
+
+def _parse_budgets(text: str) -> list[float] | None:
+    """Every comma-separated entry must be a number; None (after printing which is not) otherwise."""
+    budgets = []
+    for k, entry in enumerate(text.split(","), start=1):
+        try:
+            budgets.append(float(entry))
+        except ValueError:
+            print(f"sacplan: --budgets-gib entry {k} {entry!r} is not a number", file=sys.stderr)
+            return None
+    return budgets
 
 
 def _schema(args) -> int:
@@ -122,17 +170,16 @@ def _schema(args) -> int:
 
 
 def _exit_code(plans: list[Plan]) -> int:
-    if any(p.status == "infeasible" for p in plans):
-        for p in plans:
-            if p.status == "infeasible":
-                print(f"sacplan: {p.message}", file=sys.stderr)
-        return EXIT_INFEASIBLE
-    if all(p.status in ("optimal", "feasible") for p in plans):
-        return EXIT_OK
+    """Print why each budget has no plan; 3 if any lacks one for a reason other than infeasibility, else 2, else 0."""
     for p in plans:
-        if p.status not in ("optimal", "feasible"):
+        if p.status == "infeasible":
+            print(f"sacplan: {p.message}", file=sys.stderr)
+        elif p.status not in ("optimal", "feasible"):
             print(f"sacplan: {p.memory_budget_gib:g} GiB: {p.status}: {p.message}", file=sys.stderr)
-    return EXIT_BAD_INPUT
+    statuses = {p.status for p in plans}
+    if statuses - {"optimal", "feasible", "infeasible"}:
+        return EXIT_NO_PLAN
+    return EXIT_INFEASIBLE if "infeasible" in statuses else EXIT_OK
 
 
 @contextlib.contextmanager
@@ -153,6 +200,15 @@ def _gib(b: float | None) -> str:
     return "-" if b is None else f"{b / GIB:.5g}"
 
 
+def _gib_text(b: float | None) -> str:
+    """With its unit; an absent figure is a bare '-'."""
+    return "-" if b is None else f"{_gib(b)} GiB"
+
+
+def _status_text(p: Plan) -> str:
+    return p.status + (f" (gap {p.mip_gap:.2%})" if p.status == "feasible" and p.mip_gap else "")
+
+
 def _recompute_text(p: Plan) -> str:
     if p.recompute_ms is None:
         return "-"
@@ -164,9 +220,9 @@ def _recompute_text(p: Plan) -> str:
 def _plan_table(stats: Stats, p: Plan) -> str:
     lines = [
         f"model            {stats.metadata.model_name}",
-        f"status           {p.status}" + (f" (gap {p.mip_gap:.2%})" if p.status == "feasible" and p.mip_gap else ""),
+        f"status           {_status_text(p)}",
         f"budget           {p.memory_budget_gib:g} GiB (world size {p.world_size})",
-        f"peak             {_gib(p.peak_bytes)} GiB  (no checkpointing: {_gib(p.baseline_peak_bytes)} GiB)",
+        f"peak             {_gib_text(p.peak_bytes)}  (no checkpointing: {_gib_text(p.baseline_peak_bytes)})",
         f"recompute        {_recompute_text(p)}",
         f"solve            {p.solve_seconds:.3f} s",
     ]
@@ -184,10 +240,11 @@ def _plan_table(stats: Stats, p: Plan) -> str:
 
 
 def _sweep_table(plans: list[Plan]) -> str:
-    lines = [f"{'budget GiB':>10}  {'status':<10}  {'peak GiB':>9}  {'recompute ms':>12}  {'modules':>7}  {'solve s':>7}"]
+    width = max([10] + [len(_status_text(p)) for p in plans])
+    lines = [f"{'budget GiB':>10}  {'status':<{width}}  {'peak GiB':>9}  {'recompute ms':>12}  {'modules':>7}  {'solve s':>7}"]
     for p in plans:
         rc = "-" if p.recompute_ms is None else f"{p.recompute_ms:.3f}"
-        lines.append(f"{p.memory_budget_gib:>10g}  {p.status:<10}  {_gib(p.peak_bytes):>9}  {rc:>12}  "
+        lines.append(f"{p.memory_budget_gib:>10g}  {_status_text(p):<{width}}  {_gib(p.peak_bytes):>9}  {rc:>12}  "
                      f"{len(p.modules):>7}  {p.solve_seconds:>7.3f}")
     mins = {p.min_feasible_budget_gib for p in plans if p.min_feasible_budget_gib is not None}
     if mins:

@@ -196,6 +196,9 @@ def _allowed(stats: Stats, ac_units: Sequence[str] | None, fsdp_units: Sequence[
     if ac_units is not None:
         for k, f in enumerate(ac_units):
             m = stats.module(f)
+            if m.parent is None:
+                raise ValueError(f"ac_units[{k}] {f!r} is the root module: it finishes last and frees nothing "
+                                 f"before any peak, so it is never checkpointed")
             if m.is_leaf:
                 raise ValueError(f"ac_units[{k}] {f!r} is a leaf module; leaf modules are never checkpointed")
             if not m.ops:

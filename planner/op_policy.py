@@ -26,9 +26,10 @@ from typing import Any
 import numpy as np
 
 from planner.stats import OpStats
+from planner.torch_format import ops_from_torch
 
 __all__ = ["OpGroups", "Frontier", "FrontierTooLarge", "capped_frontier", "frontier_hull", "max_discard_decision",
-           "op_groups", "ops_from_torch", "module_frontier", "optimal_op_policy"]
+           "op_groups", "module_frontier", "optimal_op_policy"]
 
 FREE, RECOMPUTE, SAVE = -1, 0, 1
 
@@ -98,53 +99,6 @@ class Frontier:
                 group_save[self._free[step]] = 0 if self._recomputes else 1
             idx = int(src[idx])
         return g.op_decisions(group_save)
-
-
-def ops_from_torch(sac_stats: Any) -> tuple[list[OpStats], bool]:
-    """Convert PyTorch's ``SACStats`` (object or dict) to our op list and its ``force_store_random``."""
-    get = sac_stats.get if isinstance(sac_stats, Mapping) else lambda k, d=None: getattr(sac_stats, k, d)
-    names = list(get("func_names"))
-    runtimes = list(get("runtimes"))
-    memory = list(get("memory"))
-    n = len(names)
-    if len(runtimes) != n or len(memory) != n:
-        raise ValueError(
-            f"sac_stats lists disagree in length: func_names {n}, runtimes {len(runtimes)}, memory {len(memory)}"
-        )
-    views = set(_indices("view_like_ops", get("view_like_ops", []), n))
-    rands = set(_indices("rand_ops", get("rand_ops", []), n))
-    saved = set(_indices("saved_autograd_ops", get("saved_autograd_ops", []), n))
-    parent: dict[int, int] = {}
-    for k, pair in enumerate(get("inplace_ops", [])):
-        if len(pair) != 2:
-            raise ValueError(f"inplace_ops[{k}] {pair!r} is not an [op, parent] pair")
-        op, par = (int(x) for x in pair)
-        for what, v in (("op", op), ("parent", par)):
-            if not 0 <= v < n:
-                raise ValueError(f"inplace_ops[{k}] {what} {v} is out of range for {n} ops")
-        parent[op] = par
-    ops = [
-        OpStats(
-            name=str(names[i]),
-            runtime_ms=runtimes[i],
-            output_bytes=memory[i],
-            view_like=i in views,
-            random=i in rands,
-            inplace_parent=parent.get(i),
-            saved_by_autograd=i in saved,
-        )
-        for i in range(n)
-    ]
-    return ops, bool(get("force_store_random", False))
-
-
-def _indices(field: str, values: Sequence[int], n: int) -> list[int]:
-    out = []
-    for k, v in enumerate(values):
-        if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or not 0 <= v < n:
-            raise ValueError(f"{field}[{k}] {v!r} is out of range for {n} ops")
-        out.append(int(v))
-    return out
 
 
 def _coerce(op_stats: Any, force_store_random: bool | None) -> tuple[list[OpStats], bool]:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Annotated, Literal
+from collections.abc import Container, Mapping
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
@@ -143,6 +144,15 @@ class Stats(_Strict):
         return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
 
 
+def short_value(v: Any) -> Any:
+    """A value as error messages quote it: containers by their size, long text cut."""
+    if isinstance(v, (list, tuple, Mapping)) and (len(v) > 4 or len(repr(v)) > 60):
+        return f"<{type(v).__name__} of {len(v)}>"
+    if isinstance(v, str) and len(v) > 80:
+        return v[:77] + "..."
+    return v
+
+
 def stats_hash(stats: Stats) -> str:
     """SHA-256 of the canonical document: the identity of a stats upload."""
     return hashlib.sha256(stats.canonical_json().encode()).hexdigest()
@@ -177,6 +187,12 @@ def _validate(s: Stats) -> None:
             raise ValueError(f"modules[{i}].parent {m.parent!r} is not a module fqn")
         if not m.fqn.startswith(m.parent + "."):
             raise ValueError(f"modules[{i}].parent {m.parent!r} is not a prefix module of {m.fqn!r}")
+        inner = innermost_prefix_module(m.fqn, index)
+        if inner != m.parent:
+            # nesting (which checkpoints contain which) follows the parent links: one that skips a
+            # level would let a module and the module really enclosing it both be checkpointed
+            raise ValueError(f"modules[{i}].parent {m.parent!r} is not the innermost module enclosing "
+                             f"{m.fqn!r}: {inner!r} is a module too")
         if pre[m.parent] > pre[m.fqn] or post[m.parent] < post[m.fqn]:
             raise ValueError(
                 f"modules[{i}] {m.fqn!r} does not lie inside its parent {m.parent!r} in fw_pre_order/fw_post_order"
@@ -184,11 +200,40 @@ def _validate(s: Stats) -> None:
         has_children.add(m.parent)
 
     _check_contiguous(s, pre, post)
+    _check_sibling_order(s, pre, post)
     for i, m in enumerate(s.modules):
         if m.is_leaf and m.fqn in has_children:
             raise ValueError(f"modules[{i}].is_leaf is true but {m.fqn!r} has submodules")
+        if m.is_leaf and m.ops is not None:
+            raise ValueError(f"modules[{i}].ops: {m.fqn!r} is a leaf module, which is never checkpointed; "
+                             f"op lists belong to non-leaf modules (give null)")
         if m.ops is not None:
             _check_ops(f"modules[{i}]", m)
+
+
+def _check_sibling_order(s: Stats, pre: dict[str, int], post: dict[str, int]) -> None:
+    """Both orders visit a module's children in the same order, as one depth-first walk does."""
+    children: dict[str, list[str]] = {}
+    for fqn in s.fw_pre_order:
+        parent = s.module(fqn).parent
+        if parent is not None:
+            children.setdefault(parent, []).append(fqn)
+    for parent, kids in children.items():
+        for a, b in zip(kids, kids[1:]):
+            if post[a] > post[b]:
+                raise ValueError(f"fw_pre_order runs {a!r} before its sibling {b!r} (fw_pre_order[{pre[a]}] and "
+                                 f"[{pre[b]}]) but fw_post_order has {b!r} first (fw_post_order[{post[b]}] and "
+                                 f"[{post[a]}]); one forward pass runs the children of {parent!r} in one order")
+
+
+def innermost_prefix_module(fqn: str, index: Container[str]) -> str | None:
+    """The longest proper dotted prefix of ``fqn`` that is a module."""
+    cut = fqn.rfind(".")
+    while cut > 0:
+        if fqn[:cut] in index:
+            return fqn[:cut]
+        cut = fqn.rfind(".", 0, cut)
+    return None
 
 
 def _check_contiguous(s: Stats, pre: dict[str, int], post: dict[str, int]) -> None:

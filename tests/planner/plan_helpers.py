@@ -2,16 +2,18 @@
 
 import itertools
 
-from planner import Stats, module_frontier
+from planner import Stats
 
 
 # --- an evaluator written from docs/memory-model.md, independent of the planner ---
 
-def realize(stats: Stats, decisions: dict[str, list[int]], world_size: int = 1) -> tuple[float, float]:
+def realize(stats: Stats, decisions: dict[str, list[int]], world_size: int = 1, *,
+            optimizer_state: bool = False, reserve_bytes: float = 0.0) -> tuple[float, float]:
     """(peak bytes, recompute ms) of per-module save lists, from the raw stats."""
     post = {f: k for k, f in enumerate(stats.fw_post_order)}
     mods = {m.fqn: m for m in stats.modules}
     root = mods[stats.fw_pre_order[0]]
+    sharded = root.param_bytes + (root.optimizer_state_bytes if optimizer_state else 0)
     discard, recompute = {}, 0.0
     for fqn, save in decisions.items():
         ops = mods[fqn].ops
@@ -19,11 +21,38 @@ def realize(stats: Stats, decisions: dict[str, list[int]], world_size: int = 1) 
         discard[fqn] = mods[fqn].act_saved_bytes - sum(op.output_bytes for op, s in zip(ops, save) if s)
         recompute += sum(op.runtime_ms for op, s in zip(ops, save) if not s)
     peak = max(
-        m.act_total_bytes + m.act_grad_bytes + (root.param_bytes + m.grad_total_bytes) / world_size
+        m.act_total_bytes + m.act_grad_bytes + (sharded + m.grad_total_bytes) / world_size + reserve_bytes
         - sum(d for f, d in discard.items() if post[f] < post[m.fqn])
         for m in stats.modules
     )
     return peak, recompute
+
+
+def check_plan(stats: Stats, p, world_size: int = 1, **terms) -> None:
+    """Everything a plan reports, re-derived from its save lists and the raw stats (``terms``: as for realize)."""
+    assert p.status in ("optimal", "feasible"), p.message
+    mods = {m.fqn: m for m in stats.modules}
+    fqns = [m.fqn for m in p.modules]
+    assert len(set(fqns)) == len(fqns)
+    assert not any(a != b and b.startswith(a + ".") for a in fqns for b in fqns), "nested checkpoints"
+    for pm in p.modules:
+        m = mods[pm.fqn]
+        assert not m.is_leaf and m.ops, f"{pm.fqn} cannot be checkpointed"
+        assert valid_save(m.ops, pm.save, m.force_store_random), pm.fqn
+        assert pm.op_names == [op.name for op in m.ops]
+        saved = sum(op.output_bytes for op, s in zip(m.ops, pm.save) if s)
+        assert pm.saved_bytes == saved
+        assert pm.discarded_bytes == m.act_saved_bytes - saved
+        total = sum(op.output_bytes for op in m.ops)
+        assert abs(pm.discard_ratio - (1 - saved / total if total else 0.0)) <= 1e-12
+        rc = sum(op.runtime_ms for op, s in zip(m.ops, pm.save) if not s)
+        assert abs(pm.recompute_ms - rc) <= 1e-9 * max(1.0, rc), pm.fqn
+    peak, rc = realize(stats, {pm.fqn: pm.save for pm in p.modules}, world_size, **terms)
+    assert peak - 1e-6 <= p.peak_bytes < peak + 1 + 1e-6  # the model's peak, rounded up to whole bytes
+    assert peak <= p.memory_budget_gib * 2**30
+    assert abs(p.recompute_ms - rc) <= 1e-6 * rc + 1e-12
+    baseline = realize(stats, {}, world_size, **terms)[0]
+    assert baseline - 1e-6 <= p.baseline_peak_bytes < baseline + 1 + 1e-6
 
 
 def valid_save(ops, save, fsr=False):
@@ -49,13 +78,30 @@ def random_ops(rng, n):
     return out
 
 
+def module_options(m) -> list[tuple[int, float, list[int]]]:
+    """Every valid save list of one module, by exhaustive enumeration, reduced to the non-dominated
+    (discarded bytes, recompute ms) pairs: no other list discards at least as much for no more recompute.
+    Written from the conventions in ../shared/reference/README.md, without the planner's frontier code."""
+    found = []
+    for save in itertools.product((0, 1), repeat=len(m.ops)):
+        if not valid_save(m.ops, save, m.force_store_random):
+            continue
+        kept = sum(op.output_bytes for op, s in zip(m.ops, save) if s)
+        rc = sum(op.runtime_ms for op, s in zip(m.ops, save) if not s)
+        found.append((m.act_saved_bytes - kept, rc, list(save)))
+    found.sort(key=lambda x: (-x[0], x[1]))
+    out, cheapest = [], float("inf")
+    for d, rc, save in found:  # by discard, most first: keep a list only if it is cheaper than every larger one
+        if rc < cheapest - 1e-12:
+            out.append((d, rc, save))
+            cheapest = rc
+    return out
+
+
 def brute_force(stats: Stats, budget_bytes: float, world_size: int = 1):
-    """Least recompute over every non-nested choice of frontier points (None if infeasible)."""
+    """Least recompute over every non-nested choice of valid save lists (None if infeasible)."""
     cands = [m for m in stats.modules if not m.is_leaf and m.ops]
-    options = []
-    for m in cands:
-        f = module_frontier(m.ops, m.force_store_random)
-        options.append([None] + [f.save_list(k) for k in range(len(f))])
+    options = [[None] + [save for _, _, save in module_options(m)] for m in cands]
     best = None
     for choice in itertools.product(*options):
         chosen = {m.fqn: s for m, s in zip(cands, choice) if s is not None}

@@ -98,44 +98,46 @@ def _brute_force(ops, budget, fsr=False):
 
 def test_policy_equals_brute_force_on_random_modules():
     rng = random.Random(1234)
-    checked = 0
-    for trial in range(150):
+    checked = refused = 0
+    for trial in range(200):
         ops = _random_ops(rng, rng.randrange(1, 11))
         budget = rng.choice([0.0, 0.1, 0.3, 0.5, 0.77, 1.0])
-        best = _brute_force(ops, budget)
-        try:
-            save = optimal_op_policy(ops, budget)
-        except ValueError:
-            assert best is None, f"trial {trial}: policy refused a feasible budget"
+        fsr = rng.random() < 0.3
+        best = _brute_force(ops, budget, fsr)
+        if best is None:  # nothing valid fits: the ops that must be saved alone exceed the budget
+            with pytest.raises(ValueError, match=r"allows \d+ bytes but the ops that must be saved"):
+                optimal_op_policy(ops, budget, force_store_random=fsr)
+            refused += 1
             continue
-        assert best is not None
-        assert _valid(ops, save)
+        save = optimal_op_policy(ops, budget, force_store_random=fsr)
+        assert _valid(ops, save, fsr)
         assert sum(op.output_bytes for op, s in zip(ops, save) if s) <= math.ceil(
             budget * sum(op.output_bytes for op in ops))
         assert sum(op.runtime_ms for op, s in zip(ops, save) if s) == pytest.approx(best, abs=1e-9)
         checked += 1
-    assert checked > 100
+    assert checked > 100 and refused >= 5
 
 
 def test_frontier_is_exactly_the_nondominated_set():
     rng = random.Random(99)
-    for _ in range(40):
+    for _ in range(60):
         ops = _random_ops(rng, rng.randrange(1, 10))
+        fsr = rng.random() < 0.3
         points = set()
         for save in itertools.product((0, 1), repeat=len(ops)):
-            if _valid(ops, save):
+            if _valid(ops, save, fsr):
                 points.add((sum(op.output_bytes for op, s in zip(ops, save) if s),
                             round(sum(op.runtime_ms for op, s in zip(ops, save) if s), 9)))
         nondominated = sorted(
             (b, ms) for b, ms in points
             if not any((b2 <= b and ms2 >= ms) and (b2, ms2) != (b, ms) for b2, ms2 in points))
         # Equal-runtime points at more bytes are dominated; keep the cheapest per runtime.
-        f = module_frontier(ops)
+        f = module_frontier(ops, fsr)
         got = [(int(b), round(float(ms), 9)) for b, ms in zip(f.saved_bytes, f.saved_ms)]
         assert got == nondominated
         for k in range(len(f)):
             save = f.save_list(k)
-            assert _valid(ops, save)
+            assert _valid(ops, save, fsr)
             assert sum(op.output_bytes for op, s in zip(ops, save) if s) == f.saved_bytes[k]
 
 
@@ -161,7 +163,15 @@ def test_contradictory_rules_are_named():
         optimal_op_policy(ops, 0.5)
 
 
-def test_torch_dict_index_errors_are_named():
-    bad = dict(KNOWN_OPS, inplace_ops=[(7, 91)])
-    with pytest.raises(ValueError, match=r"inplace_ops\[0\] parent 91 is out of range for 8 ops"):
-        optimal_op_policy(bad, 0.5)
+@pytest.mark.parametrize("edit,match", [
+    (dict(inplace_ops=[(7, 91)]), r"inplace_ops\[0\] parent 91 is out of range for 8 ops"),
+    (dict(inplace_ops=[(9, 0)]), r"inplace_ops\[0\] op 9 is out of range for 8 ops"),
+    (dict(inplace_ops=[(7,)]), r"inplace_ops\[0\] \(7,\) is not an \[op, parent\] pair"),
+    (dict(runtimes=[1.0, 2.0]), r"runtimes has 2 entries but func_names has 8"),
+    (dict(memory=None), r"memory is missing"),
+    (dict(view_like_ops=[8]), r"view_like_ops\[0\] 8 is out of range for 8 ops"),
+    (dict(saved_autograd_ops=[-1]), r"saved_autograd_ops\[0\] -1 is out of range for 8 ops"),
+])
+def test_torch_dict_errors_are_named(edit, match):
+    with pytest.raises(ValueError, match=match):
+        optimal_op_policy(dict(KNOWN_OPS, **edit), 0.5)

@@ -1,13 +1,15 @@
 """``sacplan plan / sweep / schema`` as a user runs them: exit codes, JSON on stdout, tables."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from planner import load_stats
+from planner import PLANNER_VERSION, Plan, load_stats
+from planner.cli_plan import _exit_code, _sweep_table
 
 L4 = Path(__file__).resolve().parents[1] / "data" / "torch_format_transformer_L4.json"
 GIB = 2**30
@@ -61,16 +63,116 @@ def test_sweep_json_and_table():
 
 @pytest.mark.parametrize("args,match", [
     (["plan", "missing.json", "--budget-gib", "4"], "does not exist"),
-    (["plan", L4, "--budget-gib", "-2"], "memory_budget_gib must be a positive number"),
-    (["plan", L4, "--budget-gib", "4", "--ac-unit", "Nope"], "ac_units[0] 'Nope' is not a module"),
-    (["plan", L4, "--budget-gib", "4", "--world-size", "0"], "world_size must be a positive integer"),
-    (["sweep", L4, "--budgets-gib", "2,x"], "is not a comma-separated list"),
-    (["plan", L4, "--budget-gib", "4", "--mip-rel-gap", "1.5"], "mip_rel_gap must be in [0, 1), got 1.5"),
+    (["plan", L4, "--budget-gib", "-2"], "--budget-gib must be a positive number of GiB, got -2"),
+    (["plan", L4, "--budget-gib", "0"], "--budget-gib must be a positive number of GiB, got 0"),
+    (["plan", L4, "--budget-gib", "4", "--ac-unit", "Nope"], "--ac-unit 'Nope' is not a module"),
+    (["plan", L4, "--budget-gib", "4", "--world-size", "0"], "--world-size must be a positive integer, got 0"),
+    (["plan", L4, "--budget-gib", "4", "--time-limit", "-1"], "--time-limit must be a positive number of seconds, got -1"),
+    (["plan", L4, "--budget-gib", "4", "--mip-rel-gap", "1.5"], "--mip-rel-gap must be in [0, 1), got 1.5"),
+    (["plan", L4, "--budget-gib", "4", "--mip-rel-gap", "2"], "--mip-rel-gap must be in [0, 1), got 2"),
+    (["plan", L4, "--budget-gib", "4", "--reserve-gib", "-1"], "--reserve-gib must be a number of GiB from 0 to 4294967296, got -1"),
+    (["plan", L4, "--budget-gib", "4", "--world-size", "x"], "argument --world-size: invalid int value: 'x'"),
+    (["sweep", L4, "--budgets-gib", "2,x"], "--budgets-gib entry 2 'x' is not a number"),
+    (["sweep", L4, "--budgets-gib", "4,,6"], "--budgets-gib entry 2 '' is not a number"),
+    (["sweep", L4, "--budgets-gib", "4,6,"], "--budgets-gib entry 3 '' is not a number"),
+    (["sweep", L4, "--budgets-gib", "4,-1"], "--budgets-gib entry 2 must be a positive number of GiB, got -1"),
+    (["sweep", L4, "--budgets-gib", "-1"], "--budgets-gib entry 1 must be a positive number of GiB, got -1"),
 ])
 def test_bad_input_exit_1(args, match):
     r = sacplan(*args)
     assert r.returncode == 1
     assert match in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("make,name", [
+    (lambda d: d.mkdir(), "a directory"),
+    (lambda f: f.write_bytes(b"\xff\xfe\x00\x81 not utf-8"), "binary.json"),
+    (lambda f: f.write_bytes(b""), "empty.json"),
+])
+def test_unreadable_stats_file_exit_1_names_the_path(tmp_path, make, name):
+    path = tmp_path / name
+    make(path)
+    r = sacplan("plan", path, "--budget-gib", "4")
+    assert r.returncode == 1
+    assert "Traceback" not in r.stderr
+    assert str(path) in r.stderr
+
+
+@pytest.mark.parametrize("args", [["plan", L4, "--budget-gib", "4"], ["sweep", L4, "--budgets-gib", "4,9", "--json"]])
+def test_closed_stdout_exits_quietly(args):
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # closed before the command writes: like `| head` exiting early, but without the race
+    try:
+        r = subprocess.run([sys.executable, "-m", "planner.cli", *map(str, args)], stdout=write_end,
+                           stderr=subprocess.PIPE, text=True, timeout=300)
+    finally:
+        os.close(write_end)
+    assert r.returncode == 1
+    assert "Traceback" not in r.stderr and "BrokenPipeError" not in r.stderr
+
+
+def test_no_plan_in_time_exit_3():
+    # a time limit of 1 ns stops HiGHS before it finds any plan; 4 GiB needs checkpointing (baseline 7.1 GiB)
+    r = sacplan("plan", L4, "--budget-gib", "4", "--solver", "milp", "--time-limit", "1e-9", "--json")
+    assert json.loads(r.stdout)["status"] == "time_limit"
+    assert r.returncode == 3
+    assert "4 GiB: time_limit" in r.stderr
+
+
+def test_sweep_infeasible_and_no_plan_in_time_exit_3():
+    r = sacplan("sweep", L4, "--budgets-gib", "1,4", "--solver", "milp", "--time-limit", "1e-9", "--json")
+    assert [p["status"] for p in json.loads(r.stdout)] == ["infeasible", "time_limit"]
+    assert r.returncode == 3
+    assert "no plan fits 1 GiB" in r.stderr and "4 GiB: time_limit" in r.stderr
+
+
+def _plan(status, **fields):
+    return Plan(status=status, memory_budget_gib=4.0, baseline_peak_bytes=8 * GIB, compute_ms=100.0,
+                planner_version=PLANNER_VERSION, **fields)
+
+
+@pytest.mark.parametrize("statuses,code", [
+    (["optimal", "feasible"], 0),
+    (["optimal", "infeasible"], 2),
+    (["time_limit"], 3),
+    (["error"], 3),
+    (["infeasible", "time_limit", "optimal"], 3),  # a budget without a plan for another reason outranks infeasible
+    (["infeasible", "error"], 3),
+])
+def test_exit_code_rule(statuses, code):
+    assert _exit_code([_plan(s) for s in statuses]) == code
+
+
+@pytest.mark.parametrize("command", ["plan", "sweep"])
+def test_help_lists_every_exit_code(command):
+    r = sacplan(command, "--help")
+    assert r.returncode == 0
+    for line in ("0  optimal or feasible", "1  bad input", "2  infeasible", "3  no plan found"):
+        assert line in r.stdout
+
+
+def test_infeasible_plan_table_has_no_unit_on_absent_peak():
+    r = sacplan("plan", L4, "--budget-gib", "1")
+    assert r.returncode == 2
+    assert "peak             -  (no checkpointing: " in r.stdout
+    assert "- GiB" not in r.stdout
+
+
+def test_sweep_table_shows_the_gap_of_feasible_rows():
+    table = _sweep_table([_plan("feasible", peak_bytes=4 * GIB, recompute_ms=5.0, mip_gap=0.0123),
+                          _plan("optimal", peak_bytes=4 * GIB, recompute_ms=5.0, mip_gap=0.0)])
+    rows = table.splitlines()[1:]
+    assert "feasible (gap 1.23%)" in rows[0]
+    assert "gap" not in rows[1]
+
+
+def test_include_optimizer_state_without_any_notes_it():
+    assert load_stats(L4).root.optimizer_state_bytes == 0  # PyTorch-format stats carry none
+    r = sacplan("plan", L4, "--budget-gib", "4", "--include-optimizer-state")
+    assert r.returncode == 0
+    assert "--include-optimizer-state changes nothing" in r.stderr
+    assert "--include-optimizer-state" not in sacplan("plan", L4, "--budget-gib", "4").stderr
 
 
 def test_bad_stats_file_names_the_field(tmp_path):
@@ -80,7 +182,8 @@ def test_bad_stats_file_names_the_field(tmp_path):
     bad.write_text(json.dumps(doc))
     r = sacplan("plan", bad, "--budget-gib", "4")
     assert r.returncode == 1
-    assert "modules[0].act_total_bytes" in r.stderr and "got -1" in r.stderr
+    # stats v1's name (modules[0].act_total_bytes) or the input's own (module_info.mod_stats[0].act_total)
+    assert "[0].act_total" in r.stderr and "got -1" in r.stderr
 
 
 def test_schema_is_json_schema_of_stats_and_plan():

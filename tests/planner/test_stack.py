@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import planner.dp as dp
 from planner import Stats, plan
 from planner.dp import _prepare
 from planner.milp import _reduced_keyneeds, prepare
@@ -16,7 +17,7 @@ from plan_helpers import brute_force, random_ops, realize, valid_save
 
 GIB = 2**30
 ROOT = Path(__file__).resolve().parents[2]
-L12 = ROOT.parent / "shared" / "reference" / "torch_format_transformer_L12.json"
+L12 = ROOT / "tests" / "data" / "torch_format_transformer_L12.json"  # a copy of ../shared/reference's
 
 
 def stack_stats(rng, n_blocks: int, *, spanning: bool = False, other: bool = False, n_ops: int = 2,
@@ -71,6 +72,41 @@ def stack_stats(rng, n_blocks: int, *, spanning: bool = False, other: bool = Fal
                                      fw_post_order=post, modules=mods))
 
 
+class StackSpy:
+    """Which plans the count-space relaxation built itself.
+
+    Records every StackResult ``planner.dp.solve_stack`` returns and the choices
+    ``planner.dp._solution`` last turned into a plan: a plan is the relaxation's
+    when it was built from the very choices dict of one of those results.
+    """
+
+    def __init__(self, monkeypatch):
+        self.results: list = []
+        self.built = None
+        solve, solution = dp.solve_stack, dp._solution
+
+        def spy_solve(*args, **kwargs):
+            res = solve(*args, **kwargs)
+            self.results.append(res)
+            return res
+
+        def spy_solution(prob, fr, choices, *args, **kwargs):
+            self.built = choices
+            return solution(prob, fr, choices, *args, **kwargs)
+
+        monkeypatch.setattr(dp, "solve_stack", spy_solve)
+        monkeypatch.setattr(dp, "_solution", spy_solution)
+
+    def reset(self) -> None:
+        self.results.clear()
+        self.built = None
+
+    def source(self):
+        """The StackResult whose choices the last plan was built from, or None (another engine's plan)."""
+        return next((r for r in self.results if r is not None and r.choices is not None and r.choices is self.built),
+                    None)
+
+
 def _stack_bound(stats: Stats, budget: float, eps: float = 0.0) -> float | None:
     prob = prepare(stats)
     fr = _prepare(prob)
@@ -84,6 +120,7 @@ def _stack_bound(stats: Stats, budget: float, eps: float = 0.0) -> float | None:
                                    dict(other=True)])
 def test_stack_plans_equal_brute_force(shape, monkeypatch):
     monkeypatch.setattr("planner.dp._STACK_FIRST_BLOCKS", 3)  # these short stacks go to the relaxation first
+    spy = StackSpy(monkeypatch)
     rng = random.Random(31 + len(shape) + 7 * ("other" in shape))
     stack_chose_wrapper = False
     from_stack = compared = 0
@@ -92,6 +129,7 @@ def test_stack_plans_equal_brute_force(shape, monkeypatch):
         budget = rng.uniform(0.6, 1.0) * realize(stats, {})[0]
         expected = brute_force(stats, budget)
         bound = _stack_bound(stats, budget)
+        spy.reset()
         p = plan(stats, budget / GIB, solver="dp")
         if expected is None:
             assert p.status == "infeasible", f"trial {trial}"
@@ -104,8 +142,11 @@ def test_stack_plans_equal_brute_force(shape, monkeypatch):
         assert peak <= budget and rc == pytest.approx(p.recompute_ms, abs=1e-12)
         for m in p.modules:
             assert valid_save(stats.module(m.fqn).ops, m.save)
-        from_stack += "count-space" in p.message
-        stack_chose_wrapper |= "count-space" in p.message and any(m.fqn == "R.m" for m in p.modules)
+        res = spy.source()
+        if res is not None:  # the relaxation's own plan: its cost is the plan's
+            assert p.recompute_ms == pytest.approx(res.cost, rel=1e-12, abs=1e-12), f"trial {trial}"
+            from_stack += 1
+            stack_chose_wrapper |= any(m.fqn == "R.m" for m in p.modules)
         compared += 1
     assert compared >= 15
     assert from_stack >= 3  # the relaxation itself produced some of these plans
@@ -113,13 +154,13 @@ def test_stack_plans_equal_brute_force(shape, monkeypatch):
         assert stack_chose_wrapper  # and checkpointed the ancestor spanning the stack in some
 
 
-def test_deep_stack_is_proven_optimal_at_the_count_space_optimum():
-    # 96 copies of block 5 of the L12 sample (bench/synthetic.py). Known answer: HiGHS's
-    # dual bound on a count-space relaxation of this instance (scipy.optimize.milp,
-    # bench/bench_budget_range.py's count_bound; first measured by planner 0.3.1's
-    # bench/finish_grid.py (since removed), which also found the DP's 64 KiB gridded bound there),
-    # 258.662949 ms at 44.040 GiB (bench/RESULTS.md, "every budget of deep models").
-    # Planner 0.3.1 returned 258.665520 ms there as 'feasible' (gap 4.4e-4).
+@pytest.mark.slow
+def test_deep_stack_is_proven_optimal_at_the_count_space_optimum(monkeypatch):
+    # 96 copies of block 5 of the L12 sample (bench/synthetic.py) at 44.040 GiB, where the
+    # default path (stack-first, 96 >= 16 blocks) plans with the count-space relaxation.
+    # Reference: the exact bounded DP alone, relaxation switched off, with 30x its default work
+    # allowance (as bench/bench_budget_range.py's "DP alone" runs; at the default it stops at
+    # 'feasible', 258.665520 ms, gap 4.4e-4). Both must prove their plan optimal, and agree.
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("bench_synthetic", ROOT / "bench" / "synthetic.py")
@@ -127,14 +168,25 @@ def test_deep_stack_is_proven_optimal_at_the_count_space_optimum():
     spec.loader.exec_module(synthetic)
     from planner import parse_stats
 
+    budget = 44.040 * GIB
     stats = parse_stats(synthetic.make_layers(json.loads(L12.read_text()), 96))
-    p = plan(stats, 44.040)
-    assert p.status == "optimal"
-    assert p.recompute_ms == pytest.approx(258.662949, abs=1e-6)
+    spy = StackSpy(monkeypatch)
+    p = plan(stats, budget / GIB)
+    assert p.status == "optimal" and p.mip_gap <= 1e-6, p.message
+    assert spy.source() is not None  # the relaxation built this plan
     peak, rc = realize(stats, {m.fqn: m.save for m in p.modules})
-    assert peak <= 44.040 * GIB
+    assert peak <= budget
     assert abs(rc - p.recompute_ms) <= 1e-9 * rc
-    assert p.mip_gap <= 1e-6
+
+    monkeypatch.setattr("planner.dp._STACK_FIRST_BLOCKS", 10**9)  # no stack-first pass
+    monkeypatch.setattr("planner.dp._stack_of", lambda base: None)  # and no fallback stack pass
+    spy.reset()
+    alone = dp.solve_dp(prepare(stats), budget, work_limit=3e8)
+    assert spy.results == []  # the relaxation never ran
+    assert alone.status == "optimal", alone.message
+    peak, rc = realize(stats, {f: save for f, (save, _, _) in alone.decisions.items()})
+    assert peak <= budget and rc == pytest.approx(alone.recompute_ms, rel=1e-9)
+    assert p.recompute_ms == pytest.approx(alone.recompute_ms, rel=1e-6)
 
 
 def test_no_stack_without_three_identical_blocks():

@@ -11,7 +11,7 @@ from planner import STATS_FORMAT, Stats, StatsError, load_stats, parse_stats, st
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 L4 = DATA / "torch_format_transformer_L4.json"
-L12 = Path(__file__).resolve().parents[3] / "shared" / "reference" / "torch_format_transformer_L12.json"
+L12 = Path(__file__).resolve().parents[1] / "data" / "torch_format_transformer_L12.json"  # a copy of ../shared/reference's
 
 
 def small_doc():
@@ -71,6 +71,32 @@ def _broken(edit):
      r"fw_post_order\[1:3\]"),
     (lambda d: d.update(fw_pre_order=["M", "M.block", "M.head", "M.block.lin"]),
      r"fw_pre_order\[2\] 'M.head' is not a submodule of 'M.block'"),
+    (lambda d: d.update(fw_pre_order=["M.block", "M", "M.block.lin", "M.head"]),
+     r"fw_pre_order\[0\] 'M.block' is not the root module 'M'"),
+    (lambda d: d.update(fw_post_order=["M.block.lin", "M.block", "M", "M.head"]),
+     r"fw_post_order\[-1\] 'M.head' is not the root module 'M'"),
+    (lambda d: d.update(fw_pre_order=["M", "M.block.lin", "M.block", "M.head"]),
+     r"modules\[2\] 'M.block.lin' does not lie inside its parent 'M.block'"),
+    # siblings in one order in pre-order and the other in post-order: no single forward pass
+    (lambda d: d.update(fw_pre_order=["M", "M.head", "M.block", "M.block.lin"]),
+     r"fw_pre_order runs 'M.head' before its sibling 'M.block' .* but fw_post_order has 'M.block' first"),
+    # a parent link that skips a level would let a module and its real enclosing module both be checkpointed
+    (lambda d: (d["modules"][2].update(is_leaf=False),
+                d["modules"].append({"fqn": "M.block.lin.x", "parent": "M.block", "is_leaf": True}),
+                d.update(fw_pre_order=["M", "M.block", "M.block.lin", "M.block.lin.x", "M.head"],
+                         fw_post_order=["M.block.lin.x", "M.block.lin", "M.block", "M.head", "M"])),
+     r"modules\[4\]\.parent 'M.block' is not the innermost module enclosing 'M.block.lin.x': 'M.block.lin' is a "
+     r"module too"),
+    (lambda d: d["modules"][2].update(ops=[]), r"modules\[2\]\.ops: 'M.block.lin' is a leaf module"),
+    (lambda d: d["modules"][1]["ops"][0].update(inplace_parent=2),
+     r"modules\[1\]\.ops\[0\]\.inplace_parent 2 comes after the op itself"),
+    (lambda d: d["modules"][0].update(fw_ms=float("nan")), r"modules\[0\]\.fw_ms: Input should be a finite number \(got nan\)"),
+    (lambda d: d["modules"][1]["ops"][3].update(output_bytes=float("nan")),
+     r"modules\[1\]\.ops\[3\]\.output_bytes: .*\(got nan\)"),
+    (lambda d: d["modules"][0].pop("fqn"), r"modules\[0\]\.fqn: field required"),
+    (lambda d: d.pop("fw_post_order"), r"fw_post_order: field required"),
+    (lambda d: d.update(modules=[], fw_pre_order=[], fw_post_order=[]), r"modules: List should have at least 1 item"),
+    (lambda d: d["metadata"].update(batch_size=0), r"metadata\.batch_size: .*\(got 0\)"),
 ])
 def test_validation_errors_name_field_and_value(edit, match):
     with pytest.raises(StatsError, match=match):
@@ -135,11 +161,81 @@ def test_torch_format_bad_sac_stats_are_named():
         parse_stats(bad)
 
 
-@pytest.mark.skipif(not L12.exists(), reason="needs ../shared/reference")
+_ATT = "Transformer.layers.0.attention"
+
+
+def _torch_broken(edit):
+    raw = json.loads(L4.read_text())
+    edit(raw)
+    return raw
+
+
+@pytest.mark.parametrize("edit,match", [
+    (lambda r: r["module_info"].pop("mod_order"), r"^module_info\.mod_order is missing$"),
+    (lambda r: r["module_info"]["mod_order"].pop("fw_pre_order"),
+     r"module_info\.mod_order\.fw_pre_order must be a list of module fqns, got None"),
+    (lambda r: r["module_info"].update(mod_stats={}), r"module_info\.mod_stats must be a list, got \{\}"),
+    (lambda r: r.update(sac_stats=[]), r"sac_stats must be an object mapping module fqns to SACStats, got \[\]"),
+    (lambda r: r["module_info"]["mod_stats"][3].update(act_total=-5),
+     r"module_info\.mod_stats\[3\]\.act_total: .*greater than or equal to 0 \(got -5\)"),
+    (lambda r: r["module_info"]["mod_stats"][3].update(fw_runtime_per_module=float("inf")),
+     r"module_info\.mod_stats\[3\]\.fw_runtime_per_module: .*finite number \(got inf\)"),
+    (lambda r: r["module_info"]["mod_stats"][3].update(is_leaf="no"),
+     r"module_info\.mod_stats\[3\]\.is_leaf must be true or false, got 'no'"),
+    (lambda r: r["module_info"]["mod_stats"][4].update(is_leaf=True),
+     r"module_info\.mod_stats\[4\]\.is_leaf is true but 'Transformer.layers.0' has submodules"),
+    (lambda r: r["module_info"]["mod_stats"][5].update(fqn=r["module_info"]["mod_stats"][4]["fqn"]),
+     r"module_info\.mod_stats\[5\]\.fqn 'Transformer.layers.0' duplicates module_info\.mod_stats\[4\]"),
+    (lambda r: r["module_info"]["mod_order"]["fw_post_order"].pop(),
+     r"module_info\.mod_order\.fw_post_order has 61 entries but there are 62 modules"),
+    (lambda r: r["sac_stats"].update({_ATT: [1, 2]}), r"sac_stats\['Transformer.layers.0.attention'\] must be an object"),
+    (lambda r: r["sac_stats"][_ATT].pop("func_names"), r"sac_stats\['Transformer.layers.0.attention'\]\.func_names is missing"),
+    (lambda r: r["sac_stats"][_ATT].update(func_names=5), r"\.func_names must be a list, got int 5"),
+    (lambda r: r["sac_stats"][_ATT].update(runtimes=[1.0]), r"\.runtimes has 1 entries but func_names has 54"),
+    (lambda r: r["sac_stats"][_ATT]["runtimes"].__setitem__(2, -1.0),
+     r"sac_stats\['Transformer.layers.0.attention'\]\.runtimes\[2\]: .*greater than or equal to 0 \(got -1\.0\)"),
+    (lambda r: r["sac_stats"][_ATT]["memory"].__setitem__(2, float("nan")), r"\.memory\[2\]: .*finite number \(got nan\)"),
+    (lambda r: r["sac_stats"][_ATT].update(view_like_ops=[500]), r"\.view_like_ops\[0\] 500 is out of range for 54 ops"),
+    (lambda r: r["sac_stats"][_ATT].update(rand_ops=[True]), r"\.rand_ops\[0\] True is not a whole-number op index"),
+    (lambda r: r["sac_stats"][_ATT].update(inplace_ops=5), r"\.inplace_ops must be a list, got int 5"),
+    (lambda r: r["sac_stats"][_ATT].update(inplace_ops=[[1]]), r"\.inplace_ops\[0\] \[1\] is not an \[op, parent\] pair"),
+    (lambda r: r["sac_stats"][_ATT].update(inplace_ops=[[3.7, 1]]), r"\.inplace_ops\[0\] op 3\.7 is not a whole-number op index"),
+    (lambda r: r["sac_stats"][_ATT].update(inplace_ops=[[3, 1], [3, 2]]),
+     r"\.inplace_ops\[1\] gives op 3 the parent 2, but an earlier entry gave it 1"),
+    (lambda r: r["sac_stats"][_ATT].update(inplace_ops=[[0, 3]]), r"\.inplace_ops: op 0's parent 3 comes after the op itself"),
+    (lambda r: r["sac_stats"][_ATT].update(force_store_random="yes"), r"\.force_store_random must be true or false, got 'yes'"),
+])
+def test_torch_format_errors_name_torch_fields(edit, match):
+    with pytest.raises(StatsError, match=match):
+        parse_stats(_torch_broken(edit))
+
+
+@pytest.mark.parametrize("content,match", [
+    (None, r"stats file '.*' is a directory"),
+    (b"", r"stats file '.*' is empty"),
+    (b"\xff\xfe\x00garbage", r"stats file '.*' is not UTF-8 text"),
+    (b"{\"module_info\": ", r"stats file '.*' is not valid JSON"),
+    (b"[" * 100000, r"stats file '.*' (nests too deeply|is not valid JSON)"),
+])
+def test_unreadable_files_are_named(tmp_path, content, match):
+    path = tmp_path / "stats.json"
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_bytes(content)
+    with pytest.raises(StatsError, match=match):
+        load_stats(path)
+    with pytest.raises(StatsError, match=r"stats file '.*nope.json' does not exist"):
+        load_stats(tmp_path / "nope.json")
+
+
 def test_l12_loads():
+    raw = json.loads(L12.read_text())
     s = load_stats(L12)
-    assert len(s.modules) == 174
-    assert sum(1 for m in s.modules if m.ops) == 37
+    assert [m.fqn for m in s.modules] == [ms["fqn"] for ms in raw["module_info"]["mod_stats"]]
+    assert s.fw_pre_order == raw["module_info"]["mod_order"]["fw_pre_order"]
+    assert {m.fqn for m in s.modules if m.ops} == set(raw["sac_stats"])
+    assert s.fw_post_order == raw["module_info"]["mod_order"]["fw_post_order"]
 
 
 def test_planner_imports_no_service_or_torch():
