@@ -518,6 +518,9 @@ def solve_dp(prob: Problem, budget_bytes: float, *, time_limit_s: float = 60.0, 
 
     guess = lower + first_gap * max(abs(lower), 1e-9)
     while True:
+        if best is not None and time.perf_counter() > deadline:
+            exc = _Timeout()  # out of time with a plan in hand (the stack pass's): no further round
+            break
         sub, n_fixed = _fix(fr, lag, pen, guess)
         if n_fixed == 0:
             guess = math.inf  # nothing left to fix: search everything
@@ -710,8 +713,8 @@ def _hull_lp(fr: _Frontiers, prob: Problem) -> HullLP:
     return fr.lp
 
 
-def solve_min_peak_dp(prob: Problem) -> Solution | None:
-    """The smallest peak any plan reaches, exactly; None when the DP does not apply.
+def solve_min_peak_dp(prob: Problem) -> Solution:
+    """The smallest peak any plan reaches, exactly.
 
     Recompute is ignored, and discarding more never raises any module's
     memory, so each checkpointed module only needs its largest-discard
@@ -721,13 +724,13 @@ def solve_min_peak_dp(prob: Problem) -> Solution | None:
     """
     if prob._min_peak is not None:
         return prob._min_peak
-    fr = _prepare(prob)
-    if fr is None:
-        return None
+    # Only each candidate's largest discard matters, known from its op groups: no
+    # frontier is needed (an infeasible budget is answered without building any).
+    starts = _subtree_starts(prob)
     m = len(prob.candidates)
     key_base = np.full(m + 1, -np.inf)
     np.maximum.at(key_base, prob.node_key, prob.model.base_bytes)
-    best_d = fr.max_d
+    best_d = [c.max_discard_bytes for c in prob.candidates]
     # a state: (discarded bytes, peak so far, chosen candidates as a tuple)
     def settle(states, k):
         states = [(s, max(p, key_base[k] - s), ch) for s, p, ch in states]
@@ -742,7 +745,7 @@ def solve_min_peak_dp(prob: Problem) -> Solution | None:
     def run(lo: int, hi: int, states):
         i = lo
         while i < hi:
-            r = max(j for j in range(i, hi) if fr.starts[j] == i)
+            r = max(j for j in range(i, hi) if starts[j] == i)
             take = [(s + best_d[r], p, ch + (r,)) for s, p, ch in states] if best_d[r] > 0 else []
             if r == i:
                 states = states + take
@@ -761,14 +764,8 @@ def solve_min_peak_dp(prob: Problem) -> Solution | None:
     _, _, chosen = min(states, key=lambda x: x[1])
     decisions = {}
     for i in chosen:
-        cand = prob.candidates[i]
-        m = prob.stats.module(cand.fqn)
-        if i in fr.giants:
-            decisions[cand.fqn] = max_discard_decision(m.ops, m.force_store_random)
-            continue
-        f = _frontier(prob._frontiers, m)
-        k = int(fr.point[i][-1])
-        decisions[cand.fqn] = (f.save_list(k), int(f.saved_bytes[k]), float(f.saved_ms[k]))
+        m = prob.stats.module(prob.candidates[i].fqn)
+        decisions[m.fqn] = max_discard_decision(m.ops, m.force_store_random)
     discarded = {f: prob.stats.module(f).act_saved_bytes - sb for f, (_, sb, _) in decisions.items()}
     peak = prob.model.peak_bytes(discarded)
     recompute = math.fsum(prob.stats.module(f).op_ms - sm for f, (_, _, sm) in decisions.items())

@@ -73,6 +73,12 @@ class Candidate:
         return float(self.classes.groups.group_ms.sum())
 
     @property
+    def max_discard_bytes(self) -> int:
+        """The most c can discard: every free op group recomputed."""
+        c = self.classes
+        return self.y_bytes + (int(c.class_bytes @ c.multiplicity) if len(c.members) else 0)
+
+    @property
     def y_bytes(self) -> int:
         """Discarded bytes when checkpointed and every free group saved."""
         c = self.classes
@@ -146,8 +152,7 @@ def prepare(
             class_cache[key] = group_classes(op_groups(m.ops, m.force_store_random))
         classes = class_cache[key]
         cand = Candidate(fqn, post[fqn], m.act_saved_bytes, classes, key)
-        max_discard = cand.y_bytes + int(classes.class_bytes @ classes.multiplicity) if len(classes.members) else cand.y_bytes
-        if max_discard > 0:
+        if cand.max_discard_bytes > 0:
             cands.append(cand)
     cand_post = np.array([c.post_pos for c in cands], dtype=np.int64)
     node_key = np.searchsorted(cand_post, model.post_pos, side="left")
@@ -367,9 +372,11 @@ def _against(sol: Solution, bound: float | None, mip_rel_gap: float) -> Solution
 
 
 def solve_min_peak(prob: Problem, *, time_limit_s: float) -> Solution:
-    """The smallest peak any plan reaches (recompute ignored)."""
-    if prob._min_peak is not None:
-        return prob._min_peak
+    """The smallest peak any plan reaches (recompute ignored), by MILP.
+
+    The planner uses the exact DP (:func:`planner.dp.solve_min_peak_dp`); this
+    is the independent cross-check the tests hold it to.
+    """
     mat = _Matrix(prob, with_peak=True)
     cost = np.zeros(mat.n_var)
     cost[mat.p] = 1.0
@@ -379,9 +386,7 @@ def solve_min_peak(prob: Problem, *, time_limit_s: float) -> Solution:
         extra.append((entries, v / prob.unit, np.inf))
     lb = np.zeros(mat.n_var)
     lb[mat.p] = -np.inf
-    sol = _run(prob, mat, cost, lb, mat.constraint(extra), time_limit_s, 1e-9)
-    prob._min_peak = sol
-    return sol
+    return _run(prob, mat, cost, lb, mat.constraint(extra), time_limit_s, 1e-9)
 
 
 def _run(prob: Problem, mat: _Matrix, cost, lb, constraint, time_limit_s: float, mip_rel_gap: float) -> Solution:

@@ -10,7 +10,7 @@ from typing import Any
 
 from planner.dp import solve_dp, solve_min_peak_dp
 from planner.memory_model import GIB, compute_ms
-from planner.milp import Problem, Solution, prepare, solve_budget, solve_min_peak
+from planner.milp import Problem, Solution, prepare, solve_budget
 from planner.plan_format import Plan, PlannedModule
 from planner.loader import load_stats, parse_stats
 from planner.stats import MAX_BYTES, Stats
@@ -129,17 +129,19 @@ def _sweep(stats: Stats, budgets_gib: Sequence[float], budgets_name: str, *, wor
                            baseline_bytes, 0.0, 0.0, 0.0, {})
         elif solver in ("auto", "dp"):
             lowest = solve_min_peak_dp(prob)  # exact and cheap; cached per problem
-            if lowest is not None and lowest.peak_bytes > budget * GIB:
+            if lowest.peak_bytes > budget * GIB:
                 sol = Solution("infeasible", "no plan fits the budget")
             else:
                 sol = solve_dp(prob, budget * GIB, time_limit_s=time_limit_s, mip_rel_gap=mip_rel_gap)
         if sol is None and solver == "dp":
             raise ValueError("solver 'dp' does not apply to these stats (a module frontier is too large); use 'milp'")
-        if sol is None:
-            sol = solve_budget(prob, budget * GIB, time_limit_s=time_limit_s, mip_rel_gap=mip_rel_gap)
+        if sol is None:  # the MILP gets what is left of the time limit
+            spent = time.perf_counter() - started
+            left = time_limit_s - spent if spent < time_limit_s else min(time_limit_s, 1e-3)
+            sol = solve_budget(prob, budget * GIB, time_limit_s=left, mip_rel_gap=mip_rel_gap)
         min_budget = None
         if sol.status == "infeasible":
-            min_budget, sol = _min_feasible(prob, sol, time_limit_s)
+            min_budget, sol = _min_feasible(prob, sol)
         p = _to_plan(prob, sol, budget, world_size, baseline, time.perf_counter() - started, min_budget)
         plans.append(p)
         if progress:
@@ -182,11 +184,9 @@ def _validate(budgets_gib, budgets_name, world_size, time_limit_s, mip_rel_gap, 
     return budgets
 
 
-def _min_feasible(prob: Problem, sol: Solution, time_limit_s: float) -> tuple[float | None, Solution]:
-    best = solve_min_peak_dp(prob) or solve_min_peak(prob, time_limit_s=time_limit_s)
-    if best.peak_bytes is None:
-        return None, sol
-    return _round_up(best.peak_bytes / GIB), sol
+def _min_feasible(prob: Problem, sol: Solution) -> tuple[float, Solution]:
+    """The smallest budget with a plan (exact, rounded up to a readable figure that still fits)."""
+    return _round_up(solve_min_peak_dp(prob).peak_bytes / GIB), sol
 
 
 def _round_up(gib: float, digits: int = 6) -> float:

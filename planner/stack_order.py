@@ -212,7 +212,7 @@ def ordered_counts(d: np.ndarray, rc: np.ndarray, R: np.ndarray, delta: float, s
             raise CountWorkLimit
         cap = min(guess, upper)
         sol, work, exhaustive = _search(d, rc, R, delta, n, need, cost, pi, lam, base, order, cap - floor, cap,
-                                        work_limit - spent)
+                                        work_limit - spent, deadline)
         spent += work
         if sol is not None:  # the cheapest under cap, or the cheapest of all when nothing was pruned
             return (sol, sol.value) if sol.value < upper else (None, upper)
@@ -239,8 +239,11 @@ def _supporting_line(d, rc, need, cost, n) -> tuple[float, float]:
     return best[1], best[2]
 
 
-def _search(d, rc, R, delta, n, need, cost, pi, lam, base, order, room, cap, work_limit):
-    """The cheapest sequence costing less than ``cap``, exactly; None if there is none."""
+def _search(d, rc, R, delta, n, need, cost, pi, lam, base, order, room, cap, work_limit, deadline=math.inf):
+    """The cheapest sequence costing less than ``cap``, exactly; None if there is none.
+
+    Raises :class:`CountWorkLimit` past ``work_limit`` label extensions or ``deadline``.
+    """
     if room < 0:
         return None, 0.0, False
     use = [int(p) for p in order if pi[p] <= room]
@@ -252,6 +255,8 @@ def _search(d, rc, R, delta, n, need, cost, pi, lam, base, order, room, cap, wor
     work = 0
     tol = _TOL * (1 + abs(cap))
     for t, p in enumerate(use):
+        if time.perf_counter() > deadline:  # one option's pass is short; a whole search is not
+            raise CountWorkLimit
         dp, rp, cut, least = float(d[p]), float(rc[p]), float(R[p]), float(rest[t])
         for k in range(n):
             ids = fronts[k]
