@@ -10,7 +10,7 @@ Two bounds keep the lists short without losing exactness:
 
 * a lower bound on the recompute still to come from each state: the same
   DP run backward on a coarse grid of discarded memory, rounding every step
-  optimistically (:class:`_CostToGo`);
+  optimistically (:class:`planner.cost_to_go.CostToGo`);
 * an upper bound from a narrow beam pass of the forward DP guided by that
   lower bound (a real plan).
 
@@ -27,11 +27,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from planner.cost_to_go import CostToGo, MaxBound
 from planner.lagrange import HullLP, Lagrange, hull_vertices
 from planner.knapsack import GroupClasses, best_saved_within
 from planner.memory_model import NEED_TOL_BYTES
 from planner.milp import _FRONTIER_LIMIT, Problem, Solution, _frontier, _reduced_keyneeds
-from planner.op_policy import Frontier, FrontierTooLarge, capped_frontier, frontier_hull, max_discard_decision
+from planner.op_policy import Frontier, FrontierTooLarge, capped_frontier, frontier_hull
+from planner.min_peak import subtree_starts
 from planner.stack import StackResult, find_stack, solve_stack
 
 __all__ = ["solve_dp"]
@@ -81,7 +83,7 @@ def _prepare(prob: Problem) -> _Frontiers | None:
 
 
 def _build(prob: Problem) -> _Frontiers:
-    out = _Frontiers([], [], [], _subtree_starts(prob), [])
+    out = _Frontiers([], [], [], subtree_starts(prob), [])
     memo: dict[tuple, tuple] = {}
     fids: dict[tuple, int] = {}
     for i, cand in enumerate(prob.candidates):
@@ -178,109 +180,8 @@ def _cheapest_discarding(classes: GroupClasses, act_saved_bytes: int, cap: float
     return _Points(np.array([saved_bytes], np.int64), np.array([saved_ms]), [classes.save_list(counts)])
 
 
-class _CostToGo:
-    """U_k(S): a lower bound on the recompute still to come, from key k with S bytes discarded.
-
-    Computed backward over the same tree recursion as the forward DP, on a
-    grid of ``grid`` buckets of width eps. Every rounding is optimistic (a
-    state counts as holding the top of its bucket, a discard d moves it up
-    ceil(d / eps) buckets, and a bucket meets a need if its top does), so U is
-    a valid lower bound, yet it keeps integrality, nesting and every
-    intermediate constraint: far tighter than a fractional relaxation.
-    U is infinite where no completion can meet the remaining needs.
-    """
-
-    def __init__(self, fr: _Frontiers, keyneed: np.ndarray, eps: float, grid: int):
-        m = len(fr.d)
-        self.fr, self.grid = fr, grid
-        self.eps = float(eps)
-        self.inv_eps = 1.0 / self.eps
-        # bucket g < grid holds [g eps, (g + 1) eps) and meets a need if its top
-        # does; the last bucket holds everything from grid * eps on and meets
-        # every need (grid * eps is at least the largest one)
-        need = np.asarray(keyneed, dtype=np.float64) - NEED_TOL_BYTES
-        first = np.ceil(need * self.inv_eps) - 1.0
-        self.first = np.clip(first, 0, grid).astype(np.int64).tolist()  # first bucket meeting key k's need
-        self.U: list[np.ndarray | None] = [None] * (m + 1)
-        self.U[m] = self._gate(np.zeros(grid + 1), self.first[m])
-        self._shifts = [self._point_shifts(c) for c in range(m)]
-        self.U[0] = self._back(0, m, self.U[m])
-
-    @classmethod
-    def sized(cls, fr: _Frontiers, keyneed: np.ndarray, top_bytes: float, min_grid: int,
-              cells: float, memory_cells: float, max_grid: int = 2**17) -> "_CostToGo":
-        """The finest grid whose build work and tables fit ``cells`` and ``memory_cells``.
-
-        The bucket width is a power of two bytes (tensor sizes are mostly
-        multiples of large powers of two, so discards then round by a few
-        bytes only) and at most top_bytes / min_grid.
-        """
-        m = len(fr.d)
-        passes = sum(len(d) for d in fr.d) + 12 * m + 1  # about the array passes per bucket in _back
-        cap = max(min(cells / passes, memory_cells / (m + 1), float(max_grid)), float(min_grid))
-        top = max(float(top_bytes), 1.0)
-        eps = 2.0 ** math.ceil(math.log2(top / cap))
-        grid = max(int(math.ceil(top / eps)), 1)
-        return cls(fr, keyneed, eps, grid)
-
-    @staticmethod
-    def _gate(u: np.ndarray, first: int) -> np.ndarray:
-        """u where the bucket meets the need, infinite below it (a copy)."""
-        out = u.copy()
-        out[:first] = np.inf
-        return out
-
-    def _point_shifts(self, c: int) -> tuple[np.ndarray, np.ndarray]:
-        """Per distinct bucket shift of candidate c's points, the cheapest recompute."""
-        # every shift past the top bucket lands on it, so clamp (bounds the padding too)
-        sh = np.minimum(np.ceil(self.fr.d[c] / self.eps), self.grid).astype(np.int64)
-        best: dict[int, float] = {}
-        for k, v in zip(sh.tolist(), self.fr.rc[c].tolist()):
-            if v < best.get(k, np.inf):
-                best[k] = v
-        keys = np.array(sorted(best), dtype=np.int64)
-        return keys, np.array([best[k] for k in keys.tolist()])
-
-    def _take(self, c: int, u_next: np.ndarray) -> np.ndarray:
-        """T[g] = min over c's points of rc + u_next[min(G, g + shift)]: c checkpointed."""
-        shifts, rc = self._shifts[c]
-        if len(shifts) == 0:
-            return np.full(self.grid + 1, np.inf)
-        # u_next padded with its last value, so shifting past the top stays there
-        n = self.grid + 1
-        padded = np.concatenate([u_next, np.full(int(shifts[-1]), u_next[-1])])
-        out = np.full(n, np.inf)
-        tmp = np.empty(n)
-        for sh, cost in zip(shifts.tolist(), rc.tolist()):  # one cache-sized pass per shift
-            np.add(padded[sh:sh + n], cost, out=tmp)
-            np.minimum(out, tmp, out=out)
-        return out
-
-    def _back(self, lo: int, hi: int, u_hi: np.ndarray) -> np.ndarray:
-        u, k = u_hi, hi
-        while k > lo:
-            r = k - 1
-            a = self.fr.starts[r]
-            take = self._take(r, u)
-            if a == r:
-                u = self._gate(np.minimum(u, take), self.first[r])
-            else:
-                skip_root = self._gate(u, self.first[r])
-                self.U[r] = skip_root
-                below = self._back(a, r, skip_root)
-                u = np.minimum(below, self._gate(take, max(self.first[a:r + 1])))
-            self.U[a] = u
-            k = a
-        return u
-
-    def __call__(self, k: int, s: np.ndarray) -> np.ndarray:
-        g = (np.asarray(s) * self.inv_eps).astype(np.int64)
-        np.minimum(g, self.grid, out=g)
-        return self.U[k][g]
-
-
 class _DP:
-    def __init__(self, prob: Problem, fr: _Frontiers, keyneed: np.ndarray, lb: _CostToGo,
+    def __init__(self, prob: Problem, fr: _Frontiers, keyneed: np.ndarray, lb: CostToGo,
                  upper: float, beam: int | None, state_limit: int, deadline: float = math.inf):
         self.prob, self.fr, self.keyneed, self.lb = prob, fr, keyneed, lb
         self.deadline = deadline
@@ -322,7 +223,7 @@ class _DP:
         keep = np.ones(len(c), bool)
         keep[1:] = c[1:] < best[:-1] - _TOL * (1 + np.abs(best[:-1]))
         s, c, t, nc, npt = s[keep], c[keep], t[keep], nc[keep], npt[keep]
-        if self.beam is None and math.isfinite(self.upper) and isinstance(self.lb, _MaxBound):
+        if self.beam is None and math.isfinite(self.upper) and isinstance(self.lb, MaxBound):
             lim = self.upper + _TOL * (1 + abs(self.upper))
             ok = np.flatnonzero(c + self.lb.a(k, s) <= lim)  # cheap Lagrangian part first
             ok = ok[c[ok] + self.lb.b(k, s[ok]) <= lim]
@@ -355,7 +256,7 @@ class _DP:
         self.work += len(s) * len(d)
         if self.work > self.work_limit:
             raise _GiveUp
-        if math.isfinite(self.upper) and isinstance(self.lb, _MaxBound):
+        if math.isfinite(self.upper) and isinstance(self.lb, MaxBound):
             # The Lagrangian part is separable (state term + point term): a cheap
             # first filter, so pairs are formed and the gridded bound looked up
             # only for its survivors.
@@ -418,26 +319,13 @@ class _DP:
         return out
 
 
-def _beam(prob: Problem, fr: _Frontiers, keyneed: np.ndarray, lb: _CostToGo, width: int,
+def _beam(prob: Problem, fr: _Frontiers, keyneed: np.ndarray, lb: CostToGo, width: int,
           state_limit: int) -> tuple[float, dict[int, int]] | None:
     """A real plan from a beam pass (no deadline: its width bounds the work)."""
     try:
         return _DP(prob, fr, keyneed, lb, math.inf, width, state_limit).solve()
     except (_GiveUp, _Timeout):
         return None
-
-
-def _subtree_starts(prob: Problem) -> list[int]:
-    """For each candidate (post-order index), the first candidate index of its subtree."""
-    idx = {c.fqn: i for i, c in enumerate(prob.candidates)}
-    start = list(range(len(prob.candidates)))
-    for i, c in enumerate(prob.candidates):
-        p = prob.stats.module(c.fqn).parent
-        while p is not None:
-            if p in idx:
-                start[idx[p]] = min(start[idx[p]], start[i])
-            p = prob.stats.module(p).parent
-    return start
 
 
 def solve_dp(prob: Problem, budget_bytes: float, *, time_limit_s: float = 60.0, state_limit: int = 200_000,
@@ -525,7 +413,7 @@ def solve_dp(prob: Problem, budget_bytes: float, *, time_limit_s: float = 60.0, 
         if n_fixed == 0:
             guess = math.inf  # nothing left to fix: search everything
         level = guess  # every kept-point plan costing at most this uses only sub's points
-        bound = _MaxBound(lag, _CostToGo.sized(sub, keyneed, cap0, grid, grid_cells, grid_memory))
+        bound = MaxBound(lag, CostToGo.sized(sub, keyneed, cap0, grid, grid_cells, grid_memory))
         # a beam pass for a plan, unless the exact pass below searches up to the best one anyway
         h = None if best is not None and guess >= best[0] else _beam(prob, sub, keyneed, bound, beam, state_limit)
         if h is not None and (best is None or h[0] < best[0]):
@@ -535,7 +423,7 @@ def solve_dp(prob: Problem, budget_bytes: float, *, time_limit_s: float = 60.0, 
                 moved = _remap(h[1], sub, tighter)
                 if moved is not None:
                     sub, best, level = tighter, (h[0], moved, tighter), h[0]
-                    bound = _MaxBound(lag, _CostToGo.sized(sub, keyneed, cap0, grid, grid_cells, grid_memory))
+                    bound = MaxBound(lag, CostToGo.sized(sub, keyneed, cap0, grid, grid_cells, grid_memory))
         # The gridded bound at the root holds for every plan over sub's points,
         # so no kept-point plan costs less than it or than sub's level.
         root = float(bound(0, np.zeros(1))[0])
@@ -577,8 +465,8 @@ def solve_dp(prob: Problem, budget_bytes: float, *, time_limit_s: float = 60.0, 
         # plan may use: its root bound certifies a tighter gap, and a beam
         # guided by it often finds a better plan.
         sub, _ = _fix(fr, lag, pen, best[0])
-        fine = _CostToGo.sized(sub, keyneed, cap0, grid, finish_cells, grid_memory, max_grid=2**18)
-        bound = _MaxBound(lag, fine)
+        fine = CostToGo.sized(sub, keyneed, cap0, grid, finish_cells, grid_memory, max_grid=2**18)
+        bound = MaxBound(lag, fine)
         searched = max(searched, min(best[0], float(bound(0, np.zeros(1))[0])))
         if time.perf_counter() < deadline:
             h = _beam(prob, sub, keyneed, bound, beam, state_limit)
@@ -660,16 +548,6 @@ def _remap(choices: dict[int, int], old: _Frontiers, new: _Frontiers) -> dict[in
     return out
 
 
-class _MaxBound:
-    """The larger of two lower bounds on the recompute still to come."""
-
-    def __init__(self, a, b):
-        self.a, self.b = a, b
-
-    def __call__(self, k: int, s: np.ndarray) -> np.ndarray:
-        return np.maximum(self.a(k, s), self.b(k, s))
-
-
 def _absorb(fr: _Frontiers, pen: list[np.ndarray], eps: float) -> tuple[_Frontiers, list[np.ndarray]]:
     """Drop each point that a kept point of the same module beats on discard for at most ``eps`` more ms."""
     out = _Frontiers([], [], [], fr.starts, fr.hulls, giants=fr.giants, capped=fr.capped)
@@ -711,63 +589,3 @@ def _hull_lp(fr: _Frontiers, prob: Problem) -> HullLP:
     if fr.lp is None:
         fr.lp = HullLP(fr.hulls, prob.chains)
     return fr.lp
-
-
-def solve_min_peak_dp(prob: Problem) -> Solution:
-    """The smallest peak any plan reaches, exactly.
-
-    Recompute is ignored, and discarding more never raises any module's
-    memory, so each checkpointed module only needs its largest-discard
-    point. What remains is when to discard: a subtree either checkpoints its
-    root (a big discard, late) or leaves it to its submodules (smaller,
-    earlier). Non-dominated (discarded bytes, peak so far) states cover both.
-    """
-    if prob._min_peak is not None:
-        return prob._min_peak
-    # Only each candidate's largest discard matters, known from its op groups: no
-    # frontier is needed (an infeasible budget is answered without building any).
-    starts = _subtree_starts(prob)
-    m = len(prob.candidates)
-    key_base = np.full(m + 1, -np.inf)
-    np.maximum.at(key_base, prob.node_key, prob.model.base_bytes)
-    best_d = [c.max_discard_bytes for c in prob.candidates]
-    # a state: (discarded bytes, peak so far, chosen candidates as a tuple)
-    def settle(states, k):
-        states = [(s, max(p, key_base[k] - s), ch) for s, p, ch in states]
-        states.sort(key=lambda x: (-x[0], x[1]))
-        out, low = [], np.inf
-        for s, p, ch in states:
-            if p < low:
-                out.append((s, p, ch))
-                low = p
-        return out
-
-    def run(lo: int, hi: int, states):
-        i = lo
-        while i < hi:
-            r = max(j for j in range(i, hi) if starts[j] == i)
-            take = [(s + best_d[r], p, ch + (r,)) for s, p, ch in states] if best_d[r] > 0 else []
-            if r == i:
-                states = states + take
-            else:
-                below = run(i, r, states)
-                skip = states
-                for k in range(i + 1, r + 1):
-                    skip = [(s, max(p, key_base[k] - s), ch) for s, p, ch in skip]
-                take = [(s + best_d[r], p, ch + (r,)) for s, p, ch in skip] if best_d[r] > 0 else []
-                states = below + take
-            states = settle(states, r + 1)
-            i = r + 1
-        return states
-
-    states = run(0, m, settle([(0, -np.inf, ())], 0))
-    _, _, chosen = min(states, key=lambda x: x[1])
-    decisions = {}
-    for i in chosen:
-        m = prob.stats.module(prob.candidates[i].fqn)
-        decisions[m.fqn] = max_discard_decision(m.ops, m.force_store_random)
-    discarded = {f: prob.stats.module(f).act_saved_bytes - sb for f, (_, sb, _) in decisions.items()}
-    peak = prob.model.peak_bytes(discarded)
-    recompute = math.fsum(prob.stats.module(f).op_ms - sm for f, (_, _, sm) in decisions.items())
-    prob._min_peak = Solution("optimal", "smallest peak (exact DP)", peak, recompute, 0.0, 0.0, decisions)
-    return prob._min_peak

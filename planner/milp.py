@@ -374,7 +374,7 @@ def _against(sol: Solution, bound: float | None, mip_rel_gap: float) -> Solution
 def solve_min_peak(prob: Problem, *, time_limit_s: float) -> Solution:
     """The smallest peak any plan reaches (recompute ignored), by MILP.
 
-    The planner uses the exact DP (:func:`planner.dp.solve_min_peak_dp`); this
+    The planner uses the exact DP (:func:`planner.min_peak.solve_min_peak_dp`); this
     is the independent cross-check the tests hold it to.
     """
     mat = _Matrix(prob, with_peak=True)

@@ -8,7 +8,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from planner.dp import solve_dp, solve_min_peak_dp
+from planner.dp import solve_dp
+from planner.min_peak import solve_min_peak_dp
 from planner.memory_model import GIB, compute_ms
 from planner.milp import Problem, Solution, prepare, solve_budget
 from planner.plan_format import Plan, PlannedModule

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from planner import plan
-from planner.dp import _CostToGo, _hull_lp, _prepare, solve_dp
+from planner.cost_to_go import CostToGo
+from planner.dp import _hull_lp, _prepare, solve_dp
 from planner.lagrange import Lagrange
 from planner.milp import _reduced_keyneeds, prepare
 
@@ -111,9 +112,9 @@ def test_gridded_cost_to_go_holds_for_every_plan(make):
     for rng, prob, fr, keyneed in _instances(13, 40, make):
         plans = list(_plans(fr, keyneed))
         top = float(max(np.max(keyneed), 0.0))
-        bounds = [_CostToGo.sized(fr, keyneed, top, 2, cells, 1e6) for cells in (50.0, 1e4, 1e7)]
+        bounds = [CostToGo.sized(fr, keyneed, top, 2, cells, 1e6) for cells in (50.0, 1e4, 1e7)]
         for eps in (1.0, 3.0, 97.0):  # widths that are not powers of two, one of them finer than a byte
-            bounds.append(_CostToGo(fr, keyneed, eps, max(int(math.ceil(top / eps)), 1)))
+            bounds.append(CostToGo(fr, keyneed, eps, max(int(math.ceil(top / eps)), 1)))
         for u in bounds:
             for cost, chosen, s in plans:
                 for k in range(len(s)):
@@ -128,14 +129,14 @@ def test_gridded_cost_to_go_holds_for_every_plan(make):
 def test_finishing_after_the_work_limit_keeps_plans_valid_and_gaps_honest(monkeypatch):
     """With no search work allowed, the finishing grid still brackets the true optimum."""
     finishes = []
-    sized = _CostToGo.sized.__func__
+    sized = CostToGo.sized.__func__
 
     def spy(cls, *args, **kwargs):
         if "max_grid" in kwargs:
             finishes.append(kwargs["max_grid"])
         return sized(cls, *args, **kwargs)
 
-    monkeypatch.setattr(_CostToGo, "sized", classmethod(spy))
+    monkeypatch.setattr(CostToGo, "sized", classmethod(spy))
     rng = random.Random(17)
     compared = improved = 0
     for trial in range(80):

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from planner import Stats, StatsError, load_stats, plan, sweep
-from plan_helpers import brute_force, check_plan, module_options, random_ops, realize, valid_save
+from plan_helpers import brute_force, check_plan, module_options, random_ops, realize
 
 GIB = 2**30
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -247,7 +247,7 @@ def test_l12_plans_are_realizable():
 
 
 def test_min_peak_dp_equals_milp_on_random_trees():
-    from planner.dp import solve_min_peak_dp
+    from planner.min_peak import solve_min_peak_dp
     from planner.milp import prepare, solve_min_peak
 
     rng = random.Random(31)
