@@ -71,7 +71,7 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="FSDP unit; no checkpointed module may contain one (repeatable)")
     p.add_argument("--time-limit", type=float, default=60.0, metavar="S", help="solver time limit per budget (s)")
     p.add_argument("--mip-rel-gap", type=float, default=1e-6, metavar="G",
-                   help="relative gap at which a plan counts as optimal (default 1e-6)")
+                   help="relative gap at which a plan counts as optimal (default 1e-6; at least 1e-8)")
     p.add_argument("--solver", choices=("auto", "milp", "dp"), default="auto", help="planning engine (default auto)")
     p.add_argument("--include-optimizer-state", action="store_true", help="count sharded optimizer state")
     p.add_argument("--reserve-gib", type=float, default=0.0, help="fixed reserve added to every point (GiB)")
@@ -90,6 +90,11 @@ def _load(path: str) -> Stats | None:
     except StatsError as exc:
         print(f"sacplan: invalid stats {path}: {exc}", file=sys.stderr)
         return None
+
+
+def _cli_words(message: str) -> str:
+    """A planner message with its parameter names as the options the user types."""
+    return message.replace("time_limit_s", "--time-limit").replace("solver='dp'", "--solver dp")
 
 
 def _option_message(exc: ValueError, is_sweep: bool) -> str:
@@ -175,7 +180,7 @@ def _exit_code(plans: list[Plan]) -> int:
         if p.status == "infeasible":
             print(f"sacplan: {p.message}", file=sys.stderr)
         elif p.status not in ("optimal", "feasible"):
-            print(f"sacplan: {p.memory_budget_gib:g} GiB: {p.status}: {p.message}", file=sys.stderr)
+            print(f"sacplan: {p.memory_budget_gib:g} GiB: {p.status}: {_cli_words(p.message)}", file=sys.stderr)
     statuses = {p.status for p in plans}
     if statuses - {"optimal", "feasible", "infeasible"}:
         return EXIT_NO_PLAN
@@ -229,7 +234,7 @@ def _plan_table(stats: Stats, p: Plan) -> str:
     if p.min_feasible_budget_gib is not None:
         lines.append(f"min budget       {p.min_feasible_budget_gib:g} GiB")
     if p.message and p.status != "optimal":
-        lines.append(f"note             {p.message}")
+        lines.append(f"note             {_cli_words(p.message)}")
     if p.modules:
         width = max(len(m.fqn) for m in p.modules)
         lines += ["", f"{'module':<{width}}  discard  freed GiB  recompute ms  ops saved"]

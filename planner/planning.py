@@ -17,7 +17,10 @@ from planner.loader import load_stats, parse_stats
 from planner.stats import MAX_BYTES, Stats
 from planner.version import PLANNER_VERSION
 
-__all__ = ["plan", "sweep"]
+__all__ = ["MIN_REL_GAP", "plan", "sweep"]
+
+# The smallest gap a plan claims: the DP treats costs within 1e-9 (relative, plus 1e-9 ms) as equal.
+MIN_REL_GAP = 1e-8
 
 
 def plan(
@@ -57,6 +60,8 @@ def plan(
     mip_rel_gap
         Relative optimality gap at which the solver stops and calls the plan
         optimal (both engines: the plan's proven gap is then at most this).
+        Values below ``MIN_REL_GAP`` (1e-8) count as 1e-8: costs are sums of
+        float runtimes, compared with a 1e-9 tolerance.
     include_optimizer_state, reserve_gib
         Opt-in memory terms: the root's optimizer state (sharded) and a fixed
         reserve added at every point of the step. Off by default, so
@@ -112,6 +117,7 @@ def _sweep(stats: Stats, budgets_gib: Sequence[float], budgets_name: str, *, wor
            mip_rel_gap: float, include_optimizer_state: bool, reserve_gib: float, solver: str,
            progress: Callable[[int, int, Plan], None] | None) -> list[Plan]:
     budgets = _validate(budgets_gib, budgets_name, world_size, time_limit_s, mip_rel_gap, reserve_gib)
+    mip_rel_gap = max(mip_rel_gap, MIN_REL_GAP)
     if solver not in ("auto", "milp", "dp"):
         raise ValueError(f"solver must be 'auto', 'milp' or 'dp', got {solver!r}")
     for name, units in (("ac_units", ac_units), ("fsdp_units", fsdp_units)):
@@ -156,6 +162,9 @@ def _as_stats(stats: Stats | Mapping[str, Any] | str | os.PathLike) -> Stats:
         return stats
     if isinstance(stats, Mapping):
         return parse_stats(stats)
+    if isinstance(stats, str) and stats.lstrip().startswith("{"):
+        raise TypeError("stats is a str of JSON text, but a str means a path; decode the text first "
+                        "(planner.plan(json.loads(text), ...))")
     if isinstance(stats, (str, os.PathLike)):
         return load_stats(stats)
     raise TypeError(f"stats must be a planner.Stats, a decoded stats document (dict) or a path to a stats file, "

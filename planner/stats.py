@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Container, Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, model_validator
 
 __all__ = [
     "STATS_FORMAT",
@@ -32,8 +33,20 @@ STATS_FORMAT = "sacplan.stats/v1"
 # signed 64-bit database integer.
 MAX_BYTES = 2**62
 
-Bytes = Annotated[int, Field(ge=0, le=MAX_BYTES, strict=False)]
-Millis = Annotated[float, Field(ge=0.0, le=1e12, allow_inf_nan=False)]
+
+
+def _a_number(v: Any) -> Any:
+    """JSON numbers only: true/false and numeric text are not byte counts or times."""
+    if isinstance(v, (bool, str, bytes)):
+        raise ValueError(f"must be a number, got {v!r}")
+    if isinstance(v, float) and not math.isfinite(v):
+        raise ValueError(f"must be a finite number, got {v!r}")
+    return v
+
+
+# Whole bytes; 12.0 is accepted (JSON writers may emit it), 12.5, true and "12" are not.
+Bytes = Annotated[int, BeforeValidator(_a_number), Field(ge=0, le=MAX_BYTES)]
+Millis = Annotated[float, BeforeValidator(_a_number), Field(ge=0.0, le=1e12, allow_inf_nan=False)]
 
 
 class _Strict(BaseModel):

@@ -33,6 +33,9 @@ TORCH_MODULE_FIELDS = {
     "fw_ms": "fw_runtime_per_module",
     "bw_ms": "bw_runtime_per_module",
 }
+# ModStats fields the planner reads: PyTorch always writes them, so a missing one is an error, not a 0
+_REQUIRED = ("param_per_module", "act_fw_per_module", "act_total", "act_grad_per_module", "grad_total",
+             "fw_runtime_per_module", "bw_runtime_per_module", "is_leaf")
 # OpStats field -> the SACStats list holding it
 _TORCH_OP_FIELDS = {"name": "func_names", "runtime_ms": "runtimes", "output_bytes": "memory"}
 
@@ -75,6 +78,8 @@ def ops_from_torch(sac_stats: Any) -> tuple[list[OpStats], bool]:
         except ValidationError as exc:
             e = exc.errors(include_url=False)[0]
             field = _TORCH_OP_FIELDS.get(str(e["loc"][0]) if e["loc"] else "", "op")
+            if e["type"] == "value_error":  # our own check's message already quotes the value
+                raise ValueError(f"{field}[{i}]: {e['msg'].removeprefix('Value error, ')}") from None
             raise ValueError(f"{field}[{i}]: {e['msg']} (got {e.get('input')!r})") from None
     return ops, fsr
 
@@ -85,13 +90,11 @@ def _list(get, field: str, *, required: bool = False) -> Sequence[Any]:
         if required:
             raise ValueError(f"{field} is missing")
         return []
-    if isinstance(v, (str, bytes, Mapping)) or not isinstance(v, Sequence):
-        try:
-            return list(v)  # a tensor or array-like of a real SACStats
-        except TypeError:
-            pass
-        raise ValueError(f"{field} must be a list, got {type(v).__name__} {short_value(v)!r}")
-    return v
+    if isinstance(v, Sequence) and not isinstance(v, (str, bytes)):
+        return v
+    if not isinstance(v, (str, bytes, Mapping)) and hasattr(v, "__iter__"):
+        return list(v)  # an array-like in a real SACStats
+    raise ValueError(f"{field} must be a list, got {type(v).__name__} {short_value(v)!r}")
 
 
 def _index(v: Any) -> int | None:
@@ -186,7 +189,11 @@ def _object(doc: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any]:
 
 def _module(k: int, ms: Mapping[str, Any], fqns: dict[str, int], sac: Mapping[str, Any]) -> dict[str, Any]:
     fqn = ms["fqn"]
-    is_leaf = ms.get("is_leaf", False)
+    missing = [f for f in _REQUIRED if ms.get(f) is None]
+    if missing:
+        raise ValueError(f"module_info.mod_stats[{k}] ({fqn!r}).{missing[0]}: field required"
+                         + (f" (also missing: {', '.join(missing[1:])})" if len(missing) > 1 else ""))
+    is_leaf = ms["is_leaf"]
     if not isinstance(is_leaf, bool):
         raise ValueError(f"module_info.mod_stats[{k}].is_leaf must be true or false, got {is_leaf!r}")
     m: dict[str, Any] = {"fqn": fqn, "parent": innermost_prefix_module(fqn, fqns), "is_leaf": is_leaf}
@@ -234,6 +241,8 @@ def _torch_paths(msg: str, names: list[str]) -> str:
     def ops(m: re.Match) -> str:
         return f"sac_stats[{names[int(m.group(1))]!r}]" + (f" op {m.group(2)}" if m.group(2) else "")
 
+    msg = msg.replace("op lists belong to non-leaf modules (give null)",
+                      "SACStats belong to non-leaf modules (drop this entry)")
     msg = re.sub(r"modules\[(\d+)\]\.ops\[(\d+)\]\.inplace_parent (\d+)",
                  lambda m: f"sac_stats[{names[int(m.group(1))]!r}].inplace_ops: op {m.group(2)}'s parent {m.group(3)}",
                  msg)

@@ -118,6 +118,7 @@ def test_no_plan_in_time_exit_3():
     assert json.loads(r.stdout)["status"] == "time_limit"
     assert r.returncode == 3
     assert "4 GiB: time_limit" in r.stderr
+    assert "raise --time-limit" in r.stderr and "time_limit_s" not in r.stderr  # the option the user types
 
 
 def test_sweep_infeasible_and_no_plan_in_time_exit_3():
