@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -19,13 +20,14 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
-from planner import PLANNER_VERSION
-from service.errors import InvalidInput, NotFound
+import planner
+from planner import PLANNER_VERSION, Stats
+from service.errors import InvalidInput, NotFound, StoredStatsInvalid
 from service.models import PlanRecord, StatsRecord
 from service.schemas import PlanOptions
 from service.solver import SolverPool, solve_job
 
-__all__ = ["CachedPlan", "plan_cache_key", "get_stats", "get_plan", "plans_for", "plan_json"]
+__all__ = ["CachedPlan", "plan_cache_key", "get_stats", "get_plan", "parse_stored_stats", "plans_for", "plan_json"]
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,18 @@ def get_stats(session: Session, project: str, stats_id: int) -> StatsRecord:
     if row is None or row.project != project:
         raise NotFound(f"stats_id {stats_id} does not exist")
     return row
+
+
+def parse_stored_stats(stats_id: int, document: str) -> Stats:
+    """A stored canonical document as Stats; StoredStatsInvalid (409) when this planner's validation rejects it.
+
+    Documents are validated when uploaded, but by the planner of that day: a stricter
+    planner may reject what an older one stored.
+    """
+    try:
+        return planner.parse_stats(json.loads(document))
+    except planner.StatsError as exc:
+        raise StoredStatsInvalid(stats_id, str(exc), errors=exc.errors) from None
 
 
 def get_plan(session: Session, project: str, plan_id: int) -> PlanRecord:
@@ -140,6 +154,33 @@ def _store(factory: sessionmaker[Session], stats_id: int, entries: list[tuple[st
     return out
 
 
+# A planner message starts with the field it rejects: "ac_units[0] 'Net' is the root module ...".
+_FIELD_AT = re.compile(r"(?P<field>[a-z_]+)(?:\[(?P<index>[0-9]+)\])?")
+
+
+def _planner_rejection(message: str, options: PlanOptions) -> InvalidInput:
+    """The planner's ValueError as a 422 shaped like a schema one: the field, index and value the client sent.
+
+    The planner saw the unit lists sorted and without repeats (as cached), so an
+    index it names is mapped back to the client's own list.
+    """
+    m = _FIELD_AT.match(message)
+    field = m["field"] if m and m["field"] in type(options).model_fields else None
+    if field is None:
+        return InvalidInput(message, errors=[{"loc": ["body"], "msg": message, "input": None}])
+    sent = getattr(options, field)
+    loc: list[str] = ["body", field]
+    if m["index"] is not None and isinstance(sent, list):
+        seen = options.cache_fields().get(field) or []
+        k = int(m["index"])
+        if k < len(seen) and seen[k] in sent:
+            sent_k = sent.index(seen[k])
+            message = f"{field}[{sent_k}]{message[m.end():]}"
+            loc.append(str(sent_k))
+            sent = seen[k]
+    return InvalidInput(message, errors=[{"loc": loc, "msg": message, "input": sent}])
+
+
 async def plans_for(
     factory: sessionmaker[Session], pool: SolverPool, project: str, stats_id: int,
     budgets_gib: list[float], options: PlanOptions,
@@ -159,8 +200,10 @@ async def plans_for(
             document = await run_in_threadpool(_document, factory, stats_id)
             solver_options = {**fields, "time_limit_s": options.time_limit_s}
             out = await pool.run(solve_job, document, [b for _, b in missing], solver_options)
+            if "stored_stats_invalid" in out:
+                raise StoredStatsInvalid(stats_id, out["stored_stats_invalid"], errors=out["errors"])
             if "invalid" in out:
-                raise InvalidInput(out["invalid"])
+                raise _planner_rejection(out["invalid"], options)
             request = {**fields}
             entries = [
                 (k, {**request, "memory_budget_gib": b}, plan) for (k, b), plan in zip(missing, out["plans"])

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from planner import PLANNER_VERSION
+
 __all__ = [
     "ServiceError", "NotFound", "InvalidInput", "BadRequest", "UnsupportedMediaType",
-    "Unauthorized", "SolverBusy", "SolverFailed", "PayloadTooLarge",
+    "Unauthorized", "SolverBusy", "SolverFailed", "PayloadTooLarge", "StoredStatsInvalid",
 ]
 
 
@@ -29,6 +31,20 @@ class NotFound(ServiceError):
 
 class InvalidInput(ServiceError):
     status_code = 422
+
+
+class StoredStatsInvalid(ServiceError):
+    """Stats stored by an older planner that this planner's validation rejects: 409, never a 500."""
+
+    status_code = 409
+
+    def __init__(self, stats_id: int, reason: str, *, errors: list[dict[str, Any]] | None = None):
+        super().__init__(
+            f"stats_id {stats_id} was stored by an older planner and no longer passes planner "
+            f"{PLANNER_VERSION}'s validation: {reason}. Upload corrected stats (POST /v1/stats) and plan "
+            f"with the new id, or delete this upload (DELETE /v1/stats/{stats_id})",
+            errors=errors,
+        )
 
 
 class BadRequest(ServiceError):

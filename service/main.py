@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from contextlib import asynccontextmanager
@@ -49,10 +50,23 @@ give your key: each key sees only its own project's stats and plans.
 
 def _error(status: int, detail: str, errors: list[dict[str, Any]] | None = None,
            headers: dict[str, str] | None = None) -> JSONResponse:
-    content: dict[str, Any] = {"detail": detail}
+    content: dict[str, Any] = {"detail": _clean(detail)}
+    if status == 422 and not errors:  # every 422 has the same keys, schema or planner or service
+        errors = [{"loc": [], "msg": detail, "input": None}]
     if errors is not None:
-        content["errors"] = [{**e, "input": _short(e["input"])} if "input" in e else e for e in errors]
+        content["errors"] = [_error_item(e) for e in errors]
     return JSONResponse(content, status_code=status, headers=headers)
+
+
+def _error_item(e: dict[str, Any]) -> dict[str, Any]:
+    """One field's error, always as loc, msg and input."""
+    return {"loc": [str(x) for x in e.get("loc", ())], "msg": _clean(e.get("msg", "")),
+            "input": _short(e.get("input"))}
+
+
+def _clean(msg: str) -> str:
+    # pydantic prefixes the message of a ValueError raised by a validator; it says nothing to a client.
+    return msg.removeprefix("Value error, ")
 
 
 def _short(value: Any) -> Any:
@@ -72,11 +86,9 @@ def _short(value: Any) -> Any:
 
 
 def _validation_errors(exc: RequestValidationError) -> tuple[str, list[dict[str, Any]]]:
-    errors = []
-    for e in exc.errors():
-        loc = [str(x) for x in e.get("loc", ())]
-        errors.append({"loc": loc, "msg": e.get("msg", ""), "input": _short(e.get("input"))})
-    parts = [f"{'.'.join(x['loc'])}: {x['msg']} (got {x['input']!r})" for x in errors[:5]]
+    errors = [_error_item(e) for e in exc.errors()]
+    # The value as the client wrote it in JSON: true, "5" (not Python's True, '5').
+    parts = [f"{'.'.join(x['loc'])}: {x['msg']} (got {json.dumps(x['input'])})" for x in errors[:5]]
     more = f"; and {len(errors) - 5} more" if len(errors) > 5 else ""
     return "; ".join(parts) + more, errors
 
@@ -100,6 +112,22 @@ def _install_error_handlers(app: FastAPI) -> None:
         # A bug, not bad input: log it (never the headers: they may hold keys).
         log.exception("unhandled error on %s %s", request.method, request.url.path)
         return _error(500, f"internal error: {type(exc).__name__}")
+
+
+def _document_limits(app: FastAPI, settings: Settings) -> None:
+    """Write the limits that are settings (not constants in the schemas) into the OpenAPI document."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schemas = build().get("components", {}).get("schemas", {})
+            for name in ("PlanRequest", "SweepRequest"):
+                field = schemas.get(name, {}).get("properties", {}).get("time_limit_s")
+                if field is not None:
+                    field["maximum"] = settings.max_time_limit_s
+        return app.openapi_schema
+
+    app.openapi = openapi
 
 
 def create_app(settings: Settings | None = None, *, solver: SolverPool | None = None) -> FastAPI:
@@ -139,6 +167,7 @@ def create_app(settings: Settings | None = None, *, solver: SolverPool | None = 
     app.state.session_factory = make_sessionmaker(engine)
     app.state.solver = pool
     _install_error_handlers(app)
+    _document_limits(app, settings)
     for module in (health, stats, plans, sweeps):
         app.include_router(module.router)
     app.state.plan_responses = PlanResponseCache(settings.plan_response_cache_entries,

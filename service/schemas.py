@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, model_validator
 
 from planner import Plan
 from service.examples import EXAMPLE_PLAN_REQUEST, EXAMPLE_SWEEP_REQUEST
@@ -17,11 +17,14 @@ __all__ = [
     "SweepRequest", "SweepPoint", "SweepOut",
 ]
 
+# Numbers are strict: JSON true, "5" or 1.0 for an integer is refused (422 naming the field), never coerced.
 # Ids are database integers (32-bit on PostgreSQL): bounded so no request overflows a column.
-Id = Annotated[int, Field(ge=1, le=2**31 - 1)]
-Gib = Annotated[float, Field(ge=0.0, le=1e9, allow_inf_nan=False)]
+Id = Annotated[int, Strict(), Field(ge=1, le=2**31 - 1)]
+# Budgets are positive here, so a bad one is named as the client sent it (the planner sees them sorted).
+Gib = Annotated[float, Strict(), Field(gt=0.0, le=1e9, allow_inf_nan=False)]
 MAX_UNITS = 100_000
 MAX_SWEEP_POINTS = 64
+MAX_WORLD_SIZE = 2**20
 
 
 class _In(BaseModel):
@@ -30,7 +33,9 @@ class _In(BaseModel):
 
 class ErrorOut(BaseModel):
     detail: str = Field(description="What was wrong, naming the field and value.")
-    errors: list[dict[str, Any]] | None = Field(None, description="Field-by-field details: loc, msg, input.")
+    errors: list[dict[str, Any]] | None = Field(
+        None, description="Field-by-field details, each with loc, msg and input; always present on 422."
+    )
 
 
 class SolverStatsOut(BaseModel):
@@ -96,15 +101,22 @@ class StatsPage(BaseModel):
 class PlanOptions(_In):
     """Everything besides the budget that changes a plan."""
 
-    world_size: int = Field(1, ge=1, le=2**20, description="Ranks sharing parameters and gradients (FSDP).")
+    world_size: Annotated[int, Strict()] = Field(
+        1, ge=1, le=MAX_WORLD_SIZE, description="Ranks sharing parameters and gradients (FSDP)."
+    )
     ac_units: list[Annotated[str, Field(max_length=1024)]] | None = Field(
         None, max_length=MAX_UNITS, description="fqns of the modules that may be checkpointed; null: all non-leaf modules."
     )
     fsdp_units: list[Annotated[str, Field(max_length=1024)]] | None = Field(
         None, max_length=MAX_UNITS, description="fqns of the FSDP-wrapped modules; null: the whole model is one unit."
     )
-    time_limit_s: float = Field(60.0, gt=0.0, le=3600.0, allow_inf_nan=False, description="Solver time limit.")
-    mip_rel_gap: float = Field(
+    # The upper bound is the service's setting (max_time_limit_s): enforced by the routes and
+    # written into the OpenAPI document by service.main, so the two never disagree.
+    time_limit_s: Annotated[float, Strict()] = Field(
+        60.0, gt=0.0, allow_inf_nan=False,
+        description="Solver time limit, seconds; at most this service's SACPLAN_MAX_TIME_LIMIT_S (the maximum shown).",
+    )
+    mip_rel_gap: Annotated[float, Strict()] = Field(
         1e-6, ge=0.0, lt=1.0, allow_inf_nan=False,
         description="Relative gap at which a plan counts as optimal (the plan's mip_gap is then at most this).",
     )
@@ -171,7 +183,7 @@ class SweepRequest(PlanOptions):
     budgets_gib: list[Gib] | None = Field(None, min_length=1, max_length=MAX_SWEEP_POINTS)
     from_gib: Gib | None = None
     to_gib: Gib | None = None
-    points: int | None = Field(None, ge=2, le=MAX_SWEEP_POINTS)
+    points: Annotated[int, Strict()] | None = Field(None, ge=2, le=MAX_SWEEP_POINTS)
 
     @model_validator(mode="after")
     def _one_way(self) -> SweepRequest:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing
+import signal
+import threading
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -50,10 +52,30 @@ class SolverPool:
         for _ in range(self.workers):
             pool.submit(_noop)
 
-    def shutdown(self) -> None:
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
-            self._executor = None
+    def shutdown(self, wait: bool = True, grace_s: float = 5.0) -> None:
+        """Stop the workers; queued solves are cancelled.
+
+        With ``wait`` (service shutdown), a running solve gets ``grace_s`` seconds,
+        then its process is killed; either way the processes are joined and the
+        pool's queues released before this returns. Not waiting left them to the
+        interpreter's exit, which a SIGTERM skips: "leaked semaphore objects".
+        """
+        executor, self._executor = self._executor, None
+        if executor is None:
+            return
+        if not wait:
+            executor.shutdown(wait=False, cancel_futures=True)
+            return
+        processes = list((getattr(executor, "_processes", None) or {}).values())
+        stopping = threading.Thread(target=executor.shutdown, kwargs={"wait": True, "cancel_futures": True},
+                                    name="solver-pool-shutdown")
+        stopping.start()
+        stopping.join(grace_s)
+        if stopping.is_alive():
+            log.warning("a solve still running after %.0f s at shutdown: killing its process", grace_s)
+            for process in processes:  # the workers ignore SIGTERM (see _warm_up): kill
+                process.kill()
+            stopping.join()
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(*args)`` in a worker process, or raise SolverBusy when the queue is full."""
@@ -66,7 +88,7 @@ class SolverPool:
             return await loop.run_in_executor(self._pool(), fn, *args)
         except BrokenProcessPool:
             log.error("a solver process died; restarting the pool")
-            self.shutdown()
+            self.shutdown(wait=False)
             raise SolverFailed("the solver process died (out of memory?); the pool was restarted; retry") from None
         finally:
             self.in_flight -= 1
@@ -96,6 +118,11 @@ class SolverPool:
 
 
 def _warm_up() -> None:
+    # The service owns the workers' lifetime: a Ctrl-C or SIGTERM sent to the whole
+    # process group must not kill them under it (a traceback per worker, a broken
+    # pool); they leave when the pool shuts down, or at EOF if the service dies.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     import planner  # noqa: F401  (pay numpy/scipy import once per worker, not per solve)
 
 
@@ -115,14 +142,19 @@ def _parse(document: str):
 def solve_job(document: str, budgets_gib: list[float], options: dict[str, Any]) -> dict[str, Any]:
     """Plan the canonical stats ``document`` at each budget (worker side).
 
-    Returns ``{"plans": [plan dicts]}``, or ``{"invalid": message}`` when the
-    planner rejects a request field (ValueError), so the service answers 422.
+    Returns ``{"plans": [plan dicts]}``; ``{"invalid": message}`` when the
+    planner rejects a request field (ValueError), so the service answers 422;
+    ``{"stored_stats_invalid": message, "errors": [...]}`` when this planner's
+    validation rejects the stored document itself (stored by an older planner: 409).
     A planner crash becomes plans with status ``error`` (never stored).
     """
     import planner
     from planner.memory_model import baseline_peak_bytes, compute_ms
 
-    stats = _parse(document)
+    try:
+        stats = _parse(document)
+    except planner.StatsError as exc:
+        return {"stored_stats_invalid": str(exc), "errors": exc.errors}
     try:
         if len(budgets_gib) == 1:
             plans = [planner.plan(stats, budgets_gib[0], **options)]

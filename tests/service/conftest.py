@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 from collections.abc import Iterator
@@ -10,6 +11,10 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+import planner
+from planner.memory_model import baseline_peak_bytes, compute_ms
 
 from service.config import Settings
 from service.db import make_engine, upgrade
@@ -71,6 +76,44 @@ def count_rows(settings: Settings):
 
     yield count
     engine.dispose()
+
+
+@pytest.fixture
+def store_as_older_planner():
+    """Store the example stats, edited by ``corrupt``, as an older planner's upload did: unchecked by today's rules.
+
+    Uploads stored the canonical document (``Stats.canonical_json``: key-sorted
+    compact JSON), its SHA-256 as ``content_hash`` and summary columns
+    (``routes/stats._new_record``). ``corrupt`` edits the canonical document (a
+    dict) in place. With ``stats_id`` that row is rewritten instead of a new one
+    added (its plans stay, as an older planner stored them). Returns the id.
+    """
+
+    def store(url: str, corrupt, *, stats_id: int | None = None, project: str = "default") -> int:
+        stats = planner.parse_stats(EXAMPLE_STATS)
+        doc = stats.model_dump(mode="json")
+        corrupt(doc)
+        text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
+        with pytest.raises(planner.StatsError):  # really rejected now
+            planner.parse_stats(json.loads(text))
+        engine = make_engine(url)
+        try:
+            with Session(engine) as session, session.begin():
+                row = session.get(StatsRecord, stats_id) if stats_id is not None else StatsRecord(
+                    project=project, model_name=stats.metadata.model_name, source_format="v1",
+                    baseline_peak_bytes=baseline_peak_bytes(stats), compute_ms=compute_ms(stats),
+                    tags=[StatsTag(key=k, value=v) for k, v in stats.metadata.tags.items()])
+                row.document = text
+                row.content_hash = hashlib.sha256(text.encode()).hexdigest()
+                row.module_count = len(doc["modules"])
+                row.op_count = sum(len(m["ops"] or ()) for m in doc["modules"])
+                session.add(row)
+                session.flush()
+                return row.id
+        finally:
+            engine.dispose()
+
+    return store
 
 
 @pytest.fixture(scope="session")

@@ -165,3 +165,79 @@ def test_full_solver_queue_is_503_with_retry_after(settings, example_doc, count_
     assert r.headers["retry-after"] == "7"
     assert health.status_code == 200 and health.json()["solver"]["in_flight"] == 1
     assert count_rows()["plans"] == 0
+
+
+@pytest.mark.parametrize(
+    ("extra", "field", "sent"),
+    [({"memory_budget_gib": True}, "memory_budget_gib", "true"),  # was planned at 1 GiB
+     ({"memory_budget_gib": "5"}, "memory_budget_gib", '"5"'),
+     ({"stats_id": "1"}, "stats_id", '"1"'), ({"stats_id": True}, "stats_id", "true"),
+     ({"world_size": True}, "world_size", "true"), ({"world_size": "2"}, "world_size", '"2"'),
+     ({"world_size": 2.0}, "world_size", "2.0"), ({"world_size": 2**20 + 1}, "world_size", "1048577"),
+     ({"time_limit_s": "30"}, "time_limit_s", '"30"'), ({"time_limit_s": True}, "time_limit_s", "true"),
+     ({"mip_rel_gap": "0.01"}, "mip_rel_gap", '"0.01"'), ({"mip_rel_gap": False}, "mip_rel_gap", "false")],
+)
+def test_numbers_are_not_coerced(client, example_id, count_rows, extra, field, sent):
+    r = client.post("/v1/plans", json={"stats_id": example_id, "memory_budget_gib": 4.5, **extra})
+    assert r.status_code == 422, r.text
+    body = r.json()
+    assert f"body.{field}: " in body["detail"] and f"(got {sent})" in body["detail"]
+    [error] = body["errors"]
+    assert error["loc"] == ["body", field] and error["input"] == extra[field]
+    assert count_rows()["plans"] == 0
+
+
+def test_integer_budget_is_a_number_of_gib(client, example_id):
+    r = _plan(client, example_id, 5, time_limit_s=30)  # JSON 5, not 5.0: a number all the same
+    assert r.status_code == 200 and r.json()["memory_budget_gib"] == 5.0
+
+
+def _shape(r) -> None:
+    assert r.status_code == 422, r.text
+    body = r.json()
+    assert set(body) == {"detail", "errors"} and body["errors"]
+    for e in body["errors"]:
+        assert set(e) == {"loc", "msg", "input"}
+        assert not e["msg"].startswith("Value error")
+    assert "Value error" not in body["detail"]
+
+
+def test_every_422_has_the_same_shape(client, example_id, example_doc):
+    _shape(_plan(client, example_id, -1))  # the schema's
+    _shape(_plan(client, example_id, 4.5, ac_units=["Net"]))  # the planner's
+    _shape(_plan(client, example_id, 4.5, time_limit_s=601))  # the service's own bound
+    example_doc["modules"][2]["parent"] = "Net"
+    _shape(client.post("/v1/stats", json=example_doc))  # the stats'
+    _shape(client.post("/v1/sweeps", json={"stats_id": example_id}))  # a model validator's
+
+
+def test_planner_rejection_names_the_field_as_sent(client, example_id, count_rows):
+    # The planner sees the unit lists sorted (as cached): its ac_units[0] is the client's ac_units[1].
+    r = _plan(client, example_id, 4.5, ac_units=["Net.layers.0", "Net"])
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"].startswith("ac_units[1] 'Net' is the root module")
+    assert r.json()["errors"] == [{"loc": ["body", "ac_units", "1"], "msg": r.json()["detail"], "input": "Net"}]
+    r = _plan(client, example_id, 4.5, fsdp_units=["Net.layers.1", "Net.layers.0", "Net.nowhere"])
+    assert r.json()["detail"].startswith("fsdp_units[2] 'Net.nowhere' is not a module")
+    assert r.json()["errors"][0]["loc"] == ["body", "fsdp_units", "2"]
+    assert count_rows()["plans"] == 0
+
+
+def _time_limit_maximum(client, schema: str) -> float:
+    return client.get("/openapi.json").json()["components"]["schemas"][schema]["properties"]["time_limit_s"]["maximum"]
+
+
+@pytest.mark.parametrize("max_time_limit_s", [600.0, 7200.0, 20.0])
+def test_documented_time_limit_is_the_enforced_one(make_client, settings, example_doc, max_time_limit_s):
+    client = make_client(settings.model_copy(update={"max_time_limit_s": max_time_limit_s}))
+    assert _time_limit_maximum(client, "PlanRequest") == max_time_limit_s
+    assert _time_limit_maximum(client, "SweepRequest") == max_time_limit_s
+    stats_id = client.post("/v1/stats", json=example_doc).json()["id"]
+    over = _plan(client, stats_id, 4.5, time_limit_s=max_time_limit_s + 1)
+    assert over.status_code == 422 and f"time_limit_s {max_time_limit_s + 1}" in over.json()["detail"]
+    assert over.json()["errors"][0]["loc"] == ["body", "time_limit_s"]
+    sweep = client.post("/v1/sweeps", json={"stats_id": stats_id, "budgets_gib": [4.5],
+                                            "time_limit_s": max_time_limit_s + 1})
+    assert sweep.status_code == 422
+    at_max = _plan(client, stats_id, 4.5, time_limit_s=max_time_limit_s)
+    assert at_max.status_code == 200, at_max.text

@@ -182,3 +182,19 @@ def test_swagger_examples_work_end_to_end(client):
         for method, op in ops.items():
             assert op.get("tags"), (method, path)
             assert "200" in op["responses"] or "201" in op["responses"] or "204" in op["responses"], (method, path)
+
+
+@pytest.mark.parametrize("tag", ["", "=", "=demo"])
+def test_tag_filter_without_a_key_is_422(client, example_id, tag):
+    r = client.get("/v1/stats", params={"tag": tag})
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"].startswith(f"tag {tag!r} names no key")
+    assert r.json()["errors"] == [{"loc": ["query", "tag"], "msg": r.json()["detail"], "input": tag}]
+
+
+def test_tag_filter_is_key_or_key_value(client, example_id):
+    # 'key' alone is the documented filter "has that tag" (the Query's description), not a malformed one.
+    assert client.get("/v1/stats", params={"tag": "team"}).json()["total"] == 1
+    assert client.get("/v1/stats", params={"tag": "team=demo"}).json()["total"] == 1
+    assert client.get("/v1/stats", params={"tag": "bad"}).json()["total"] == 0
+    assert client.get("/v1/stats", params={"tag": "team=a=b"}).json()["total"] == 0  # value 'a=b'

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+
+
 def test_sweep_points_are_cached_plans(client, example_id, count_rows, assert_png):
     req = {"stats_id": example_id, "budgets_gib": [6.0, 4.5, 5.0, 0.5], "time_limit_s": 30}
     r = client.post("/v1/sweeps", json=req)
@@ -49,3 +52,34 @@ def test_bad_sweeps_are_422(client, example_id, count_rows):
     assert client.get("/v1/sweeps/77").status_code == 404
     assert client.get("/v1/sweeps/77/chart.png").status_code == 404
     assert count_rows()["plans"] == 0
+
+
+@pytest.mark.parametrize(
+    ("extra", "loc", "sent"),
+    [({"budgets_gib": [4.5, True]}, ["body", "budgets_gib", "1"], "true"),
+     ({"budgets_gib": ["4.5"]}, ["body", "budgets_gib", "0"], '"4.5"'),
+     ({"from_gib": True, "to_gib": 6, "points": 3}, ["body", "from_gib"], "true"),
+     ({"from_gib": 4, "to_gib": "6", "points": 3}, ["body", "to_gib"], '"6"'),
+     ({"from_gib": 4, "to_gib": 6, "points": "3"}, ["body", "points"], '"3"'),
+     ({"from_gib": 4, "to_gib": 6, "points": 3.0}, ["body", "points"], "3.0"),
+     ({"budgets_gib": [4.5], "world_size": "2"}, ["body", "world_size"], '"2"'),
+     ({"budgets_gib": [4.5], "time_limit_s": True}, ["body", "time_limit_s"], "true"),
+     ({"budgets_gib": [4.5], "mip_rel_gap": "0"}, ["body", "mip_rel_gap"], '"0"'),
+     # Budgets of 0 named as sent: not the planner's budgets_gib[0] (sorted) or memory_budget_gib (one budget).
+     ({"from_gib": 0, "to_gib": 6, "points": 3}, ["body", "from_gib"], "0"),
+     ({"budgets_gib": [0]}, ["body", "budgets_gib", "0"], "0"),
+     ({"budgets_gib": [4.5, 0.0]}, ["body", "budgets_gib", "1"], "0.0")],
+)
+def test_sweep_fields_named_as_sent_and_not_coerced(client, example_id, count_rows, extra, loc, sent):
+    r = client.post("/v1/sweeps", json={"stats_id": example_id, **extra})
+    assert r.status_code == 422, r.text
+    body = r.json()
+    assert [e["loc"] for e in body["errors"]] == [loc]
+    assert f"{'.'.join(loc)}: " in body["detail"] and f"(got {sent})" in body["detail"]
+    assert "memory_budget_gib" not in body["detail"]
+    assert count_rows()["plans"] == 0
+
+
+def test_sweep_stats_id_is_not_coerced(client, example_id):
+    r = client.post("/v1/sweeps", json={"stats_id": str(example_id), "budgets_gib": [4.5]})
+    assert r.status_code == 422 and r.json()["errors"][0]["loc"] == ["body", "stats_id"]

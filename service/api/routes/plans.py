@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response
 
-from planner import Stats
 from service.api.deps import IdPath, ProjectDep, SessionDep, SessionFactoryDep, SettingsDep, SolverDep
-from service.cache import CachedPlan, get_plan, get_stats, plan_json, plans_for
+from service.cache import CachedPlan, get_plan, get_stats, parse_stored_stats, plan_json, plans_for
 from service.charts import plan_chart_png
 from service.errors import InvalidInput
 from service.schemas import ErrorOut, PlanOut, PlanRequest
@@ -15,11 +14,15 @@ router = APIRouter(prefix="/v1/plans", tags=["plans"])
 
 PNG = {200: {"content": {"image/png": {}}, "description": "A PNG chart"}}
 _404 = {404: {"model": ErrorOut, "description": "No such id in your project"}}
+STALE_STATS = {409: {"model": ErrorOut, "description": "The stats were stored by an older planner and fail this "
+                                                      "one's validation: upload them corrected, or delete them"}}
 
 
 def check_time_limit(time_limit_s: float, max_time_limit_s: float) -> None:
+    """The service's own bound (a setting, also the OpenAPI document's maximum; see ``service.main``)."""
     if time_limit_s > max_time_limit_s:
-        raise InvalidInput(f"time_limit_s {time_limit_s} is above this service's maximum {max_time_limit_s}")
+        message = f"time_limit_s {time_limit_s} is above this service's maximum {max_time_limit_s}"
+        raise InvalidInput(message, errors=[{"loc": ["body", "time_limit_s"], "msg": message, "input": time_limit_s}])
 
 
 def plan_response(plan: CachedPlan) -> Response:
@@ -31,7 +34,7 @@ def plan_response(plan: CachedPlan) -> Response:
 @router.post(
     "",
     response_model=PlanOut,
-    responses={**_404, 422: {"model": ErrorOut, "description": "Invalid request field (named)"},
+    responses={**_404, **STALE_STATS, 422: {"model": ErrorOut, "description": "Invalid request field (named)"},
                503: {"model": ErrorOut, "description": "Solver queue full: retry after Retry-After seconds"}},
 )
 async def create_plan(
@@ -52,11 +55,11 @@ async def read_plan(plan_id: IdPath, project: ProjectDep, factory: SessionFactor
         return plan_response(CachedPlan.of(get_plan(session, project, plan_id), cached=True))
 
 
-@router.get("/{plan_id}/chart.png", response_class=Response, responses={**PNG, **_404})
+@router.get("/{plan_id}/chart.png", response_class=Response, responses={**PNG, **_404, **STALE_STATS})
 def plan_chart(plan_id: IdPath, project: ProjectDep, session: SessionDep) -> Response:
     """Memory per module across the step, without and with the plan, and the budget line."""
     plan = CachedPlan.of(get_plan(session, project, plan_id), cached=True)
-    stats = Stats.model_validate_json(get_stats(session, project, plan.stats_id).document)
+    stats = parse_stored_stats(plan.stats_id, get_stats(session, project, plan.stats_id).document)
     return Response(plan_chart_png(stats, plan.plan()), media_type="image/png")
 
 

@@ -12,7 +12,8 @@ import planner
 from planner import Stats
 from planner.memory_model import GIB, baseline_peak_bytes, compute_ms
 from service.api.deps import IdPath, ProjectDep, SessionDep
-from service.cache import as_utc, get_stats
+from service.api.routes.plans import STALE_STATS
+from service.cache import as_utc, get_stats, parse_stored_stats
 from service.errors import InvalidInput
 from service.examples import EXAMPLE_STATS
 from service.models import PlanRecord, StatsRecord, StatsTag, SweepRecord
@@ -105,7 +106,8 @@ def list_stats(
     project: ProjectDep,
     session: SessionDep,
     model_name: Annotated[str | None, Query(max_length=256, description="Exact model name.")] = None,
-    tag: Annotated[str | None, Query(max_length=1200, description="'key' or 'key=value'.")] = None,
+    tag: Annotated[str | None, Query(max_length=1200,
+                                     description="'key' (uploads having that tag) or 'key=value'.")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     offset: Annotated[int, Query(ge=0, le=2**62)] = 0,
 ) -> StatsPage:
@@ -115,6 +117,9 @@ def list_stats(
         query = query.where(StatsRecord.model_name == model_name)
     if tag is not None:
         key, has_value, value = tag.partition("=")
+        if not key:
+            message = f"tag {tag!r} names no key: give 'key' (uploads having that tag) or 'key=value'"
+            raise InvalidInput(message, errors=[{"loc": ["query", "tag"], "msg": message, "input": tag}])
         cond = StatsTag.key == key
         if has_value:
             cond = cond & (StatsTag.value == value)
@@ -124,11 +129,11 @@ def list_stats(
     return StatsPage(items=[_summary(r) for r in rows], total=total, limit=limit, offset=offset)
 
 
-@router.get("/{stats_id}", response_model=StatsDetail, responses=_ERRORS)
+@router.get("/{stats_id}", response_model=StatsDetail, responses={**_ERRORS, **STALE_STATS})
 def read_stats(stats_id: IdPath, project: ProjectDep, session: SessionDep) -> StatsDetail:
     """One upload: its summary and module tree."""
     row = get_stats(session, project, stats_id)
-    stats = Stats.model_validate_json(row.document)
+    stats = parse_stored_stats(row.id, row.document)
     return StatsDetail(**_summary(row).model_dump(), module_tree=_tree(stats))
 
 

@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 from service.api.deps import IdPath, ProjectDep, SessionDep, SessionFactoryDep, SettingsDep, SolverDep
-from service.api.routes.plans import PNG, check_time_limit
+from service.api.routes.plans import PNG, STALE_STATS, check_time_limit
 from service.cache import CachedPlan, as_utc, get_stats, plans_for
 from service.charts import sweep_chart_png
 from service.errors import NotFound
@@ -59,7 +59,7 @@ def _record(factory: sessionmaker[Session], project: str, stats_id: int, request
 @router.post(
     "",
     response_model=SweepOut,
-    responses={**_404, 422: {"model": ErrorOut, "description": "Invalid request field (named)"},
+    responses={**_404, **STALE_STATS, 422: {"model": ErrorOut, "description": "Invalid request field (named)"},
                503: {"model": ErrorOut, "description": "Solver queue full: retry after Retry-After seconds"}},
 )
 async def create_sweep(
