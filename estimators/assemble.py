@@ -4,22 +4,28 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import ValidationError
 from torch import nn
 
 from estimators.tracking import GRAD, StorageBook, storages_of
 from planner.stats import ModuleStats, OpStats, Stats, StatsMetadata
 
-__all__ = ["build_stats"]
+__all__ = ["build_stats", "LEFT_OUT_TAG"]
+
+# metadata tag listing the modules left out of the stats because they ran out of place
+LEFT_OUT_TAG = "modules_left_out"
 
 
 def build_stats(model: nn.Module, mods: dict, col: Any, hooks: Any, opt_bytes: dict[int, int], book: StorageBook,
                 metadata: StatsMetadata | None) -> Stats:
     """The stats of one collected step: modules in forward pre-order, op lists of non-leaf modules."""
     by_fqn = {m.fqn: (mod, m) for mod, m in mods.items()}
-    # Only modules that ran in forward are in the stats; parents fall back to the nearest that ran.
-    ran = set(hooks.post_order)
+    left_out = _out_of_place(hooks.pre_order, by_fqn)
+    pre_order = [f for f in hooks.pre_order if f not in left_out]
+    # Only modules that ran in forward (and in place) are in the stats; parents fall back to the nearest kept.
+    ran = set(hooks.post_order) - left_out.keys()
     modules = []
-    for fqn in hooks.pre_order:
+    for fqn in pre_order:
         mod, m = by_fqn[fqn]
         parent = m.parent
         while parent is not None and parent not in ran:
@@ -52,12 +58,41 @@ def build_stats(model: nn.Module, mods: dict, col: Any, hooks: Any, opt_bytes: d
                 ops=ops,
             )
         )
-    return Stats(
-        metadata=metadata or StatsMetadata(model_name=type(model).__name__),
-        fw_pre_order=hooks.pre_order,
-        fw_post_order=hooks.post_order,
-        modules=modules,
-    )
+    metadata = (metadata or StatsMetadata(model_name=type(model).__name__)).model_copy(deep=True)
+    if left_out:
+        metadata.tags[LEFT_OUT_TAG] = "; ".join(f"{f} ({why})" for f, why in left_out.items())[:1024]
+    try:
+        return Stats(metadata=metadata, fw_pre_order=pre_order,
+                     fw_post_order=[f for f in hooks.post_order if f not in left_out], modules=modules)
+    except ValidationError as exc:  # a ValueError too, but its text is a dump of the whole document
+        msg = exc.errors()[0]["msg"].removeprefix("Value error, ")
+        raise ValueError(f"the collected stats are not valid stats v1: {msg}. This is a collector bug: "
+                         f"please report it with the model") from None
+
+
+def _out_of_place(pre_order: list[str], by_fqn: dict) -> dict[str, str]:
+    """Modules whose first forward call does not nest as their fqns do, each with the reason.
+
+    Stats v1 reads nesting off the fqns. A module run from outside one of its
+    fqn-ancestors (LLaVA's ``get_input_embeddings()``) or inside a module that
+    is not one (a T5 ``shared`` embedding run by the encoder, a child running
+    its parent's other child) has no place in the orders, so it is left out,
+    with its submodules placed likewise. Nothing is lost to the modules it ran
+    inside: their op lists and activation bytes were measured at run time and
+    hold its ops, exactly what checkpointing them recomputes.
+    """
+    ran = set(pre_order)
+    reasons: dict[str, str] = {}
+    for fqn in pre_order:
+        inside = by_fqn[fqn][1].ran_inside
+        cuts = [k for k, c in enumerate(fqn) if c == "."]
+        outside = [fqn[:k] for k in reversed(cuts) if fqn[:k] in ran and fqn[:k] not in inside]
+        stranger = [a for a in reversed(inside) if not fqn.startswith(a + ".")]
+        if outside:
+            reasons[fqn] = f"ran outside {outside[0]}"
+        elif stranger:
+            reasons[fqn] = f"ran inside {stranger[0]}"
+    return reasons
 
 
 def _param_bytes(mod: nn.Module, book: StorageBook, opt_bytes: dict[int, int]) -> tuple[int, int]:

@@ -85,12 +85,12 @@ class _Progress:
 
 
 def run_collect(args: argparse.Namespace) -> int:
-    """Handler of ``sacplan collect``."""
+    """Handler of ``sacplan collect``: exit 0, or 1 on any error, as ``plan`` on bad input (its 2 means infeasible)."""
     try:
         import torch  # noqa: F401
     except ModuleNotFoundError:
         print("error: sacplan collect needs torch: pip install 'sacplan[collector]'", file=sys.stderr)
-        return 2
+        return 1
     from estimators.session import CollectRequest, run_collection
 
     try:
@@ -101,7 +101,7 @@ def run_collect(args: argparse.Namespace) -> int:
         result = run_collection(request, progress=progress)
     except (ValueError, RuntimeError, ImportError) as exc:
         print(f"\nerror: {exc}", file=sys.stderr)
-        return 2
+        return 1
     progress.done(f"collected in {result.seconds:.1f} s")
     out = Path(args.out)
     out.write_text(json.dumps(result.stats.model_dump(mode="json"), indent=1))
@@ -118,7 +118,10 @@ def run_collect(args: argparse.Namespace) -> int:
 
 
 def _summary(result: Any, out: Path) -> str:
+    from estimators.assemble import LEFT_OUT_TAG  # torch is loaded by now
+
     s = result.stats
+    left_out = s.metadata.tags.get(LEFT_OUT_TAG)
     rows = [
         ("model", s.metadata.model_name),
         ("modules", f"{len(s.modules)} ({sum(m.ops is not None for m in s.modules)} with op lists)"),
@@ -129,6 +132,8 @@ def _summary(result: Any, out: Path) -> str:
          f"on {s.metadata.target_device}"),
         ("optimizer state", f"{_size(s.root.optimizer_state_bytes)} ({s.metadata.optimizer})"),
         ("emulated kernels", s.metadata.tags.get("attention_kernels", "none")),
+        ("left out", f"{left_out}; never checkpointed on their own, their ops count in the modules they ran "
+         f"inside" if left_out else "none"),
         ("written to", str(out)),
     ]
     width = max(len(k) for k, _ in rows)

@@ -106,6 +106,7 @@ class _Mod:
     grad_total: int | None = None
     bw_state: str = "none"  # none -> open -> closed
     done_fw: bool = False
+    ran_inside: tuple[str, ...] = ()  # fqns of the modules running when its first call began
 
 
 class _Collector(TorchDispatchMode):
@@ -209,6 +210,7 @@ class _ModuleHooks:
         if first:
             self._seen.add(m.fqn)
             self.pre_order.append(m.fqn)
+            m.ran_inside = tuple(x.fqn for x in self.col.fw_stack)
             m.act_before = _live_act(self.book)
             m.input_bytes = sum(self.book.nbytes(s) for s in storages_of(args))
             grads = [t for t in tensors_in(args) if t.requires_grad]

@@ -103,6 +103,7 @@ def build_from_hf_config(
     if not model_type:
         raise ValueError("--hf-config has no model_type (e.g. \"llama\")")
     cfg = AutoConfig.for_model(model_type, **doc)
+    _check_pad_token(cfg, doc, model_type)
     cfg.use_cache = False
     if getattr(cfg, "_attn_implementation_internal", None) is None:
         cfg._attn_implementation = "sdpa"
@@ -114,6 +115,15 @@ def build_from_hf_config(
         ids = torch.randint(0, vocab, (batch_size, seq_len))
     name = Path(config).stem if isinstance(config, (str, Path)) else f"{model_type}-{type(model).__name__}"
     return BuiltModel(model, {"input_ids": ids, "labels": ids}, None, name, [batch_size, seq_len])
+
+
+def _check_pad_token(cfg: Any, doc: dict, model_type: str) -> None:
+    # the embedding's padding_idx: out of range it fails deep in nn.Embedding with a bare AssertionError
+    pad, vocab = getattr(cfg, "pad_token_id", None), getattr(cfg, "vocab_size", None)
+    if isinstance(pad, int) and isinstance(vocab, int) and not -vocab <= pad < vocab:
+        origin = "" if "pad_token_id" in doc else f" (the {model_type} default; the file does not set it)"
+        raise ValueError(f"--hf-config pad_token_id {pad}{origin} is outside the vocabulary (vocab_size {vocab}): "
+                         f"set \"pad_token_id\" to null or an id below {vocab}")
 
 
 def hf_fake_as_real(model: nn.Module) -> Any:

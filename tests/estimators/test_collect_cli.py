@@ -72,9 +72,25 @@ def test_collect_factory_for_gpu_target_emulates_flash(tmp_path, capsys):
 
 
 def test_collect_rejects_bad_factory(tmp_path, capsys):
+    """Bad input exits 1, as for ``sacplan plan`` (where 2 means infeasible)."""
     rc = main(["collect", "--model", str(tmp_path / "missing.py") + ":make", "--out", str(tmp_path / "s.json")])
-    assert rc == 2
+    assert rc == 1
     assert "missing.py" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("config, message", [
+    ({**TINY_LLAMA, "pad_token_id": 300}, "pad_token_id 300 is outside"),
+    # transformers' Phi3Config defaults pad_token_id to 32000; the file does not set it
+    ({**TINY_LLAMA, "model_type": "phi3"},
+     "pad_token_id 32000 (the phi3 default; the file does not set it) is outside"),
+])
+def test_collect_names_pad_token_outside_vocab(tmp_path, capsys, config, message):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    rc = main(["collect", "--hf-config", str(path), "--seq", "16", "--out", str(tmp_path / "s.json"), "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 1 and "AssertionError" not in err  # was nn.Embedding's bare "Padding_idx must be within ..."
+    assert f"--hf-config {message} the vocabulary (vocab_size 256): set \"pad_token_id\" to null" in err
 
 
 def test_upload_unreachable_server_keeps_file(tmp_path, hf_config, capsys):
