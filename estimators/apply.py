@@ -60,7 +60,11 @@ def apply_plan(model: nn.Module, plan: Any, *, stats: Any = None) -> nn.Module:
         if not isinstance(save, Sequence) or any(s not in (0, 1) for s in save):
             raise ValueError(f"plan modules[{i}].save must be a list of 0/1, got {save!r}")
         fqn = fqns[i]
-        expected = names.get(fqn) if names else pm.get("op_names")
+        if names is not None and fqn not in names:
+            raise PlanMismatchError(f"module {fqn!r} has no op list in the stats (a leaf, or a module the collector "
+                                    f"left out: see their tags['modules_left_out']), so no plan for these stats "
+                                    f"checkpoints it")
+        expected = names.get(fqn) if names is not None else pm.get("op_names")
         if expected is not None and len(expected) != len(save):
             raise PlanMismatchError(
                 f"module {fqn!r}: the plan has {len(save)} save decisions but the stats list {len(expected)} ops"

@@ -210,7 +210,9 @@ class _ModuleHooks:
         if first:
             self._seen.add(m.fqn)
             self.pre_order.append(m.fqn)
-            m.ran_inside = tuple(x.fqn for x in self.col.fw_stack)
+            # only modules on their first (recorded) call: a repeat call is described by the first one,
+            # so a child first run during its parent's second call did not run inside the recorded parent
+            m.ran_inside = tuple(x.fqn for x, rep in zip(self.col.fw_stack, self._repeat) if not rep)
             m.act_before = _live_act(self.book)
             m.input_bytes = sum(self.book.nbytes(s) for s in storages_of(args))
             grads = [t for t in tensors_in(args) if t.requires_grad]

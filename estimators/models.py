@@ -103,12 +103,19 @@ def build_from_hf_config(
     if not model_type:
         raise ValueError("--hf-config has no model_type (e.g. \"llama\")")
     cfg = AutoConfig.for_model(model_type, **doc)
-    _check_pad_token(cfg, doc, model_type)
     cfg.use_cache = False
     if getattr(cfg, "_attn_implementation_internal", None) is None:
         cfg._attn_implementation = "sdpa"
     with torch.device(device):
-        model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+        try:
+            model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+        except AssertionError:
+            # an embedding built with padding_idx out of range fails with a bare AssertionError;
+            # models whose embeddings take no padding_idx (GPT-2) build fine whatever the id
+            problem = _pad_token_problem(cfg, doc, model_type)
+            if problem is None:
+                raise
+            raise ValueError(problem) from None
     model.train()
     vocab = int(getattr(cfg, "vocab_size", 32000))
     with torch.device(device):
@@ -117,13 +124,14 @@ def build_from_hf_config(
     return BuiltModel(model, {"input_ids": ids, "labels": ids}, None, name, [batch_size, seq_len])
 
 
-def _check_pad_token(cfg: Any, doc: dict, model_type: str) -> None:
-    # the embedding's padding_idx: out of range it fails deep in nn.Embedding with a bare AssertionError
+def _pad_token_problem(cfg: Any, doc: dict, model_type: str) -> str | None:
+    """Why the config's pad_token_id cannot be an embedding's padding_idx, or None."""
     pad, vocab = getattr(cfg, "pad_token_id", None), getattr(cfg, "vocab_size", None)
     if isinstance(pad, int) and isinstance(vocab, int) and not -vocab <= pad < vocab:
         origin = "" if "pad_token_id" in doc else f" (the {model_type} default; the file does not set it)"
-        raise ValueError(f"--hf-config pad_token_id {pad}{origin} is outside the vocabulary (vocab_size {vocab}): "
-                         f"set \"pad_token_id\" to null or an id below {vocab}")
+        return (f"--hf-config pad_token_id {pad}{origin} is outside the vocabulary (vocab_size {vocab}): "
+                f"set \"pad_token_id\" to null or an id below {vocab}")
+    return None
 
 
 def hf_fake_as_real(model: nn.Module) -> Any:

@@ -93,5 +93,6 @@ def _describe(exc: ValidationError) -> str:
 def _path(loc: tuple[Any, ...]) -> str:
     out = ""
     for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+        part = part if isinstance(part, int) else short_value(str(part))
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
     return out

@@ -14,7 +14,7 @@ import math
 from collections.abc import Container, Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, model_validator
 
 __all__ = [
     "STATS_FORMAT",
@@ -44,6 +44,17 @@ def _a_number(v: Any) -> Any:
     return v
 
 
+def _unicode_text(v: str) -> str:
+    """Text must encode as UTF-8: JSON can carry a lone surrogate ("\\ud800"), which is no character."""
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"must be valid Unicode text, got a lone surrogate at character {exc.start}") from None
+    return v
+
+
+Text = Annotated[str, AfterValidator(_unicode_text)]
+
 # Whole bytes; 12.0 is accepted (JSON writers may emit it), 12.5, true and "12" are not.
 Bytes = Annotated[int, BeforeValidator(_a_number), Field(ge=0, le=MAX_BYTES)]
 Millis = Annotated[float, BeforeValidator(_a_number), Field(ge=0.0, le=1e12, allow_inf_nan=False)]
@@ -56,7 +67,7 @@ class _Strict(BaseModel):
 class OpStats(_Strict):
     """One ATen op run in a module's forward pass, as SAC sees it."""
 
-    name: str = Field(min_length=1, max_length=512, examples=["aten.mm"])
+    name: Text = Field(min_length=1, max_length=512, examples=["aten.mm"])
     runtime_ms: Millis = Field(description="Estimated or measured runtime of the op.")
     output_bytes: Bytes = Field(description="Bytes of the op's outputs that SAC would keep if the op is saved.")
     view_like: bool = Field(False, description="Output aliases an input: always recomputed.")
@@ -73,8 +84,8 @@ class OpStats(_Strict):
 class ModuleStats(_Strict):
     """Memory and time figures of one module (``nn.Module`` instance) in the step."""
 
-    fqn: str = Field(min_length=1, max_length=1024, examples=["Transformer.layers.0"])
-    parent: str | None = Field(None, description="fqn of the enclosing module; null for the root.")
+    fqn: Text = Field(min_length=1, max_length=1024, examples=["Transformer.layers.0"])
+    parent: Text | None = Field(None, description="fqn of the enclosing module; null for the root.")
     is_leaf: bool = Field(description="Module has no submodules; leaf modules are never checkpointed.")
     param_bytes: Bytes = 0
     grad_bytes: Bytes = 0
@@ -107,17 +118,17 @@ class ModuleStats(_Strict):
 class StatsMetadata(_Strict):
     """Where a stats document came from."""
 
-    model_name: str = Field(min_length=1, max_length=256, examples=["llama-3-8b"])
+    model_name: Text = Field(min_length=1, max_length=256, examples=["llama-3-8b"])
     batch_size: int | None = Field(None, ge=1, le=2**31)
     seq_len: int | None = Field(None, ge=1, le=2**31)
     input_shape: list[Annotated[int, Field(ge=0, le=2**31)]] | None = Field(None, max_length=16)
-    dtype: str | None = Field(None, max_length=32, examples=["bf16"])
-    device: str | None = Field(None, max_length=64, description="Device the collector ran on.", examples=["cpu"])
-    target_device: str | None = Field(None, max_length=64, description="Device the costs model.", examples=["H100-SXM"])
-    optimizer: str | None = Field(None, max_length=32)
-    torch_version: str | None = Field(None, max_length=64)
-    collector_version: str | None = Field(None, max_length=64)
-    tags: dict[Annotated[str, Field(max_length=128)], Annotated[str, Field(max_length=1024)]] = Field(
+    dtype: Text | None = Field(None, max_length=32, examples=["bf16"])
+    device: Text | None = Field(None, max_length=64, description="Device the collector ran on.", examples=["cpu"])
+    target_device: Text | None = Field(None, max_length=64, description="Device the costs model.", examples=["H100-SXM"])
+    optimizer: Text | None = Field(None, max_length=32)
+    torch_version: Text | None = Field(None, max_length=64)
+    collector_version: Text | None = Field(None, max_length=64)
+    tags: dict[Annotated[Text, Field(max_length=128)], Annotated[Text, Field(max_length=1024)]] = Field(
         default_factory=dict, max_length=64
     )
 
@@ -161,8 +172,9 @@ def short_value(v: Any) -> Any:
     """A value as error messages quote it: containers by their size, long text cut."""
     if isinstance(v, (list, tuple, Mapping)) and (len(v) > 4 or len(repr(v)) > 60):
         return f"<{type(v).__name__} of {len(v)}>"
-    if isinstance(v, str) and len(v) > 80:
-        return v[:77] + "..."
+    if isinstance(v, str):
+        v = v.encode("utf-8", "backslashreplace").decode("utf-8")  # a lone surrogate shown as \\ud800
+        return v if len(v) <= 80 else v[:77] + "..."
     return v
 
 

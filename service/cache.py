@@ -154,6 +154,14 @@ def _store(factory: sessionmaker[Session], stats_id: int, entries: list[tuple[st
     return out
 
 
+class _PlannerRejected(Exception):
+    """The planner refused a request field; raised out of a shared solve, answered per caller."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
 # A planner message starts with the field it rejects: "ac_units[0] 'Net' is the root module ...".
 _FIELD_AT = re.compile(r"(?P<field>[a-z_]+)(?:\[(?P<index>[0-9]+)\])?")
 
@@ -203,14 +211,18 @@ async def plans_for(
             if "stored_stats_invalid" in out:
                 raise StoredStatsInvalid(stats_id, out["stored_stats_invalid"], errors=out["errors"])
             if "invalid" in out:
-                raise _planner_rejection(out["invalid"], options)
+                raise _PlannerRejected(out["invalid"])  # told in each caller's own terms below
             request = {**fields}
             entries = [
                 (k, {**request, "memory_budget_gib": b}, plan) for (k, b), plan in zip(missing, out["plans"])
             ]
             return await run_in_threadpool(_store, factory, stats_id, entries)
 
-        solved, joined = await pool.single_flight(flight_key, solve)
+        try:
+            solved, joined = await pool.single_flight(flight_key, solve)
+        except _PlannerRejected as exc:
+            # callers sharing a flight may list their units in other orders: map the message to this one's
+            raise _planner_rejection(exc.message, options) from None
         for k, p in solved.items():
             found[k] = CachedPlan(p.id, p.stats_id, p.created_at, p.request, p.result, cached=p.cached or joined)
     return [found[k] for k in keys]

@@ -48,6 +48,14 @@ give your key: each key sees only its own project's stats and plans.
 """
 
 
+class AsciiJSONResponse(JSONResponse):
+    """JSON with every non-ASCII character escaped: a lone surrogate a client sent ("\\ud800",
+    valid JSON, not valid UTF-8) comes back escaped instead of failing the response."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
+
+
 def _error(status: int, detail: str, errors: list[dict[str, Any]] | None = None,
            headers: dict[str, str] | None = None) -> JSONResponse:
     content: dict[str, Any] = {"detail": _clean(detail)}
@@ -55,7 +63,7 @@ def _error(status: int, detail: str, errors: list[dict[str, Any]] | None = None,
         errors = [{"loc": [], "msg": detail, "input": None}]
     if errors is not None:
         content["errors"] = [_error_item(e) for e in errors]
-    return JSONResponse(content, status_code=status, headers=headers)
+    return AsciiJSONResponse(content, status_code=status, headers=headers)
 
 
 def _error_item(e: dict[str, Any]) -> dict[str, Any]:
@@ -150,6 +158,7 @@ def create_app(settings: Settings | None = None, *, solver: SolverPool | None = 
         engine.dispose()
 
     app = FastAPI(
+        default_response_class=AsciiJSONResponse,
         title="sacplan",
         version=SERVICE_VERSION,
         summary="Selective activation checkpointing planner as a service.",

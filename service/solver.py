@@ -118,11 +118,10 @@ class SolverPool:
 
 
 def _warm_up() -> None:
-    # The service owns the workers' lifetime: a Ctrl-C or SIGTERM sent to the whole
-    # process group must not kill them under it (a traceback per worker, a broken
-    # pool); they leave when the pool shuts down, or at EOF if the service dies.
+    # A Ctrl-C reaches the whole process group: the service stops the workers itself
+    # (no traceback per worker). SIGTERM still ends a worker: the pool's own cleanup of
+    # a broken pool and an operator's kill of orphans both rely on it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     import planner  # noqa: F401  (pay numpy/scipy import once per worker, not per solve)
 
 

@@ -3,7 +3,8 @@
 The three shapes of the user audit: a submodule run from outside its parent's
 forward (LLaVA's ``get_input_embeddings()``), one module registered twice
 (T5's ``shared`` embedding, also the encoder's), a child running its
-parent's other child.
+parent's other child; and a review's: a child first run on its parent's
+second call.
 """
 
 from __future__ import annotations
@@ -92,3 +93,27 @@ def tied(batch_size: int, seq_len: int, device: torch.device):
 def sibling_call(batch_size: int, seq_len: int, device: torch.device):
     with torch.device(device):
         return SiblingCall(), (torch.randn(batch_size, seq_len, DIM),)
+
+
+class Gate(nn.Module):
+    def __init__(self, d: int = DIM):
+        super().__init__()
+        self.fc, self.calls = nn.Linear(d, d), 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return torch.relu(x) if self.calls % 2 else self.fc(x)  # fc runs only on every second call
+
+
+class TwoCalls(nn.Module):
+    def __init__(self, d: int = DIM):
+        super().__init__()
+        self.gate, self.out = Gate(d), nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.gate(self.gate(x)))
+
+
+def two_calls(batch_size: int, seq_len: int, device: torch.device):
+    with torch.device(device):
+        return TwoCalls(), (torch.randn(batch_size, seq_len, DIM),)

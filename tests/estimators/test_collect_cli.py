@@ -93,6 +93,18 @@ def test_collect_names_pad_token_outside_vocab(tmp_path, capsys, config, message
     assert f"--hf-config {message} the vocabulary (vocab_size 256): set \"pad_token_id\" to null" in err
 
 
+def test_pad_token_outside_vocab_is_fine_where_no_embedding_pads(tmp_path):
+    # GPT-2's embeddings take no padding_idx, so its pad_token_id never reaches nn.Embedding
+    # (transformers only warns): such a config collects
+    config = {"model_type": "gpt2", "vocab_size": 128, "n_embd": 32, "n_layer": 1, "n_head": 2, "n_positions": 32,
+              "pad_token_id": 50256}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    out = tmp_path / "s.json"
+    assert main(["collect", "--hf-config", str(path), "--seq", "16", "--out", str(out), "--quiet"]) == 0
+    assert json.loads(out.read_text())["modules"]
+
+
 def test_upload_unreachable_server_keeps_file(tmp_path, hf_config, capsys):
     out = tmp_path / "stats.json"
     url = f"http://127.0.0.1:{_free_port()}"

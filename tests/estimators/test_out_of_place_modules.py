@@ -32,6 +32,8 @@ SHAPES = {
                        "OutOfParent.enc.head.fc2": "ran outside OutOfParent.enc"}, "OutOfParent"),
     "tied": ({"Tied.shared": "ran inside Tied.enc"}, "Tied.enc"),
     "sibling_call": ({"SiblingCall.norm": "ran inside SiblingCall.dec"}, "SiblingCall.dec"),
+    # first run during the gate's second call, which the stats do not describe
+    "two_calls": ({"TwoCalls.gate.fc": "ran outside TwoCalls.gate"}, "TwoCalls"),
 }
 
 
@@ -105,3 +107,12 @@ def test_invalid_collected_stats_are_one_clear_line(tmp_path, capsys, monkeypatc
     assert rc == 1 and not (tmp_path / "s.json").exists()
     assert "'OutOfParent.enc.head' does not lie inside its parent 'OutOfParent.enc'" in err
     assert "collector bug" in err and "pydantic" not in err and "input_value" not in err
+
+
+def test_apply_refuses_a_plan_for_a_left_out_module():
+    from estimators import PlanMismatchError
+
+    model, _, stats = _collect("tied")
+    plan = {"status": "optimal", "modules": [{"fqn": "Tied.shared", "save": [0], "op_names": ["aten.embedding"]}]}
+    with pytest.raises(PlanMismatchError, match=r"'Tied.shared' has no op list in the stats .*modules_left_out"):
+        apply_plan(model, plan, stats=stats)

@@ -98,6 +98,8 @@ def _broken(edit):
     (lambda d: d.update(modules=[], fw_pre_order=[], fw_post_order=[]), r"modules: List should have at least 1 item"),
     (lambda d: d["metadata"].update(batch_size=0), r"metadata\.batch_size: .*\(got 0\)"),
     (lambda d: d["modules"][0].update(param_bytes=True), r"modules\[0\]\.param_bytes: must be a number, got True"),
+    (lambda d: d["metadata"].update(tags={"a\udc00": "b"}), r"metadata\.tags\..*must be valid Unicode text, got a lone surrogate"),
+    (lambda d: d["metadata"].update(dtype="bf\ud800"), r"metadata\.dtype: .*(unicode|Unicode)"),
     (lambda d: d["modules"][1]["ops"][0].update(runtime_ms="1.0"), r"modules\[1\]\.ops\[0\]\.runtime_ms: must be a number, got '1.0'"),
     (lambda d: d["modules"][1]["ops"][0].update(output_bytes=12.5), r"modules\[1\]\.ops\[0\]\.output_bytes: .*fractional part"),
 ])

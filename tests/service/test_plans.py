@@ -121,24 +121,49 @@ def test_stats_plans_listing_and_delete_cascade(client, example_id, count_rows):
     assert client.get(f"/v1/plans/{listing['items'][0]['id']}").status_code == 404
 
 
+def _concurrently(app, run):
+    """``await run(client)`` with an async client on ``app`` (requests really overlap)."""
+    async def main():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+            return await run(c)
+
+    return asyncio.run(main())
+
+
 def test_concurrent_identical_requests_run_one_solve(settings, solver, example_doc, count_rows):
-    app = create_app(settings, solver=solver)
+    async def run(c):
+        stats_id = (await c.post("/v1/stats", json=example_doc)).json()["id"]
+        before = solver.solves_started
+        req = {"stats_id": stats_id, "memory_budget_gib": 5.0, "time_limit_s": 30}
+        return before, await asyncio.gather(*(c.post("/v1/plans", json=req) for _ in range(6)))
 
-    async def run():
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
-            stats_id = (await c.post("/v1/stats", json=example_doc)).json()["id"]
-            before = solver.solves_started
-            req = {"stats_id": stats_id, "memory_budget_gib": 5.0, "time_limit_s": 30}
-            answers = await asyncio.gather(*(c.post("/v1/plans", json=req) for _ in range(6)))
-            return before, answers
-
-    before, answers = asyncio.run(run())
+    before, answers = _concurrently(create_app(settings, solver=solver), run)
     assert all(a.status_code == 200 for a in answers), [a.text for a in answers]
     assert solver.solves_started == before + 1
     assert len({a.json()["id"] for a in answers}) == 1
     assert sum(not a.json()["cached"] for a in answers) == 1
     assert count_rows()["plans"] == 1
+
+
+def test_callers_sharing_a_rejected_solve_each_get_their_own_index(settings, solver, example_doc, count_rows):
+    # The two requests differ only in unit order, so they share one solve (the key sorts units);
+    # each answer must name the bad unit at its own position in the list that caller sent.
+    orders = (["Net.layers.0", "Zbad"], ["Zbad", "Net.layers.0"]) * 3
+
+    async def run(c):
+        stats_id = (await c.post("/v1/stats", json=example_doc)).json()["id"]
+        before = solver.solves_started
+        return before, await asyncio.gather(*(c.post("/v1/plans", json={
+            "stats_id": stats_id, "memory_budget_gib": 4.5, "ac_units": units}) for units in orders))
+
+    before, answers = _concurrently(create_app(settings, solver=solver), run)
+    assert solver.solves_started == before + 1  # one shared solve
+    for units, a in zip(orders, answers):
+        assert a.status_code == 422, a.text
+        k = units.index("Zbad")
+        assert a.json()["detail"].startswith(f"ac_units[{k}] 'Zbad' is not a module")
+        assert a.json()["errors"][0]["loc"] == ["body", "ac_units", str(k)]
+    assert count_rows()["plans"] == 0
 
 
 def test_full_solver_queue_is_503_with_retry_after(settings, example_doc, count_rows):
@@ -241,3 +266,26 @@ def test_documented_time_limit_is_the_enforced_one(make_client, settings, exampl
     assert sweep.status_code == 422
     at_max = _plan(client, stats_id, 4.5, time_limit_s=max_time_limit_s)
     assert at_max.status_code == 200, at_max.text
+
+
+@pytest.mark.parametrize("field", ["ac_units", "fsdp_units", "budget_text", "extra_key"])
+def test_lone_surrogates_are_422_not_500(client, example_id, count_rows, field):
+    # "\\ud800" is valid JSON but no Unicode character: the answer must still encode
+    body = {"ac_units": f'{{"stats_id": {example_id}, "memory_budget_gib": 4.5, "ac_units": ["\\ud800"]}}',
+            "fsdp_units": f'{{"stats_id": {example_id}, "memory_budget_gib": 4.5, "fsdp_units": ["x\\udc00"]}}',
+            "budget_text": f'{{"stats_id": {example_id}, "memory_budget_gib": "\\ud800"}}',
+            "extra_key": f'{{"stats_id": {example_id}, "memory_budget_gib": 4.5, "\\ud800": 1}}'}[field]
+    r = client.post("/v1/plans", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 422, r.text
+    assert r.json()["errors"] and r.json()["detail"]
+    assert count_rows()["plans"] == 0
+
+
+def test_stats_with_a_lone_surrogate_are_422(client, example_doc, count_rows):
+    import json as _json
+
+    text = _json.dumps(example_doc).replace('"model_name": "', '"model_name": "\\ud800', 1)
+    r = client.post("/v1/stats", content=text, headers={"content-type": "application/json"})
+    assert r.status_code == 422, r.text
+    assert "metadata.model_name" in r.json()["detail"]
+    assert count_rows()["stats"] == 0
