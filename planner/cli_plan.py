@@ -92,9 +92,12 @@ def _load(path: str) -> Stats | None:
         return None
 
 
+_NAMES = re.compile(r"(?<![-\w])(" + "|".join(_OPTION_OF) + r")\b")
+
+
 def _cli_words(message: str) -> str:
     """A planner message with its parameter names as the options the user types."""
-    return message.replace("time_limit_s", "--time-limit").replace("solver='dp'", "--solver dp")
+    return _NAMES.sub(lambda m: _OPTION_OF[m.group(1)], message.replace("solver='dp'", "--solver dp"))
 
 
 def _option_message(exc: ValueError, is_sweep: bool) -> str:

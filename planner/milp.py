@@ -194,6 +194,9 @@ def _ops_key(m) -> tuple:
 def _allowed(stats: Stats, ac_units: Sequence[str] | None, fsdp_units: Sequence[str] | None) -> set[str]:
     names = set(stats.fw_pre_order)
     for field_name, units in (("ac_units", ac_units), ("fsdp_units", fsdp_units)):
+        if isinstance(units, (str, bytes)):
+            raise ValueError(f"{field_name} must be a list of module fqns, got the string {units!r} "
+                             f"(write [{units!r}])")
         for k, f in enumerate(units or ()):
             if f not in names:
                 raise ValueError(f"{field_name}[{k}] {f!r} is not a module of the stats")

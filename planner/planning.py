@@ -120,9 +120,6 @@ def _sweep(stats: Stats, budgets_gib: Sequence[float], budgets_name: str, *, wor
     mip_rel_gap = max(mip_rel_gap, MIN_REL_GAP)
     if solver not in ("auto", "milp", "dp"):
         raise ValueError(f"solver must be 'auto', 'milp' or 'dp', got {solver!r}")
-    for name, units in (("ac_units", ac_units), ("fsdp_units", fsdp_units)):
-        if isinstance(units, (str, bytes)):
-            raise ValueError(f"{name} must be a list of module fqns, got the string {units!r} (write [{units!r}])")
     prob = prepare(stats, world_size=world_size, ac_units=ac_units, fsdp_units=fsdp_units,
                    include_optimizer_state=include_optimizer_state, reserve_bytes=reserve_gib * GIB)
     baseline_bytes = prob.model.peak_bytes()
@@ -146,9 +143,7 @@ def _sweep(stats: Stats, budgets_gib: Sequence[float], budgets_name: str, *, wor
             spent = time.perf_counter() - started
             left = time_limit_s - spent if spent < time_limit_s else min(time_limit_s, 1e-3)
             sol = solve_budget(prob, budget * GIB, time_limit_s=left, mip_rel_gap=mip_rel_gap)
-        min_budget = None
-        if sol.status == "infeasible":
-            min_budget, sol = _min_feasible(prob, sol)
+        min_budget = _min_feasible(prob) if sol.status == "infeasible" else None
         p = _to_plan(prob, sol, budget, world_size, baseline, time.perf_counter() - started, min_budget)
         plans.append(p)
         if progress:
@@ -194,9 +189,9 @@ def _validate(budgets_gib, budgets_name, world_size, time_limit_s, mip_rel_gap, 
     return budgets
 
 
-def _min_feasible(prob: Problem, sol: Solution) -> tuple[float, Solution]:
+def _min_feasible(prob: Problem) -> float:
     """The smallest budget with a plan (exact, rounded up to a readable figure that still fits)."""
-    return _round_up(solve_min_peak_dp(prob).peak_bytes / GIB), sol
+    return _round_up(solve_min_peak_dp(prob).peak_bytes / GIB)
 
 
 def _round_up(gib: float, digits: int = 6) -> float:
