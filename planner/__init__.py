@@ -4,6 +4,7 @@ numpy, scipy and pydantic only: never torch, fastapi or sqlalchemy.
 """
 
 from planner.loader import StatsError, from_torch_format, load_stats, parse_stats
+from planner.memory_model import GIB, MemoryModel, baseline_peak_bytes, compute_ms, memory_model
 from planner.op_policy import Frontier, module_frontier, optimal_op_policy
 from planner.plan_format import Plan, PlannedModule
 from planner.planning import plan, sweep
@@ -11,9 +12,11 @@ from planner.stats import STATS_FORMAT, ModuleStats, OpStats, Stats, StatsMetada
 from planner.version import PLANNER_VERSION
 
 __all__ = [
+    "GIB",
     "PLANNER_VERSION",
     "STATS_FORMAT",
     "Frontier",
+    "MemoryModel",
     "ModuleStats",
     "OpStats",
     "Plan",
@@ -21,8 +24,11 @@ __all__ = [
     "Stats",
     "StatsError",
     "StatsMetadata",
+    "baseline_peak_bytes",
+    "compute_ms",
     "from_torch_format",
     "load_stats",
+    "memory_model",
     "module_frontier",
     "optimal_op_policy",
     "parse_stats",
