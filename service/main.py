@@ -18,6 +18,7 @@ from service.config import Settings, get_settings
 from service.db import make_engine, make_sessionmaker
 from service.errors import ServiceError
 from service.fastpath import PlanFastPath, PlanResponseCache
+from service.limits import document_limits
 from service.middleware import BodySizeLimit
 from service.solver import SolverPool
 from service.version import SERVICE_VERSION
@@ -122,22 +123,6 @@ def _install_error_handlers(app: FastAPI) -> None:
         return _error(500, f"internal error: {type(exc).__name__}")
 
 
-def _document_limits(app: FastAPI, settings: Settings) -> None:
-    """Write the limits that are settings (not constants in the schemas) into the OpenAPI document."""
-    build = app.openapi
-
-    def openapi() -> dict[str, Any]:
-        if app.openapi_schema is None:
-            schemas = build().get("components", {}).get("schemas", {})
-            for name in ("PlanRequest", "SweepRequest"):
-                field = schemas.get(name, {}).get("properties", {}).get("time_limit_s")
-                if field is not None:
-                    field["maximum"] = settings.max_time_limit_s
-        return app.openapi_schema
-
-    app.openapi = openapi
-
-
 def create_app(settings: Settings | None = None, *, solver: SolverPool | None = None) -> FastAPI:
     """Build the app; the database must already be at the migrations' head (``sacplan db upgrade``).
 
@@ -176,7 +161,7 @@ def create_app(settings: Settings | None = None, *, solver: SolverPool | None = 
     app.state.session_factory = make_sessionmaker(engine)
     app.state.solver = pool
     _install_error_handlers(app)
-    _document_limits(app, settings)
+    document_limits(app, settings)
     for module in (health, stats, plans, sweeps):
         app.include_router(module.router)
     app.state.plan_responses = PlanResponseCache(settings.plan_response_cache_entries,

@@ -110,8 +110,8 @@ class PlanOptions(_In):
     fsdp_units: list[Annotated[str, Field(max_length=1024)]] | None = Field(
         None, max_length=MAX_UNITS, description="fqns of the FSDP-wrapped modules; null: the whole model is one unit."
     )
-    # The upper bound is the service's setting (max_time_limit_s): enforced by the routes and
-    # written into the OpenAPI document by service.main, so the two never disagree.
+    # The upper bound is the service's setting (max_time_limit_s): enforced and written into
+    # the OpenAPI document by service.limits, so the two never disagree.
     time_limit_s: Annotated[float, Strict()] = Field(
         60.0, gt=0.0, allow_inf_nan=False,
         description="Solver time limit, seconds; at most this service's SACPLAN_MAX_TIME_LIMIT_S (the maximum shown).",

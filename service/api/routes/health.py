@@ -7,6 +7,7 @@ from sqlalchemy import text
 
 from planner import PLANNER_VERSION
 from service.api.deps import SessionDep, SolverDep
+from service.api.responses import DATABASE_UNREACHABLE
 from service.errors import ServiceError
 from service.schemas import HealthOut, ReadyOut, SolverStatsOut
 from service.version import SERVICE_VERSION
@@ -29,7 +30,7 @@ async def healthz(solver: SolverDep) -> HealthOut:
     )
 
 
-@router.get("/readyz", response_model=ReadyOut, responses={503: {"description": "Database unreachable"}})
+@router.get("/readyz", response_model=ReadyOut, responses=DATABASE_UNREACHABLE)
 def readyz(session: SessionDep) -> ReadyOut:
     """Readiness: the database answers a query."""
     try:

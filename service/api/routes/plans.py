@@ -5,24 +5,13 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 
 from service.api.deps import IdPath, ProjectDep, SessionDep, SessionFactoryDep, SettingsDep, SolverDep
+from service.api.responses import NOT_FOUND, PNG, SOLVE_ERRORS, STALE_STATS
 from service.cache import CachedPlan, get_plan, get_stats, parse_stored_stats, plan_json, plans_for
 from service.charts import plan_chart_png
-from service.errors import InvalidInput
-from service.schemas import ErrorOut, PlanOut, PlanRequest
+from service.limits import check_time_limit
+from service.schemas import PlanOut, PlanRequest
 
 router = APIRouter(prefix="/v1/plans", tags=["plans"])
-
-PNG = {200: {"content": {"image/png": {}}, "description": "A PNG chart"}}
-_404 = {404: {"model": ErrorOut, "description": "No such id in your project"}}
-STALE_STATS = {409: {"model": ErrorOut, "description": "The stats were stored by an older planner and fail this "
-                                                      "one's validation: upload them corrected, or delete them"}}
-
-
-def check_time_limit(time_limit_s: float, max_time_limit_s: float) -> None:
-    """The service's own bound (a setting, also the OpenAPI document's maximum; see ``service.main``)."""
-    if time_limit_s > max_time_limit_s:
-        message = f"time_limit_s {time_limit_s} is above this service's maximum {max_time_limit_s}"
-        raise InvalidInput(message, errors=[{"loc": ["body", "time_limit_s"], "msg": message, "input": time_limit_s}])
 
 
 def plan_response(plan: CachedPlan) -> Response:
@@ -31,12 +20,7 @@ def plan_response(plan: CachedPlan) -> Response:
                     headers={"X-Cache": "hit" if plan.cached else "miss"})
 
 
-@router.post(
-    "",
-    response_model=PlanOut,
-    responses={**_404, **STALE_STATS, 422: {"model": ErrorOut, "description": "Invalid request field (named)"},
-               503: {"model": ErrorOut, "description": "Solver queue full: retry after Retry-After seconds"}},
-)
+@router.post("", response_model=PlanOut, responses=SOLVE_ERRORS)
 async def create_plan(
     body: PlanRequest, project: ProjectDep, settings: SettingsDep, factory: SessionFactoryDep, solver: SolverDep
 ) -> Response:
@@ -46,7 +30,7 @@ async def create_plan(
     return plan_response(plan)
 
 
-@router.get("/{plan_id}", response_model=PlanOut, responses=_404)
+@router.get("/{plan_id}", response_model=PlanOut, responses=NOT_FOUND)
 async def read_plan(plan_id: IdPath, project: ProjectDep, factory: SessionFactoryDep) -> Response:
     """A stored plan."""
     # One primary-key read, on the event loop: a thread hop costs more than the
@@ -55,7 +39,7 @@ async def read_plan(plan_id: IdPath, project: ProjectDep, factory: SessionFactor
         return plan_response(CachedPlan.of(get_plan(session, project, plan_id), cached=True))
 
 
-@router.get("/{plan_id}/chart.png", response_class=Response, responses={**PNG, **_404, **STALE_STATS})
+@router.get("/{plan_id}/chart.png", response_class=Response, responses={**PNG, **NOT_FOUND, **STALE_STATS})
 def plan_chart(plan_id: IdPath, project: ProjectDep, session: SessionDep) -> Response:
     """Memory per module across the step, without and with the plan, and the budget line."""
     plan = CachedPlan.of(get_plan(session, project, plan_id), cached=True)
@@ -63,4 +47,4 @@ def plan_chart(plan_id: IdPath, project: ProjectDep, session: SessionDep) -> Res
     return Response(plan_chart_png(stats, plan.plan()), media_type="image/png")
 
 
-__all__ = ["router", "check_time_limit"]
+__all__ = ["router"]

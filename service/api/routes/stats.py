@@ -9,19 +9,16 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.exc import IntegrityError
 
 import planner
-from planner import Stats
-from planner.memory_model import GIB, baseline_peak_bytes, compute_ms
+from planner import GIB, Stats, baseline_peak_bytes, compute_ms
 from service.api.deps import IdPath, ProjectDep, SessionDep
-from service.api.routes.plans import STALE_STATS
+from service.api.responses import ALREADY_UPLOADED, INVALID_STATS, STALE_STATS, STATS_NOT_FOUND
 from service.cache import as_utc, get_stats, parse_stored_stats
 from service.errors import InvalidInput
 from service.examples import EXAMPLE_STATS
 from service.models import PlanRecord, StatsRecord, StatsTag, SweepRecord
-from service.schemas import ErrorOut, ModuleNode, PlanPage, PlanSummary, StatsDetail, StatsPage, StatsSummary
+from service.schemas import ModuleNode, PlanPage, PlanSummary, StatsDetail, StatsPage, StatsSummary
 
 router = APIRouter(prefix="/v1/stats", tags=["stats"])
-
-_ERRORS = {404: {"model": ErrorOut, "description": "No such stats id in your project"}}
 
 StatsBody = Annotated[
     dict[str, Any],
@@ -77,8 +74,7 @@ def _new_record(project: str, doc: dict[str, Any]) -> StatsRecord:
     "",
     response_model=StatsSummary,
     status_code=status.HTTP_201_CREATED,
-    responses={200: {"model": StatsSummary, "description": "Same stats uploaded before: the existing upload"},
-               422: {"model": ErrorOut, "description": "Invalid stats: the field and value named; nothing stored"}},
+    responses={**ALREADY_UPLOADED, **INVALID_STATS},
 )
 def upload_stats(doc: StatsBody, project: ProjectDep, session: SessionDep, response: Response) -> StatsSummary:
     """Upload stats; the same document again returns the existing id (200) instead of a new one (201)."""
@@ -129,7 +125,7 @@ def list_stats(
     return StatsPage(items=[_summary(r) for r in rows], total=total, limit=limit, offset=offset)
 
 
-@router.get("/{stats_id}", response_model=StatsDetail, responses={**_ERRORS, **STALE_STATS})
+@router.get("/{stats_id}", response_model=StatsDetail, responses={**STATS_NOT_FOUND, **STALE_STATS})
 def read_stats(stats_id: IdPath, project: ProjectDep, session: SessionDep) -> StatsDetail:
     """One upload: its summary and module tree."""
     row = get_stats(session, project, stats_id)
@@ -137,7 +133,7 @@ def read_stats(stats_id: IdPath, project: ProjectDep, session: SessionDep) -> St
     return StatsDetail(**_summary(row).model_dump(), module_tree=_tree(stats))
 
 
-@router.delete("/{stats_id}", status_code=status.HTTP_204_NO_CONTENT, responses=_ERRORS)
+@router.delete("/{stats_id}", status_code=status.HTTP_204_NO_CONTENT, responses=STATS_NOT_FOUND)
 def delete_stats(stats_id: IdPath, project: ProjectDep, session: SessionDep) -> Response:
     """Delete an upload with its plans and sweeps."""
     row = get_stats(session, project, stats_id)
@@ -148,7 +144,7 @@ def delete_stats(stats_id: IdPath, project: ProjectDep, session: SessionDep) -> 
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
-@router.get("/{stats_id}/plans", response_model=PlanPage, responses=_ERRORS)
+@router.get("/{stats_id}/plans", response_model=PlanPage, responses=STATS_NOT_FOUND)
 def list_stats_plans(
     stats_id: IdPath,
     project: ProjectDep,

@@ -12,16 +12,15 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 from service.api.deps import IdPath, ProjectDep, SessionDep, SessionFactoryDep, SettingsDep, SolverDep
-from service.api.routes.plans import PNG, STALE_STATS, check_time_limit
+from service.api.responses import NOT_FOUND, PNG, SOLVE_ERRORS
 from service.cache import CachedPlan, as_utc, get_stats, plans_for
 from service.charts import sweep_chart_png
 from service.errors import NotFound
+from service.limits import check_time_limit
 from service.models import PlanRecord, StatsRecord, SweepRecord
-from service.schemas import ErrorOut, SweepOut, SweepPoint, SweepRequest
+from service.schemas import SweepOut, SweepPoint, SweepRequest
 
 router = APIRouter(prefix="/v1/sweeps", tags=["sweeps"])
-
-_404 = {404: {"model": ErrorOut, "description": "No such id in your project"}}
 
 
 def _point(p: CachedPlan) -> SweepPoint:
@@ -56,12 +55,7 @@ def _record(factory: sessionmaker[Session], project: str, stats_id: int, request
         return row, stats
 
 
-@router.post(
-    "",
-    response_model=SweepOut,
-    responses={**_404, **STALE_STATS, 422: {"model": ErrorOut, "description": "Invalid request field (named)"},
-               503: {"model": ErrorOut, "description": "Solver queue full: retry after Retry-After seconds"}},
-)
+@router.post("", response_model=SweepOut, responses=SOLVE_ERRORS)
 async def create_sweep(
     body: SweepRequest, project: ProjectDep, settings: SettingsDep, factory: SessionFactoryDep, solver: SolverDep
 ) -> SweepOut:
@@ -96,14 +90,14 @@ def _load(session: Session, project: str, sweep_id: int) -> tuple[SweepRecord, S
     return row, stats, [CachedPlan.of(found[i], cached=True) for i in row.plan_ids]
 
 
-@router.get("/{sweep_id}", response_model=SweepOut, responses=_404)
+@router.get("/{sweep_id}", response_model=SweepOut, responses=NOT_FOUND)
 def read_sweep(sweep_id: IdPath, project: ProjectDep, session: SessionDep) -> SweepOut:
     """A stored sweep."""
     row, stats, plans = _load(session, project, sweep_id)
     return _out(row, stats, [_point(p) for p in plans], cached=True)
 
 
-@router.get("/{sweep_id}/chart.png", response_class=Response, responses={**PNG, **_404})
+@router.get("/{sweep_id}/chart.png", response_class=Response, responses={**PNG, **NOT_FOUND})
 def sweep_chart(sweep_id: IdPath, project: ProjectDep, session: SessionDep) -> Response:
     """Recompute time against memory budget for the sweep's points."""
     _, stats, plans = _load(session, project, sweep_id)

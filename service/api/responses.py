@@ -1,0 +1,38 @@
+"""The answers routes declare besides their success one, for the OpenAPI document, written once.
+
+Each is a dict to merge into a route's ``responses``: ``responses={**NOT_FOUND, **STALE_STATS}``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from service.schemas import ErrorOut, StatsSummary
+
+__all__ = [
+    "PNG", "NOT_FOUND", "STATS_NOT_FOUND", "STALE_STATS", "INVALID_REQUEST", "INVALID_STATS", "SOLVER_BUSY",
+    "SOLVE_ERRORS", "ALREADY_UPLOADED", "DATABASE_UNREACHABLE",
+]
+
+Responses = dict[int | str, dict[str, Any]]
+
+PNG: Responses = {200: {"content": {"image/png": {}}, "description": "A PNG chart"}}
+ALREADY_UPLOADED: Responses = {
+    200: {"model": StatsSummary, "description": "Same stats uploaded before: the existing upload"}
+}
+NOT_FOUND: Responses = {404: {"model": ErrorOut, "description": "No such id in your project"}}
+STATS_NOT_FOUND: Responses = {404: {"model": ErrorOut, "description": "No such stats id in your project"}}
+STALE_STATS: Responses = {409: {"model": ErrorOut, "description": "The stats were stored by an older planner and "
+                                                                  "fail this one's validation: upload them "
+                                                                  "corrected, or delete them"}}
+INVALID_REQUEST: Responses = {422: {"model": ErrorOut, "description": "Invalid request field (named)"}}
+INVALID_STATS: Responses = {
+    422: {"model": ErrorOut, "description": "Invalid stats: the field and value named; nothing stored"}
+}
+SOLVER_BUSY: Responses = {
+    503: {"model": ErrorOut, "description": "Solver queue full: retry after Retry-After seconds"}
+}
+DATABASE_UNREACHABLE: Responses = {503: {"description": "Database unreachable"}}
+
+# Everything a request that may solve can answer instead of a plan.
+SOLVE_ERRORS: Responses = {**NOT_FOUND, **STALE_STATS, **INVALID_REQUEST, **SOLVER_BUSY}
