@@ -16,12 +16,13 @@ from datetime import datetime, timezone
 from typing import Any
 
 from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import NoResultFound
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 import planner
 from planner import PLANNER_VERSION, Stats
+from service.db import insert_or_get
 from service.errors import InvalidInput, NotFound, StoredStatsInvalid
 from service.models import PlanRecord, StatsRecord
 from service.schemas import PlanOptions
@@ -139,17 +140,12 @@ def _store(factory: sessionmaker[Session], stats_id: int, entries: list[tuple[st
                 peak_bytes=plan.get("peak_bytes"), recompute_ms=plan.get("recompute_ms"),
                 solve_seconds=plan.get("solve_seconds", 0.0), result=json.dumps(plan, separators=(",", ":")),
             )
+            same_key = select(PlanRecord).where(PlanRecord.stats_id == stats_id, PlanRecord.cache_key == key)
             try:
-                with session.begin_nested():
-                    session.add(row)
-                out[key] = CachedPlan.of(row, cached=False)
-            except IntegrityError:
-                existing = session.execute(
-                    select(PlanRecord).where(PlanRecord.stats_id == stats_id, PlanRecord.cache_key == key)
-                ).scalar_one_or_none()
-                if existing is None:  # the stats were deleted while we solved
-                    raise NotFound(f"stats_id {stats_id} does not exist") from None
-                out[key] = CachedPlan.of(existing, cached=True)
+                stored, inserted = insert_or_get(session, row, same_key)
+            except NoResultFound:  # the stats were deleted while we solved
+                raise NotFound(f"stats_id {stats_id} does not exist") from None
+            out[key] = CachedPlan.of(stored, cached=not inserted)
         session.commit()
     return out
 

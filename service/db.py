@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TypeVar
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, Select, create_engine, event
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-__all__ = ["make_engine", "make_sessionmaker", "session_scope", "upgrade", "alembic_config"]
+__all__ = ["make_engine", "make_sessionmaker", "session_scope", "insert_or_get", "upgrade", "alembic_config"]
+
+Row = TypeVar("Row")
 
 
 def make_engine(url: str, *, sqlite_busy_timeout_ms: int = 10_000) -> Engine:
@@ -53,6 +57,22 @@ def session_scope(factory: sessionmaker[Session]) -> Iterator[Session]:
         raise
     finally:
         session.close()
+
+
+def insert_or_get(session: Session, row: Row, lookup: Select[tuple[Row]]) -> tuple[Row, bool]:
+    """Insert ``row``; when a concurrent writer stored its unique key first, the row ``lookup`` finds instead.
+
+    Returns the row and whether it is ``row``, inserted now. The insert runs in a
+    savepoint, so losing the race leaves the session usable. Raises
+    ``sqlalchemy.exc.NoResultFound`` when the insert failed but ``lookup`` finds
+    nothing (another constraint failed: say a parent row deleted meanwhile).
+    """
+    try:
+        with session.begin_nested():
+            session.add(row)
+    except IntegrityError:
+        return session.execute(lookup).scalar_one(), False
+    return row, True
 
 
 def alembic_config(url: str):

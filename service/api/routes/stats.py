@@ -6,13 +6,13 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Query, Response, status
 from sqlalchemy import delete, func, select
-from sqlalchemy.exc import IntegrityError
 
 import planner
 from planner import GIB, Stats, baseline_peak_bytes, compute_ms
 from service.api.deps import IdPath, ProjectDep, SessionDep
 from service.api.responses import ALREADY_UPLOADED, INVALID_STATS, STALE_STATS, STATS_NOT_FOUND
 from service.cache import as_utc, get_stats, parse_stored_stats
+from service.db import insert_or_get
 from service.errors import InvalidInput
 from service.examples import EXAMPLE_STATS
 from service.models import PlanRecord, StatsRecord, StatsTag, SweepRecord
@@ -79,22 +79,15 @@ def _new_record(project: str, doc: dict[str, Any]) -> StatsRecord:
 def upload_stats(doc: StatsBody, project: ProjectDep, session: SessionDep, response: Response) -> StatsSummary:
     """Upload stats; the same document again returns the existing id (200) instead of a new one (201)."""
     row = _new_record(project, doc)
-    existing = session.execute(
-        select(StatsRecord).where(StatsRecord.project == project, StatsRecord.content_hash == row.content_hash)
-    ).scalar_one_or_none()
-    if existing is not None:
+    same_document = select(StatsRecord).where(StatsRecord.project == project,
+                                              StatsRecord.content_hash == row.content_hash)
+    stored = session.execute(same_document).scalar_one_or_none()
+    inserted = False
+    if stored is None:  # a concurrent upload of the same document may still win the race to insert
+        stored, inserted = insert_or_get(session, row, same_document)
+    if not inserted:  # the same document uploaded before: its existing id
         response.status_code = status.HTTP_200_OK
-        return _summary(existing)
-    try:
-        with session.begin_nested():
-            session.add(row)
-    except IntegrityError:  # a concurrent upload of the same document won the race
-        existing = session.execute(
-            select(StatsRecord).where(StatsRecord.project == project, StatsRecord.content_hash == row.content_hash)
-        ).scalar_one()
-        response.status_code = status.HTTP_200_OK
-        return _summary(existing)
-    return _summary(row)
+    return _summary(stored)
 
 
 @router.get("", response_model=StatsPage)

@@ -7,7 +7,6 @@ from typing import Any
 
 from fastapi import APIRouter, Response
 from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
@@ -15,6 +14,7 @@ from service.api.deps import IdPath, ProjectDep, SessionDep, SessionFactoryDep, 
 from service.api.responses import NOT_FOUND, PNG, SOLVE_ERRORS
 from service.cache import CachedPlan, as_utc, get_stats, plans_for
 from service.charts import sweep_chart_png
+from service.db import insert_or_get
 from service.errors import NotFound
 from service.limits import check_time_limit
 from service.models import PlanRecord, StatsRecord, SweepRecord
@@ -44,13 +44,10 @@ def _record(factory: sessionmaker[Session], project: str, stats_id: int, request
         stats = get_stats(session, project, stats_id)
         find = select(SweepRecord).where(SweepRecord.stats_id == stats_id, SweepRecord.cache_key == key)
         row = session.execute(find).scalar_one_or_none()
-        if row is None:
-            row = SweepRecord(stats_id=stats_id, cache_key=key, request=request, plan_ids=plan_ids)
-            try:
-                with session.begin_nested():
-                    session.add(row)
-            except IntegrityError:  # the same sweep stored concurrently
-                row = session.execute(find).scalar_one()
+        if row is None:  # a concurrent request may still store the same sweep first
+            row, _ = insert_or_get(
+                session, SweepRecord(stats_id=stats_id, cache_key=key, request=request, plan_ids=plan_ids), find
+            )
         session.commit()
         return row, stats
 
