@@ -10,8 +10,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from planner import Stats
-from planner.memory_model import GIB, memory_model
+from planner import GIB, Stats, memory_model
 
 __all__ = ["memory_profile_bytes", "plan_chart_png", "sweep_chart_png"]
 

@@ -7,8 +7,8 @@ from typing import Any
 from planner import PLANNER_VERSION
 
 __all__ = [
-    "ServiceError", "NotFound", "InvalidInput", "BadRequest", "UnsupportedMediaType",
-    "Unauthorized", "SolverBusy", "SolverFailed", "PayloadTooLarge", "StoredStatsInvalid",
+    "ServiceError", "NotFound", "InvalidInput", "Unauthorized", "SolverBusy", "SolverFailed", "PayloadTooLarge",
+    "StoredStatsInvalid",
 ]
 
 
@@ -45,14 +45,6 @@ class StoredStatsInvalid(ServiceError):
             f"with the new id, or delete this upload (DELETE /v1/stats/{stats_id})",
             errors=errors,
         )
-
-
-class BadRequest(ServiceError):
-    status_code = 400
-
-
-class UnsupportedMediaType(ServiceError):
-    status_code = 415
 
 
 class Unauthorized(ServiceError):

@@ -148,7 +148,7 @@ def solve_job(document: str, budgets_gib: list[float], options: dict[str, Any]) 
     A planner crash becomes plans with status ``error`` (never stored).
     """
     import planner
-    from planner.memory_model import baseline_peak_bytes, compute_ms
+    from planner import baseline_peak_bytes, compute_ms
 
     try:
         stats = _parse(document)

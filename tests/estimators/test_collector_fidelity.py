@@ -73,7 +73,7 @@ def test_plan_at_half_memory_keeps_gradients_and_predicted_bytes(case):
 def test_planner_plan_applies_and_frees_what_it_claims(case):
     """collect -> planner.plan -> apply_plan: the activation bytes the plan says it frees are freed."""
     import planner
-    from planner.memory_model import GIB, baseline_peak_bytes
+    from planner import GIB, baseline_peak_bytes
 
     budget_gib = 0.85 * baseline_peak_bytes(case.stats) / GIB
     plan = planner.plan(case.stats, memory_budget_gib=budget_gib)

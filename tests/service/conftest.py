@@ -14,7 +14,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 import planner
-from planner.memory_model import baseline_peak_bytes, compute_ms
+from planner import baseline_peak_bytes, compute_ms
 
 from service.config import Settings
 from service.db import make_engine, upgrade

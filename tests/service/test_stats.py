@@ -7,7 +7,7 @@ import json
 import pytest
 
 import planner
-from planner.memory_model import baseline_peak_bytes, compute_ms
+from planner import baseline_peak_bytes, compute_ms
 
 
 def test_upload_v1_then_same_document_returns_same_id(client, example_doc, count_rows):
