@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
-from estimators.collector import _is_random, module_fqns, op_name
+from estimators.collector import is_random_op, module_fqns, op_name
 
 __all__ = ["apply_plan", "remove_plan", "PlanMismatchError"]
 
@@ -110,7 +110,7 @@ class _Policy:
         if self.names is not None and self.names[k] != name:
             raise PlanMismatchError(f"module {self.fqn!r}: op {k} is {name} but the plan's stats have {self.names[k]}")
         decision = self.save[k]
-        if _is_random(func, args, kwargs):
+        if is_random_op(func, args, kwargs):
             if self.random_decision is None:
                 self.random_decision = decision
             elif decision != self.random_decision:
@@ -123,7 +123,7 @@ class _Policy:
 
 def _wrap(module: nn.Module, fqn: str, save: list[int], names: list[str] | None) -> None:
     inner = module.forward
-    module._sacplan_forward = inner
+    module._sacplan_forward = inner  # layout: allow-private (our mark on the user's module, for remove_plan)
 
     def forward(*args: Any, **kwargs: Any) -> Any:
         policy = _Policy(fqn, save, names)

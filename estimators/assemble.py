@@ -8,9 +8,9 @@ from pydantic import ValidationError
 from torch import nn
 
 from estimators.tracking import GRAD, StorageBook, storages_of
-from planner.stats import ModuleStats, OpStats, Stats, StatsMetadata
+from planner import ModuleStats, OpStats, Stats, StatsMetadata
 
-__all__ = ["build_stats", "LEFT_OUT_TAG"]
+__all__ = ["build_stats", "modules_out_of_place", "LEFT_OUT_TAG"]
 
 # metadata tag listing the modules left out of the stats because they ran out of place
 LEFT_OUT_TAG = "modules_left_out"
@@ -20,7 +20,7 @@ def build_stats(model: nn.Module, mods: dict, col: Any, hooks: Any, opt_bytes: d
                 metadata: StatsMetadata | None) -> Stats:
     """The stats of one collected step: modules in forward pre-order, op lists of non-leaf modules."""
     by_fqn = {m.fqn: (mod, m) for mod, m in mods.items()}
-    left_out = _out_of_place(hooks.pre_order, by_fqn)
+    left_out = modules_out_of_place(hooks.pre_order, by_fqn)
     pre_order = [f for f in hooks.pre_order if f not in left_out]
     # Only modules that ran in forward (and in place) are in the stats; parents fall back to the nearest kept.
     ran = set(hooks.post_order) - left_out.keys()
@@ -70,7 +70,7 @@ def build_stats(model: nn.Module, mods: dict, col: Any, hooks: Any, opt_bytes: d
                          f"please report it with the model") from None
 
 
-def _out_of_place(pre_order: list[str], by_fqn: dict) -> dict[str, str]:
+def modules_out_of_place(pre_order: list[str], by_fqn: dict) -> dict[str, str]:
     """Modules whose first forward call does not nest as their fqns do, each with the reason.
 
     Stats v1 reads nesting off the fqns. A module run from outside one of its

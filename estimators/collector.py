@@ -38,9 +38,9 @@ from estimators.assemble import build_stats
 from estimators.fake_step import call_model, default_loss, fake_inputs, fakeify, make_optimizer, optimizer_bytes
 from estimators.models import hf_fake_as_real
 from estimators.tracking import ACT, BUFFER, GRAD, INPUT, OPT, PARAM, TEMP, StorageBook, storages_of, tensors_in
-from planner.stats import Stats, StatsMetadata
+from planner import Stats, StatsMetadata
 
-__all__ = ["collect_stats", "op_name", "module_fqns", "OPTIMIZERS"]
+__all__ = ["collect_stats", "op_name", "is_random_op", "module_fqns", "OPTIMIZERS"]
 
 OPTIMIZERS = ("adamw", "adam", "sgd", "none")
 Progress = Callable[[str, int, int], None]
@@ -60,16 +60,26 @@ def module_fqns(model: nn.Module) -> dict[nn.Module, str]:
     return out
 
 
+def _schema(func: Any) -> Any:
+    return func._schema  # layout: allow-private (an OpOverload's schema has no public accessor)
+
+
 def _is_view(func: Any) -> bool:
     return bool(func.is_view) or torch.Tag.inplace_view in func.tags
 
 
 def _is_inplace(func: Any) -> bool:
-    return torch.Tag.inplace in func.tags or (func._schema.name.endswith("_") and not func.is_view)
+    return torch.Tag.inplace in func.tags or (_schema(func).name.endswith("_") and not func.is_view)
 
 
-def _is_random(func: Any, args: tuple, kwargs: dict) -> bool:
-    for i, a in enumerate(func._schema.arguments):
+def is_random_op(func: Any, args: tuple, kwargs: dict) -> bool:
+    """Whether the ATen op ``func`` called with ``args`` and ``kwargs`` draws random numbers.
+
+    Seeded nondeterministic ops do; attention kernels only with a nonzero
+    ``dropout_p``. The collector marks these ops in the stats and
+    :func:`estimators.apply_plan` requires them all saved or all recomputed.
+    """
+    for i, a in enumerate(_schema(func).arguments):
         if a.name == "dropout_p":  # attention kernels: random only with dropout
             p = kwargs.get("dropout_p", args[i] if i < len(args) else a.default_value)
             return bool(p)
@@ -159,7 +169,7 @@ class _Collector(TorchDispatchMode):
         idx = len(self.ops)
         self.ops.append(
             _Op(op_name(func), ms, 0 if view or inplace else out_bytes, frozenset(serials), view,
-                _is_random(func, args, kwargs), inplace, mutated)
+                is_random_op(func, args, kwargs), inplace, mutated)
         )
         for m in self.fw_stack:
             if not m.is_leaf and not m.done_fw:

@@ -61,13 +61,15 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, sca
 
 def _run(kernel, query, key, value, attn_mask, dropout_p, is_causal, scale):
     if kernel == "flash":
-        return aten._scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal, scale=scale)[0]
+        return torch.ops.aten._scaled_dot_product_flash_attention(
+            query, key, value, dropout_p, is_causal, scale=scale
+        )[0]
     if kernel == "efficient":
         bias = attn_mask
         if bias is not None and bias.dtype == torch.bool:
             bias = torch.zeros_like(bias, dtype=query.dtype).masked_fill_(~bias, float("-inf"))
         needs_lse = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
-        return aten._scaled_dot_product_efficient_attention(
+        return torch.ops.aten._scaled_dot_product_efficient_attention(
             query, key, value, bias, needs_lse, dropout_p, is_causal, scale=scale
         )[0]
     return None

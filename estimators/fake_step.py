@@ -31,7 +31,9 @@ def fakeify(model: nn.Module, fake: FakeTensorMode, device: torch.device, dtype:
         return f
 
     for mod in model.modules():
-        for table, is_param in ((mod._parameters, True), (mod._buffers, False)):
+        # Swapped in the module's own tables: setattr would re-register them and run registration hooks.
+        tables = ((mod._parameters, True), (mod._buffers, False))  # layout: allow-private (swap, not register)
+        for table, is_param in tables:
             for name, t in list(table.items()):
                 if t is not None:
                     saved.append((table, name, t))

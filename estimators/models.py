@@ -105,7 +105,7 @@ def build_from_hf_config(
     cfg = AutoConfig.for_model(model_type, **doc)
     cfg.use_cache = False
     if getattr(cfg, "_attn_implementation_internal", None) is None:
-        cfg._attn_implementation = "sdpa"
+        cfg._attn_implementation = "sdpa"  # layout: allow-private (a config's attention kernel, transformers' way)
     with torch.device(device):
         try:
             model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)

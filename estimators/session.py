@@ -12,9 +12,7 @@ from estimators.collector import collect_stats
 from estimators.cost_model import BenchmarkCostModel, RooflineCostModel
 from estimators.devices import DeviceSpec, device_spec
 from estimators.models import DTYPES, BuiltModel, build_from_factory, build_from_hf_config, load_factory
-from planner.memory_model import baseline_peak_bytes
-from planner.stats import Stats, StatsMetadata
-from planner.version import PLANNER_VERSION
+from planner import PLANNER_VERSION, Stats, StatsMetadata, baseline_peak_bytes
 
 __all__ = ["CollectRequest", "CollectResult", "run_collection", "COLLECTOR_VERSION"]
 

@@ -28,6 +28,11 @@ def tensors_in(tree: object) -> list[torch.Tensor]:
     return [t for t in flat if isinstance(t, torch.Tensor)]
 
 
+def _storage_id(st: torch.UntypedStorage) -> int:
+    # The StorageImpl's address: views share it, and fake storages have no data pointer to tell them apart.
+    return st._cdata  # layout: allow-private (a storage's only identity)
+
+
 def storages_of(tree: object) -> list[torch.UntypedStorage]:
     """Distinct storages of the tensors in a pytree (outputs, args)."""
     seen: dict[int, torch.UntypedStorage] = {}
@@ -35,7 +40,7 @@ def storages_of(tree: object) -> list[torch.UntypedStorage]:
         if t.layout != torch.strided:
             continue
         st = t.untyped_storage()
-        seen.setdefault(st._cdata, st)
+        seen.setdefault(_storage_id(st), st)
     return list(seen.values())
 
 
@@ -62,16 +67,16 @@ class StorageBook:
         return math.ceil(n / self.round_to) * self.round_to if n else 0
 
     def serial(self, st: torch.UntypedStorage) -> int | None:
-        e = self._entries.get(st._cdata)
+        e = self._entries.get(_storage_id(st))
         return e.serial if e else None
 
     def category(self, st: torch.UntypedStorage) -> str | None:
-        e = self._entries.get(st._cdata)
+        e = self._entries.get(_storage_id(st))
         return e.category if e else None
 
     def add(self, st: torch.UntypedStorage, category: str) -> tuple[int, bool]:
         """Register ``st`` if new; return (serial, was_new)."""
-        key = st._cdata
+        key = _storage_id(st)
         e = self._entries.get(key)
         if e is not None:
             return e.serial, False
@@ -95,7 +100,7 @@ class StorageBook:
             self.add(st, category)
 
     def recategorize(self, st: torch.UntypedStorage, category: str) -> None:
-        e = self._entries.get(st._cdata)
+        e = self._entries.get(_storage_id(st))
         if e is None:
             self.add(st, category)
             return

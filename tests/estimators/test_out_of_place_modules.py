@@ -100,7 +100,7 @@ def test_invalid_collected_stats_are_one_clear_line(tmp_path, capsys, monkeypatc
     """Were a module kept out of place, the error names it and its parent, with no pydantic dump."""
     import estimators.assemble
 
-    monkeypatch.setattr(estimators.assemble, "_out_of_place", lambda *_: {})
+    monkeypatch.setattr(estimators.assemble, "modules_out_of_place", lambda *_: {})
     rc = main(["collect", "--model", f"{MODELS}:out_of_parent", "--batch", "2", "--seq", "16",
                "--out", str(tmp_path / "s.json"), "--quiet"])
     err = capsys.readouterr().err
