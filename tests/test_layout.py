@@ -206,11 +206,10 @@ def test_no_private_names_across_files():
 
 
 def test_no_private_attributes_of_other_objects():
-    violations = [f"{src.rel}:{line}: {what} (only self._x and cls._x; else mark the line "
-                  f"'# layout: allow-private (reason)')"
-                  for src in sources(*PACKAGES) for line, kind, what in private_attributes(src)
+    violations = [f"{src.rel}:{line}: {what}" for src in sources(*PACKAGES) for line, kind, what in private_attributes(src)
                   if kind == "object" and not ALLOW_PRIVATE.search(src.lines[line - 1])]
-    assert not violations, report(violations, "private attributes of other objects")
+    rule = "private attributes of other objects (only self._x and cls._x; else '# layout: allow-private (reason)')"
+    assert not violations, report(violations, rule)
 
 
 def test_file_and_function_sizes():
