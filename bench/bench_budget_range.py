@@ -47,10 +47,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import planner  # noqa: E402
-import planner.dp as dp  # noqa: E402
+import planner.solve.dp as dp  # noqa: E402
+import planner.solve.giants as giants  # noqa: E402
 from bench.bench_planner import machine, write_results  # noqa: E402
 from bench.synthetic import make_layers  # noqa: E402
-from planner.milp import _reduced_keyneeds, prepare  # noqa: E402
+from planner.solve.problem import key_needs, prepare  # noqa: E402
 
 GIB = 2**30
 SOURCE = Path("../shared/reference/torch_format_transformer_L12.json")
@@ -114,7 +115,7 @@ def count_bound(stats: planner.Stats, budget_gib: float, time_limit: float = 120
 
     t0 = time.perf_counter()
     prob = prepare(stats)
-    fr = dp._for_budget(prob, dp._prepare(prob), keyneed := _reduced_keyneeds(prob, budget_gib * GIB))
+    fr = giants.for_budget(prob, prob.frontiers(), keyneed := key_needs(prob, budget_gib * GIB))
     m = len(fr.d)
     roots, k = [], m - 1
     while k >= 0:
@@ -183,15 +184,15 @@ def _pareto(d, rc):
 
 def dp_without_stack(stats: planner.Stats, budget_gib: float) -> tuple[planner.Plan, float]:
     """The exact DP alone (no stack relaxation), 30x its work allowance; (its solution, seconds)."""
-    saved = dp._STACK_FIRST_BLOCKS
-    dp._STACK_FIRST_BLOCKS = 10**9
+    saved = dp.STACK_FIRST_BLOCKS
+    dp.STACK_FIRST_BLOCKS = 10**9
     try:
         prob = prepare(stats)
         t0 = time.perf_counter()
         sol = dp.solve_dp(prob, budget_gib * GIB, time_limit_s=600, work_limit=3e8, state_limit=5_000_000)
         return sol, time.perf_counter() - t0
     finally:
-        dp._STACK_FIRST_BLOCKS = saved
+        dp.STACK_FIRST_BLOCKS = saved
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -58,7 +58,7 @@ def _transformer(layers: int):
 
 def run_ours(layers: int) -> dict:
     from estimators import RooflineCostModel, collect_stats, device_spec
-    from planner.memory_model import baseline_peak_bytes
+    from planner import baseline_peak_bytes
 
     model, tokens = _transformer(layers)
     t0 = time.perf_counter()
@@ -125,7 +125,7 @@ def run_llama8b() -> dict:
 
     from estimators import RooflineCostModel, collect_stats, device_spec
     from estimators.models import build_from_hf_config
-    from planner.memory_model import baseline_peak_bytes
+    from planner import baseline_peak_bytes
 
     t0 = time.perf_counter()
     built = build_from_hf_config(LLAMA3_8B, batch_size=1, seq_len=8192, dtype=torch.bfloat16,

@@ -1,14 +1,20 @@
-"""sacplan planner: stats format, exact op-level policy, module-level MILP.
+"""sacplan planner: the stats format, the exact op-level policy and the module-level engines.
 
-numpy, scipy and pydantic only: never torch, fastapi or sqlalchemy.
+numpy, scipy and pydantic only: never torch, fastapi or sqlalchemy. The
+layers, each importing only those before it: ``stats/`` (the format),
+``ops/`` (one module's op decisions), ``memory_model`` and ``solve/`` (the
+module-level problem, its engines and bounds), ``planning`` (``plan()`` and
+``sweep()``, the one entry point). See docs/architecture.md.
 """
 
-from planner.loader import StatsError, from_torch_format, load_stats, parse_stats
 from planner.memory_model import GIB, MemoryModel, baseline_peak_bytes, compute_ms, memory_model
-from planner.op_policy import Frontier, module_frontier, optimal_op_policy
-from planner.plan_format import Plan, PlannedModule
+from planner.ops.frontier import Frontier, module_frontier
+from planner.ops.policy import optimal_op_policy
+from planner.options import PlanOptions
+from planner.plan_format import Plan, PlannedModule, PlanStatus
 from planner.planning import plan, sweep
-from planner.stats import STATS_FORMAT, ModuleStats, OpStats, Stats, StatsMetadata, stats_hash
+from planner.stats.format import STATS_FORMAT, ModuleStats, OpStats, Stats, StatsMetadata, stats_hash
+from planner.stats.loader import StatsError, from_torch_format, load_stats, parse_stats
 from planner.version import PLANNER_VERSION
 
 __all__ = [
@@ -20,6 +26,8 @@ __all__ = [
     "ModuleStats",
     "OpStats",
     "Plan",
+    "PlanOptions",
+    "PlanStatus",
     "PlannedModule",
     "Stats",
     "StatsError",

@@ -19,12 +19,13 @@ import os
 import sys
 from collections.abc import Sequence
 
+from planner.cli_plan import EXIT_BAD_INPUT
+
 __all__ = ["main"]
 
 # Modules adding subcommands: name -> module exposing register(subparsers).
 _PROVIDERS = ("planner.cli_plan", "service.cli", "estimators.cli")
 _OWN_PACKAGES = {"planner", "service", "estimators", "migrations"}
-EXIT_BAD_INPUT = 1
 
 
 class _Parser(argparse.ArgumentParser):

@@ -16,15 +16,19 @@ import os
 import re
 import sys
 
-from planner.loader import StatsError, load_stats
+from typing import Any, get_args, get_origin
+
 from planner.memory_model import GIB
+from planner.options import PlanOptions
 from planner.plan_format import Plan
 from planner.planning import sweep
-from planner.stats import Stats
+from planner.stats.format import Stats
+from planner.stats.loader import StatsError, load_stats
 
-__all__ = ["register"]
+__all__ = ["EXIT_BAD_INPUT", "EXIT_INFEASIBLE", "EXIT_NO_PLAN", "EXIT_OK", "exit_code", "plan_table", "register",
+           "sweep_table"]
 
-EXIT_OK, EXIT_BAD_INPUT, EXIT_INFEASIBLE, EXIT_NO_PLAN = 0, 1, 2, 3
+EXIT_OK, EXIT_BAD_INPUT, EXIT_INFEASIBLE, EXIT_NO_PLAN = 0, 1, 2, 3  # 1 is also every usage error (planner.cli)
 
 EXIT_CODES = """exit codes:
   0  optimal or feasible plan(s)
@@ -35,10 +39,22 @@ EXIT_CODES = """exit codes:
 _SWEEP_EXIT_RULE = ("\nA sweep exits 3 if any budget had no plan for a reason other than infeasibility,\n"
                     "else 2 if any budget is infeasible, else 0.")
 
+
+
+def _is_list(name: str) -> bool:
+    return any(get_origin(t) is list for t in get_args(PlanOptions.model_fields[name].annotation))
+
+
+def _flag(name: str) -> str:
+    """The CLI flag of a PlanOptions field: time_limit_s -> --time-limit, ac_units -> --ac-unit (repeatable)."""
+    flag = name.removesuffix("_s")
+    if _is_list(name):
+        flag = flag.removesuffix("s")
+    return "--" + flag.replace("_", "-")
+
+
 # planner parameter -> the CLI option a user typed, for the planner's ValueError messages
-_OPTION_OF = {"memory_budget_gib": "--budget-gib", "world_size": "--world-size", "time_limit_s": "--time-limit",
-              "mip_rel_gap": "--mip-rel-gap", "reserve_gib": "--reserve-gib", "solver": "--solver",
-              "ac_units": "--ac-unit", "fsdp_units": "--fsdp-unit"}
+_OPTION_OF = {"memory_budget_gib": "--budget-gib", **{name: _flag(name) for name in PlanOptions.model_fields}}
 _PARAMETER = re.compile(r"^(\w+)(?:\[(\d+)\])?")
 
 
@@ -64,24 +80,30 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("stats", metavar="STATS.json", help="stats file: sacplan v1 or PyTorch's module_info + sac_stats")
-    p.add_argument("--world-size", type=int, default=1, help="ranks sharing parameters and gradients (default 1)")
-    p.add_argument("--ac-unit", action="append", default=None, metavar="FQN",
-                   help="only these modules may be checkpointed (repeatable)")
-    p.add_argument("--fsdp-unit", action="append", default=None, metavar="FQN",
-                   help="FSDP unit; no checkpointed module may contain one (repeatable)")
-    p.add_argument("--time-limit", type=float, default=60.0, metavar="S", help="solver time limit per budget (s)")
-    p.add_argument("--mip-rel-gap", type=float, default=1e-6, metavar="G",
-                   help="relative gap at which a plan counts as optimal (default 1e-6; at least 1e-8)")
-    p.add_argument("--solver", choices=("auto", "milp", "dp"), default="auto", help="planning engine (default auto)")
-    p.add_argument("--include-optimizer-state", action="store_true", help="count sharded optimizer state")
-    p.add_argument("--reserve-gib", type=float, default=0.0, help="fixed reserve added to every point (GiB)")
+    for name in PlanOptions.model_fields:
+        p.add_argument(_flag(name), dest=name, **_argument(name))
     p.add_argument("--json", action="store_true", help="print the plan JSON instead of a table")
 
 
+def _argument(name: str) -> dict[str, Any]:
+    """argparse settings for one PlanOptions field: its type, default and description."""
+    field = PlanOptions.model_fields[name]
+    help_text = (field.description or "").rstrip(".")
+    if field.annotation is bool:
+        return {"action": "store_true", "help": help_text}
+    choices = get_args(field.annotation)
+    if choices and all(isinstance(c, str) for c in choices):
+        return {"choices": choices, "default": field.default, "help": f"{help_text} (default {field.default})"}
+    if _is_list(name):
+        return {"action": "append", "default": None, "metavar": "FQN", "help": f"{help_text} (repeatable)"}
+    if field.annotation is int:
+        return {"type": int, "default": field.default, "metavar": "N", "help": f"{help_text} (default {field.default})"}
+    unit = name.rsplit("_", 1)[-1].upper()  # time_limit_s -> S, reserve_gib -> GIB
+    return {"type": float, "default": field.default, "metavar": unit, "help": f"{help_text} (default {field.default:g})"}
+
+
 def _options(args) -> dict:
-    return dict(world_size=args.world_size, ac_units=args.ac_unit, fsdp_units=args.fsdp_unit,
-                time_limit_s=args.time_limit, mip_rel_gap=args.mip_rel_gap, include_optimizer_state=args.include_optimizer_state,
-                reserve_gib=args.reserve_gib, solver=args.solver)
+    return {name: getattr(args, name) for name in PlanOptions.model_fields}
 
 
 def _load(path: str) -> Stats | None:
@@ -134,8 +156,8 @@ def _plan(args) -> int:
     if args.json:
         print(plan.model_dump_json(indent=2))
     else:
-        print(_plan_table(stats, plan))
-    return _exit_code([plan])
+        print(plan_table(stats, plan))
+    return exit_code([plan])
 
 
 def _sweep(args) -> int:
@@ -155,8 +177,8 @@ def _sweep(args) -> int:
     if args.json:
         print(json.dumps([p.model_dump(mode="json") for p in plans], indent=2))
     else:
-        print(_sweep_table(plans))
-    return _exit_code(plans)
+        print(sweep_table(plans))
+    return exit_code(plans)
 
 
 def _parse_budgets(text: str) -> list[float] | None:
@@ -177,7 +199,7 @@ def _schema(args) -> int:
     return EXIT_OK
 
 
-def _exit_code(plans: list[Plan]) -> int:
+def exit_code(plans: list[Plan]) -> int:
     """Print why each budget has no plan; 3 if any lacks one for a reason other than infeasibility, else 2, else 0."""
     for p in plans:
         if p.status == "infeasible":
@@ -225,7 +247,7 @@ def _recompute_text(p: Plan) -> str:
     return f"{p.recompute_ms:.3f} ms  ({p.recompute_ms / p.compute_ms:.1%} of the {p.compute_ms:.2f} ms step)"
 
 
-def _plan_table(stats: Stats, p: Plan) -> str:
+def plan_table(stats: Stats, p: Plan) -> str:
     lines = [
         f"model            {stats.metadata.model_name}",
         f"status           {_status_text(p)}",
@@ -247,7 +269,7 @@ def _plan_table(stats: Stats, p: Plan) -> str:
     return "\n".join(lines)
 
 
-def _sweep_table(plans: list[Plan]) -> str:
+def sweep_table(plans: list[Plan]) -> str:
     width = max([10] + [len(_status_text(p)) for p in plans])
     lines = [f"{'budget GiB':>10}  {'status':<{width}}  {'peak GiB':>9}  {'recompute ms':>12}  {'modules':>7}  {'solve s':>7}"]
     for p in plans:

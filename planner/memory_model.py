@@ -17,11 +17,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.stats import Stats
+from planner.stats.format import Stats
 
-__all__ = ["GIB", "NEED_TOL_BYTES", "MemoryModel", "memory_model", "baseline_peak_bytes", "compute_ms"]
+__all__ = ["GIB", "MIB", "NEED_TOL_BYTES", "MemoryModel", "memory_model", "baseline_peak_bytes", "compute_ms"]
 
 GIB = 2**30
+MIB = 2**20
 # Bytes are whole, but needs are floats (budget * 2**30, sharded terms / world_size):
 # a plan meets a need when its discard falls short by at most float noise, never
 # by a real fraction of a byte, so a plan's peak never exceeds its budget.

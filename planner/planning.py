@@ -1,4 +1,12 @@
-"""Module-level planning: which modules to checkpoint and how, under a memory budget."""
+"""Module-level planning, the one public entry point: which modules to checkpoint and how, under a budget.
+
+``plan()`` and ``sweep()`` validate the request (:class:`planner.PlanOptions`),
+prepare the problem once (:func:`planner.solve.problem.prepare`) and pick the
+engine per budget: a budget the step already fits is answered at once; one
+below the smallest feasible peak (:mod:`planner.solve.min_peak`) is
+infeasible; the rest go to the exact DP (:mod:`planner.solve.dp`), and to the
+MILP (:mod:`planner.solve.milp`) when the DP does not apply or ``solver='milp'``.
+"""
 
 from __future__ import annotations
 
@@ -8,34 +16,25 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from planner.dp import solve_dp
-from planner.min_peak import solve_min_peak_dp
 from planner.memory_model import GIB, compute_ms
-from planner.milp import Problem, Solution, prepare, solve_budget
+from planner.options import PlanOptions, plan_options
 from planner.plan_format import Plan, PlannedModule
-from planner.loader import load_stats, parse_stats
-from planner.stats import MAX_BYTES, Stats
+from planner.solve.dp import solve_dp
+from planner.solve.milp import solve_budget
+from planner.solve.min_peak import solve_min_peak_dp
+from planner.solve.problem import Problem, prepare
+from planner.solve.solution import Solution
+from planner.stats.format import Stats
+from planner.stats.loader import load_stats, parse_stats
 from planner.version import PLANNER_VERSION
 
-__all__ = ["MIN_REL_GAP", "plan", "sweep"]
+__all__ = ["plan", "sweep"]
 
-# The smallest gap a plan claims: the DP treats costs within 1e-9 (relative, plus 1e-9 ms) as equal.
-MIN_REL_GAP = 1e-8
+StatsInput = Stats | Mapping[str, Any] | str | os.PathLike
 
 
-def plan(
-    stats: Stats | Mapping[str, Any] | str | os.PathLike,
-    memory_budget_gib: float,
-    *,
-    world_size: int = 1,
-    ac_units: Sequence[str] | None = None,
-    fsdp_units: Sequence[str] | None = None,
-    time_limit_s: float = 60.0,
-    mip_rel_gap: float = 1e-6,
-    include_optimizer_state: bool = False,
-    reserve_gib: float = 0.0,
-    solver: str = "auto",
-) -> Plan:
+def plan(stats: StatsInput, memory_budget_gib: float, *, options: PlanOptions | None = None,
+         **option_values: Any) -> Plan:
     """Plan selective checkpointing for one memory budget.
 
     Parameters
@@ -45,27 +44,17 @@ def plan(
         (stats v1 or PyTorch's format) or a path to a stats file.
     memory_budget_gib
         Peak memory allowed per rank, in GiB.
-    world_size
-        Ranks that parameters and gradients (and, if included, optimizer
-        state) are sharded over.
-    ac_units
-        If given, only these modules may be checkpointed.
-    fsdp_units
-        FSDP-wrapped modules: no checkpointed module may contain one.
-    time_limit_s
-        Solver time limit; on expiry the best plan is returned as ``feasible``
-        with its proven gap. ``feasible`` also comes back when the exact DP
-        uses up its work allowance (deep stacks of identical blocks), again
-        with the gap.
-    mip_rel_gap
-        Relative optimality gap at which the solver stops and calls the plan
-        optimal (both engines: the plan's proven gap is then at most this).
-        Values below ``MIN_REL_GAP`` (1e-8) count as 1e-8: costs are sums of
-        float runtimes, compared with a 1e-9 tolerance.
-    include_optimizer_state, reserve_gib
-        Opt-in memory terms: the root's optimizer state (sharded) and a fixed
-        reserve added at every point of the step. Off by default, so
-        PyTorch-format stats plan under PyTorch's model.
+    options, **option_values
+        A :class:`planner.PlanOptions`, or its fields as keywords:
+        ``world_size`` (ranks sharing parameters and gradients), ``ac_units``
+        (only these may be checkpointed), ``fsdp_units`` (no checkpointed
+        module may contain one), ``time_limit_s`` (on expiry the best plan is
+        returned as ``feasible`` with its proven gap; ``feasible`` also comes
+        back when the exact DP uses up its work allowance on deep stacks of
+        identical blocks), ``mip_rel_gap`` (the gap at which a plan counts as
+        optimal, at least 1e-8), ``solver`` (``auto``, ``dp`` or ``milp``),
+        ``include_optimizer_state`` and ``reserve_gib`` (opt-in memory terms,
+        off by default so PyTorch-format stats plan under PyTorch's model).
 
     Returns
     -------
@@ -79,79 +68,64 @@ def plan(
         If an option is out of range or names an unknown module
         (:class:`planner.StatsError`, a ValueError, for bad stats).
     """
-    return _sweep(
-        _as_stats(stats), [memory_budget_gib], "memory_budget_gib", world_size=world_size, ac_units=ac_units,
-        fsdp_units=fsdp_units, time_limit_s=time_limit_s, mip_rel_gap=mip_rel_gap,
-        include_optimizer_state=include_optimizer_state, reserve_gib=reserve_gib, solver=solver, progress=None,
-    )[0]
+    opts = plan_options(options, **option_values)
+    return _plans(_as_stats(stats), _budgets([memory_budget_gib], "memory_budget_gib"), opts, None)[0]
 
 
-def sweep(
-    stats: Stats | Mapping[str, Any] | str | os.PathLike,
-    budgets_gib: Sequence[float],
-    *,
-    world_size: int = 1,
-    ac_units: Sequence[str] | None = None,
-    fsdp_units: Sequence[str] | None = None,
-    time_limit_s: float = 60.0,
-    mip_rel_gap: float = 1e-6,
-    include_optimizer_state: bool = False,
-    reserve_gib: float = 0.0,
-    solver: str = "auto",
-    progress: Callable[[int, int, Plan], None] | None = None,
-) -> list[Plan]:
+def sweep(stats: StatsInput, budgets_gib: Sequence[float], *, options: PlanOptions | None = None,
+          progress: Callable[[int, int, Plan], None] | None = None, **option_values: Any) -> list[Plan]:
     """Plans for several budgets: the memory/recompute Pareto curve.
 
     The module analysis, op classes, frontiers and the minimum feasible peak
     are computed once and shared by every budget. ``progress(i, n, plan)`` is
     called after each budget. Options as for :func:`plan`.
     """
-    return _sweep(_as_stats(stats), budgets_gib, "budgets_gib", world_size=world_size, ac_units=ac_units,
-                  fsdp_units=fsdp_units, time_limit_s=time_limit_s, mip_rel_gap=mip_rel_gap,
-                  include_optimizer_state=include_optimizer_state, reserve_gib=reserve_gib, solver=solver,
-                  progress=progress)
+    opts = plan_options(options, **option_values)
+    return _plans(_as_stats(stats), _budgets(budgets_gib, "budgets_gib"), opts, progress)
 
 
-def _sweep(stats: Stats, budgets_gib: Sequence[float], budgets_name: str, *, world_size: int,
-           ac_units: Sequence[str] | None, fsdp_units: Sequence[str] | None, time_limit_s: float,
-           mip_rel_gap: float, include_optimizer_state: bool, reserve_gib: float, solver: str,
+def _plans(stats: Stats, budgets: list[float], opts: PlanOptions,
            progress: Callable[[int, int, Plan], None] | None) -> list[Plan]:
-    budgets = _validate(budgets_gib, budgets_name, world_size, time_limit_s, mip_rel_gap, reserve_gib)
-    mip_rel_gap = max(mip_rel_gap, MIN_REL_GAP)
-    if solver not in ("auto", "milp", "dp"):
-        raise ValueError(f"solver must be 'auto', 'milp' or 'dp', got {solver!r}")
-    prob = prepare(stats, world_size=world_size, ac_units=ac_units, fsdp_units=fsdp_units,
-                   include_optimizer_state=include_optimizer_state, reserve_bytes=reserve_gib * GIB)
-    baseline_bytes = prob.model.peak_bytes()
-    baseline = int(math.ceil(baseline_bytes))
+    prob = prepare(stats, world_size=opts.world_size, ac_units=opts.ac_units, fsdp_units=opts.fsdp_units,
+                   include_optimizer_state=opts.include_optimizer_state, reserve_bytes=opts.reserve_gib * GIB)
+    baseline = int(math.ceil(prob.model.peak_bytes()))
     plans = []
     for i, budget in enumerate(budgets):
         started = time.perf_counter()
-        sol = None
-        if baseline_bytes <= budget * GIB:  # nothing to plan: no checkpointing fits, and nothing costs less
-            sol = Solution("optimal", "no checkpointing needed: the step's peak fits the budget as it is",
-                           baseline_bytes, 0.0, 0.0, 0.0, {})
-        elif solver in ("auto", "dp"):
-            lowest = solve_min_peak_dp(prob)  # exact and cheap; cached per problem
-            if lowest.peak_bytes > budget * GIB:
-                sol = Solution("infeasible", "no plan fits the budget")
-            else:
-                sol = solve_dp(prob, budget * GIB, time_limit_s=time_limit_s, mip_rel_gap=mip_rel_gap)
-        if sol is None and solver == "dp":
-            raise ValueError("solver 'dp' does not apply to these stats (a module frontier is too large); use 'milp'")
-        if sol is None:  # the MILP gets what is left of the time limit
-            spent = time.perf_counter() - started
-            left = time_limit_s - spent if spent < time_limit_s else min(time_limit_s, 1e-3)
-            sol = solve_budget(prob, budget * GIB, time_limit_s=left, mip_rel_gap=mip_rel_gap)
+        sol = _solve(prob, budget * GIB, opts, started)
         min_budget = _min_feasible(prob) if sol.status == "infeasible" else None
-        p = _to_plan(prob, sol, budget, world_size, baseline, time.perf_counter() - started, min_budget)
+        p = _to_plan(prob, sol, budget, opts.world_size, baseline, time.perf_counter() - started, min_budget)
         plans.append(p)
         if progress:
             progress(i, len(budgets), p)
     return plans
 
 
-def _as_stats(stats: Stats | Mapping[str, Any] | str | os.PathLike) -> Stats:
+def _solve(prob: Problem, budget_bytes: float, opts: PlanOptions, started: float) -> Solution:
+    """One budget: answered at once when trivial, else by the engine the options ask for."""
+    gap = opts.effective_rel_gap
+    if prob.model.peak_bytes() <= budget_bytes:  # nothing to plan: no checkpointing fits, and nothing costs less
+        return Solution.unplanned(prob, "no checkpointing needed: the step's peak fits the budget as it is")
+    sol = None
+    if opts.solver in ("auto", "dp"):
+        if _smallest_peak(prob).peak_bytes > budget_bytes:  # exact and cheap; once per problem
+            return Solution.infeasible()
+        sol = solve_dp(prob, budget_bytes, time_limit_s=opts.time_limit_s, mip_rel_gap=gap)
+        if sol is None and opts.solver == "dp":
+            raise ValueError("solver 'dp' does not apply to these stats (a module frontier is too large); "
+                             "use 'milp'")
+    if sol is None:  # the MILP gets what is left of the time limit
+        spent = time.perf_counter() - started
+        left = opts.time_limit_s - spent if spent < opts.time_limit_s else min(opts.time_limit_s, 1e-3)
+        sol = solve_budget(prob, budget_bytes, time_limit_s=left, mip_rel_gap=gap)
+    return sol
+
+
+def _smallest_peak(prob: Problem) -> Solution:
+    return prob.derived("min_peak", solve_min_peak_dp)
+
+
+def _as_stats(stats: StatsInput) -> Stats:
     """Stats as given, or parsed from a decoded document or a file path (StatsError names any problem)."""
     if isinstance(stats, Stats):
         return stats
@@ -166,32 +140,24 @@ def _as_stats(stats: Stats | Mapping[str, Any] | str | os.PathLike) -> Stats:
                     f"got {type(stats).__name__}")
 
 
-def _validate(budgets_gib, budgets_name, world_size, time_limit_s, mip_rel_gap, reserve_gib) -> list[float]:
+def _budgets(budgets_gib: Any, name: str) -> list[float]:
+    """The budgets as floats; ValueError naming the first that is not a positive number of GiB."""
     if isinstance(budgets_gib, (str, bytes)) or not isinstance(budgets_gib, Sequence):
-        raise ValueError(f"{budgets_name} must be a list of numbers of GiB, got {budgets_gib!r}")
+        raise ValueError(f"{name} must be a list of numbers of GiB, got {budgets_gib!r}")
     budgets = []
     for k, b in enumerate(budgets_gib):
         if isinstance(b, bool) or not isinstance(b, (int, float)) or not math.isfinite(b) or b <= 0:
-            where = budgets_name if budgets_name == "memory_budget_gib" else f"{budgets_name}[{k}]"
+            where = name if name == "memory_budget_gib" else f"{name}[{k}]"
             raise ValueError(f"{where} must be a positive number of GiB, got {b!r}")
         budgets.append(float(b))
     if not budgets:
-        raise ValueError(f"{budgets_name} is empty")
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
-    if not isinstance(time_limit_s, (int, float)) or not math.isfinite(time_limit_s) or time_limit_s <= 0:
-        raise ValueError(f"time_limit_s must be a positive number of seconds, got {time_limit_s!r}")
-    if not isinstance(mip_rel_gap, (int, float)) or not 0 <= mip_rel_gap < 1:
-        raise ValueError(f"mip_rel_gap must be in [0, 1), got {mip_rel_gap!r}")
-    if (isinstance(reserve_gib, bool) or not isinstance(reserve_gib, (int, float)) or not math.isfinite(reserve_gib)
-            or not 0 <= reserve_gib <= MAX_BYTES / GIB):
-        raise ValueError(f"reserve_gib must be a number of GiB from 0 to {MAX_BYTES // GIB}, got {reserve_gib!r}")
+        raise ValueError(f"{name} is empty")
     return budgets
 
 
 def _min_feasible(prob: Problem) -> float:
     """The smallest budget with a plan (exact, rounded up to a readable figure that still fits)."""
-    return _round_up(solve_min_peak_dp(prob).peak_bytes / GIB)
+    return _round_up(_smallest_peak(prob).peak_bytes / GIB)
 
 
 def _round_up(gib: float, digits: int = 6) -> float:
@@ -211,23 +177,8 @@ def _round_up(gib: float, digits: int = 6) -> float:
 
 def _to_plan(prob: Problem, sol: Solution, budget: float, world_size: int, baseline: int,
              seconds: float, min_budget: float | None) -> Plan:
-    modules = []
-    for fqn in prob.stats.fw_pre_order:
-        if not sol.decisions or fqn not in sol.decisions:
-            continue
-        save, saved_bytes, _ = sol.decisions[fqn]
-        m = prob.stats.module(fqn)
-        total = m.op_bytes
-        modules.append(PlannedModule(
-            fqn=fqn,
-            discard_ratio=1.0 - saved_bytes / total if total else 0.0,
-            discarded_bytes=m.act_saved_bytes - saved_bytes,
-            saved_bytes=saved_bytes,
-            # summed from the save list itself (not total - saved: that leaves float noise where nothing is recomputed)
-            recompute_ms=math.fsum(op.runtime_ms for op, s in zip(m.ops, save) if not s),
-            save=save,
-            op_names=[op.name for op in m.ops],
-        ))
+    modules = [_planned_module(prob, fqn, sol.decisions[fqn]) for fqn in prob.stats.fw_pre_order
+               if sol.decisions and fqn in sol.decisions]
     recompute_ms = sol.recompute_ms
     if recompute_ms is not None and modules:
         recompute_ms = math.fsum(pm.recompute_ms for pm in modules)
@@ -236,7 +187,7 @@ def _to_plan(prob: Problem, sol: Solution, budget: float, world_size: int, basel
         message = f"no plan fits {budget:g} GiB; the smallest budget with a plan is {min_budget:g} GiB"
         if not prob.candidates:
             message += (" (no module can be checkpointed: that takes a non-leaf module with op stats, other than "
-                         "the root, that frees memory, is among ac_units when given and encloses no FSDP unit)")
+                        "the root, that frees memory, is among ac_units when given and encloses no FSDP unit)")
     return Plan(
         status=sol.status,
         message=message,
@@ -251,4 +202,20 @@ def _to_plan(prob: Problem, sol: Solution, budget: float, world_size: int, basel
         planner_version=PLANNER_VERSION,
         min_feasible_budget_gib=min_budget,
         modules=modules,
+    )
+
+
+def _planned_module(prob: Problem, fqn: str, decision) -> PlannedModule:
+    save, saved_bytes, _ = decision
+    m = prob.stats.module(fqn)
+    total = m.op_bytes
+    return PlannedModule(
+        fqn=fqn,
+        discard_ratio=1.0 - saved_bytes / total if total else 0.0,
+        discarded_bytes=m.act_saved_bytes - saved_bytes,
+        saved_bytes=saved_bytes,
+        # summed from the save list itself (not total - saved: that leaves float noise where nothing is recomputed)
+        recompute_ms=math.fsum(op.runtime_ms for op, s in zip(m.ops, save) if not s),
+        save=save,
+        op_names=[op.name for op in m.ops],
     )

@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, model_validator
 
+import planner
 from planner import Plan
 from service.examples import EXAMPLE_PLAN_REQUEST, EXAMPLE_SWEEP_REQUEST
 
@@ -25,10 +26,6 @@ Gib = Annotated[float, Strict(), Field(gt=0.0, le=1e9, allow_inf_nan=False)]
 MAX_UNITS = 100_000
 MAX_SWEEP_POINTS = 64
 MAX_WORLD_SIZE = 2**20
-
-
-class _In(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 class ErrorOut(BaseModel):
@@ -98,38 +95,21 @@ class StatsPage(BaseModel):
 # --- plans ---------------------------------------------------------------------------------------
 
 
-class PlanOptions(_In):
-    """Everything besides the budget that changes a plan."""
+_PLANNER_FIELDS = planner.PlanOptions.model_fields
+_Fqn = Annotated[str, Field(max_length=1024)]
 
-    world_size: Annotated[int, Strict()] = Field(
-        1, ge=1, le=MAX_WORLD_SIZE, description="Ranks sharing parameters and gradients (FSDP)."
-    )
-    ac_units: list[Annotated[str, Field(max_length=1024)]] | None = Field(
-        None, max_length=MAX_UNITS, description="fqns of the modules that may be checkpointed; null: all non-leaf modules."
-    )
-    fsdp_units: list[Annotated[str, Field(max_length=1024)]] | None = Field(
-        None, max_length=MAX_UNITS, description="fqns of the FSDP-wrapped modules; null: the whole model is one unit."
-    )
-    # The upper bound is the service's setting (max_time_limit_s): enforced and written into
-    # the OpenAPI document by service.limits, so the two never disagree.
-    time_limit_s: Annotated[float, Strict()] = Field(
-        60.0, gt=0.0, allow_inf_nan=False,
-        description="Solver time limit, seconds; at most this service's SACPLAN_MAX_TIME_LIMIT_S (the maximum shown).",
-    )
-    mip_rel_gap: Annotated[float, Strict()] = Field(
-        1e-6, ge=0.0, lt=1.0, allow_inf_nan=False,
-        description="Relative gap at which a plan counts as optimal (the plan's mip_gap is then at most this).",
-    )
 
-    def cache_fields(self) -> dict[str, Any]:
-        """The request fields that change the result, normalised (unit lists are sets)."""
-        return {
-            "world_size": self.world_size,
-            "ac_units": None if self.ac_units is None else sorted(set(self.ac_units)),
-            "fsdp_units": None if self.fsdp_units is None else sorted(set(self.fsdp_units)),
-            "time_limit_s": float(self.time_limit_s),
-            "mip_rel_gap": float(self.mip_rel_gap),
-        }
+class PlanOptions(planner.PlanOptions):
+    """The planner's own options (``planner.PlanOptions``, validated there) with this service's size limits.
+
+    ``time_limit_s`` is also bounded by the service's setting ``max_time_limit_s``:
+    enforced by the routes and written into the OpenAPI document (``service.limits``).
+    """
+
+    world_size: int = Field(1, ge=1, le=MAX_WORLD_SIZE, description=_PLANNER_FIELDS["world_size"].description)
+    ac_units: list[_Fqn] | None = Field(None, max_length=MAX_UNITS, description=_PLANNER_FIELDS["ac_units"].description)
+    fsdp_units: list[_Fqn] | None = Field(None, max_length=MAX_UNITS,
+                                          description=_PLANNER_FIELDS["fsdp_units"].description)
 
 
 class PlanRequest(PlanOptions):

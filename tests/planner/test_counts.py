@@ -1,4 +1,4 @@
-"""The identical-items knapsack of planner.counts against brute-force enumeration of multisets."""
+"""The identical-items knapsack of planner.solve.stack.multiset against brute-force enumeration of multisets."""
 
 import itertools
 import math
@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pytest
 
-from planner.counts import CountWorkLimit, min_cost_counts
+from planner.solve.stack.multiset import CountWorkLimit, min_cost_counts
 
 
 def brute(d, rc, n, need, cost):

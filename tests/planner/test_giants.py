@@ -11,10 +11,9 @@ import random
 import numpy as np
 import pytest
 
-import planner.dp as dp
-from planner import plan
-from planner.op_policy import capped_frontier, frontier_hull, max_discard_decision, module_frontier
-from planner.stats import OpStats
+import planner.solve.giants as giants
+from planner import OpStats, plan
+from planner.ops.frontier import capped_frontier, frontier_hull, max_discard_decision, module_frontier
 from plan_helpers import brute_force, check_plan, random_ops, realize, valid_save
 from test_plan import random_stats
 from test_stack import stack_stats
@@ -84,9 +83,9 @@ def test_greedy_hull_lies_under_every_decision_and_reaches_the_largest_discard()
 @pytest.fixture
 def all_giants(monkeypatch):
     """Every module planned as if its frontier were too long to list; counts which path each budget took."""
-    monkeypatch.setattr("planner.milp._FRONTIER_ITEMS", 0)
+    monkeypatch.setattr("planner.solve.problem.FRONTIER_ITEMS", 0)
     seen = {"one point": 0, "capped": 0}
-    one, capped = dp._cheapest_discarding, dp.capped_frontier
+    one, capped = giants.cheapest_discarding, giants.capped_frontier
 
     def count_one(*a, **k):
         seen["one point"] += 1
@@ -96,8 +95,8 @@ def all_giants(monkeypatch):
         seen["capped"] += 1
         return capped(*a, **k)
 
-    monkeypatch.setattr(dp, "_cheapest_discarding", count_one)
-    monkeypatch.setattr(dp, "capped_frontier", count_capped)
+    monkeypatch.setattr(giants, "cheapest_discarding", count_one)
+    monkeypatch.setattr(giants, "capped_frontier", count_capped)
     return seen
 
 
@@ -125,7 +124,7 @@ def test_plans_from_capped_frontiers_equal_brute_force(all_giants):
 
 
 def test_stacks_with_spanning_giants_equal_brute_force(all_giants, monkeypatch):
-    monkeypatch.setattr("planner.dp._STACK_FIRST_BLOCKS", 3)
+    monkeypatch.setattr("planner.solve.dp.STACK_FIRST_BLOCKS", 3)
     rng = random.Random(77)
     compared = 0
     for trial in range(25):

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from planner import plan
-from planner.cost_to_go import CostToGo
-from planner.dp import _hull_lp, _prepare, solve_dp
-from planner.lagrange import Lagrange
-from planner.milp import _reduced_keyneeds, prepare
+from planner.solve.bounds.cost_to_go import CostToGo
+from planner.solve.dp import hull_lp, solve_dp
+from planner.solve.bounds.lagrange import Lagrange
+from planner.solve.problem import key_needs, prepare
 
 from tests.planner.test_plan import GIB, _deep_stats, brute_force, random_stats, realize
 
@@ -45,17 +45,17 @@ def _instances(seed, n, make):
         stats = make(rng)
         budget = rng.uniform(0.45, 1.0) * realize(stats, {})[0]
         prob = prepare(stats)
-        fr = _prepare(prob)
+        fr = prob.frontiers()
         if fr is None or not fr.d or math.prod(len(d) + 1 for d in fr.d) > 20_000:
             continue
-        yield rng, prob, fr, _reduced_keyneeds(prob, budget)
+        yield rng, prob, fr, key_needs(prob, budget)
 
 
 @pytest.mark.parametrize("make", [random_stats, _deep_stats], ids=["shallow", "deep"])
 def test_bound_and_penalties_hold_for_every_plan(make):
     checked = 0
     for rng, prob, fr, keyneed in _instances(11, 60, make):
-        status, mu = _hull_lp(fr, prob).duals(keyneed)
+        status, mu = hull_lp(prob).duals(keyneed)
         plans = list(_plans(fr, keyneed))
         if status == "infeasible":
             assert not plans  # the relaxation is infeasible only if no plan exists

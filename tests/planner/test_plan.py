@@ -247,8 +247,9 @@ def test_l12_plans_are_realizable():
 
 
 def test_min_peak_dp_equals_milp_on_random_trees():
-    from planner.min_peak import solve_min_peak_dp
-    from planner.milp import prepare, solve_min_peak
+    from planner.solve.min_peak import solve_min_peak_dp
+    from planner.solve.milp import solve_min_peak
+    from planner.solve.problem import prepare
 
     rng = random.Random(31)
     for trial in range(40):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from planner import PLANNER_VERSION, Plan, load_stats
-from planner.cli_plan import _exit_code, _sweep_table
+from planner.cli_plan import exit_code, sweep_table
 
 L4 = Path(__file__).resolve().parents[1] / "data" / "torch_format_transformer_L4.json"
 GIB = 2**30
@@ -142,7 +142,7 @@ def _plan(status, **fields):
     (["infeasible", "error"], 3),
 ])
 def test_exit_code_rule(statuses, code):
-    assert _exit_code([_plan(s) for s in statuses]) == code
+    assert exit_code([_plan(s) for s in statuses]) == code
 
 
 @pytest.mark.parametrize("command", ["plan", "sweep"])
@@ -161,7 +161,7 @@ def test_infeasible_plan_table_has_no_unit_on_absent_peak():
 
 
 def test_sweep_table_shows_the_gap_of_feasible_rows():
-    table = _sweep_table([_plan("feasible", peak_bytes=4 * GIB, recompute_ms=5.0, mip_gap=0.0123),
+    table = sweep_table([_plan("feasible", peak_bytes=4 * GIB, recompute_ms=5.0, mip_gap=0.0123),
                           _plan("optimal", peak_bytes=4 * GIB, recompute_ms=5.0, mip_gap=0.0)])
     rows = table.splitlines()[1:]
     assert "feasible (gap 1.23%)" in rows[0]

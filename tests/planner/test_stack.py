@@ -8,11 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import planner.dp as dp
+import planner.solve.dp as dp
 from planner import Stats, plan
-from planner.dp import _prepare
-from planner.milp import _reduced_keyneeds, prepare
-from planner.stack import find_stack, solve_stack
+from planner.solve.problem import key_needs, prepare
+from planner.solve.stack.relaxation import find_stack, solve_stack
 from plan_helpers import brute_force, random_ops, realize, valid_save
 
 GIB = 2**30
@@ -75,15 +74,15 @@ def stack_stats(rng, n_blocks: int, *, spanning: bool = False, other: bool = Fal
 class StackSpy:
     """Which plans the count-space relaxation built itself.
 
-    Records every StackResult ``planner.dp.solve_stack`` returns and the choices
-    ``planner.dp._solution`` last turned into a plan: a plan is the relaxation's
+    Records every StackResult ``planner.solve.dp.solve_stack`` returns and the choices
+    ``planner.solve.dp.plan_from_choices`` last turned into a plan: a plan is the relaxation's
     when it was built from the very choices dict of one of those results.
     """
 
     def __init__(self, monkeypatch):
         self.results: list = []
         self.built = None
-        solve, solution = dp.solve_stack, dp._solution
+        solve, solution = dp.solve_stack, dp.plan_from_choices
 
         def spy_solve(*args, **kwargs):
             res = solve(*args, **kwargs)
@@ -95,7 +94,7 @@ class StackSpy:
             return solution(prob, fr, choices, *args, **kwargs)
 
         monkeypatch.setattr(dp, "solve_stack", spy_solve)
-        monkeypatch.setattr(dp, "_solution", spy_solution)
+        monkeypatch.setattr(dp, "plan_from_choices", spy_solution)
 
     def reset(self) -> None:
         self.results.clear()
@@ -109,17 +108,17 @@ class StackSpy:
 
 def _stack_bound(stats: Stats, budget: float, eps: float = 0.0) -> float | None:
     prob = prepare(stats)
-    fr = _prepare(prob)
+    fr = prob.frontiers()
     stack = find_stack(fr)
     assert stack is not None, "the generator makes a stack"
-    res = solve_stack(fr, stack, _reduced_keyneeds(prob, budget), math.inf, eps=eps)
+    res = solve_stack(fr, stack, key_needs(prob, budget), math.inf, eps=eps)
     return None if res is None else res.lower
 
 
 @pytest.mark.parametrize("shape", [dict(), dict(spanning=True), dict(spanning=True, peak_at_end=True),
                                    dict(other=True)])
 def test_stack_plans_equal_brute_force(shape, monkeypatch):
-    monkeypatch.setattr("planner.dp._STACK_FIRST_BLOCKS", 3)  # these short stacks go to the relaxation first
+    monkeypatch.setattr("planner.solve.dp.STACK_FIRST_BLOCKS", 3)  # these short stacks go to the relaxation first
     spy = StackSpy(monkeypatch)
     rng = random.Random(31 + len(shape) + 7 * ("other" in shape))
     stack_chose_wrapper = False
@@ -178,8 +177,8 @@ def test_deep_stack_is_proven_optimal_at_the_count_space_optimum(monkeypatch):
     assert peak <= budget
     assert abs(rc - p.recompute_ms) <= 1e-9 * rc
 
-    monkeypatch.setattr("planner.dp._STACK_FIRST_BLOCKS", 10**9)  # no stack-first pass
-    monkeypatch.setattr("planner.dp._stack_of", lambda base: None)  # and no fallback stack pass
+    monkeypatch.setattr("planner.solve.dp.STACK_FIRST_BLOCKS", 10**9)  # no stack-first pass
+    monkeypatch.setattr("planner.solve.dp.stack_of", lambda base: None)  # and no fallback stack pass
     spy.reset()
     alone = dp.solve_dp(prepare(stats), budget, work_limit=3e8)
     assert spy.results == []  # the relaxation never ran
@@ -192,29 +191,29 @@ def test_deep_stack_is_proven_optimal_at_the_count_space_optimum(monkeypatch):
 def test_no_stack_without_three_identical_blocks():
     rng = random.Random(5)
     stats = stack_stats(rng, 2)
-    assert find_stack(_prepare(prepare(stats))) is None
-    assert find_stack(_prepare(prepare(stack_stats(rng, 3)))) is not None
+    assert find_stack(prepare(stats).frontiers()) is None
+    assert find_stack(prepare(stack_stats(rng, 3)).frontiers()) is not None
 
 
 def test_dealt_order_keeps_the_blocks_constraints_whenever_some_order_does(monkeypatch):
     # The options the relaxation picks are dealt to the blocks in the exchange order
-    # (planner.stack_order): with needs growing alike in every block, if any order of
+    # (planner.solve.stack.ordered): with needs growing alike in every block, if any order of
     # the same options meets every block's constraints, that one does. Brute force:
     # every distinct order of the dealt options over the blocks.
     import itertools
 
-    import planner.stack as stack_mod
+    import planner.solve.stack.relaxation as stack_mod
 
-    monkeypatch.setattr("planner.dp._STACK_FIRST_BLOCKS", 3)
+    monkeypatch.setattr("planner.solve.dp.STACK_FIRST_BLOCKS", 3)
     dealt = []
-    orig = stack_mod._exchange_order
+    orig = stack_mod.exchange_order
 
     def spy(fr, stack, seq, need):
         out = orig(fr, stack, seq, need)
         dealt.append((fr, stack, list(seq), out, np.asarray(need)))
         return out
 
-    monkeypatch.setattr(stack_mod, "_exchange_order", spy)
+    monkeypatch.setattr(stack_mod, "exchange_order", spy)
 
     def meets(fr, stack, order, need) -> bool:  # the member blocks' own keys only
         rep, disc = stack.blocks[0], np.zeros(len(fr.d))
@@ -247,8 +246,8 @@ def test_no_plan_when_the_dealt_counts_break_a_dropped_constraint():
     stats = stack_stats(random.Random(21), 4, spike={"R.b0.l": 10**7})
     budget = 0.95 * realize(stack_stats(random.Random(21), 4), {})[0]  # the same stack without the spike
     prob = prepare(stats)
-    fr = _prepare(prob)
-    res = solve_stack(fr, find_stack(fr), _reduced_keyneeds(prob, budget), math.inf, eps=0.0)
+    fr = prob.frontiers()
+    res = solve_stack(fr, find_stack(fr), key_needs(prob, budget), math.inf, eps=0.0)
     assert res is not None and 0 < res.lower < math.inf  # the relaxation has a solution that discards
     assert res.choices is None
     assert plan(stats, budget / GIB).status == "infeasible"
@@ -274,6 +273,6 @@ def test_frontier_points_reach_every_block(tmp_path):
     # fid: candidates with the same op list and saved bytes share one frontier id, others differ
     rng = random.Random(3)
     stats = stack_stats(rng, 4, other=True)
-    fr = _prepare(prepare(stats))
+    fr = prepare(stats).frontiers()
     fids = np.array(fr.fid)
     assert len(set(fids.tolist())) == 3  # R.e, the blocks, their children

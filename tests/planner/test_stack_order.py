@@ -8,9 +8,9 @@ import random
 import numpy as np
 import pytest
 
-import planner.stack as stack_mod
+import planner.solve.stack.relaxation as stack_mod
 from planner import plan
-from planner.stack_order import ordered_counts
+from planner.solve.stack.ordered import ordered_counts
 from plan_helpers import realize, valid_save
 from test_stack import StackSpy, stack_stats
 
@@ -71,16 +71,16 @@ def test_tight_budgets_on_stacks_equal_the_exact_milp_and_use_the_ordered_relaxa
     # relaxation's counts then often cannot be dealt out, and the ordered one keeps those
     # constraints. Stacks of 8-16 blocks are beyond brute force: the reference is the
     # MILP on scipy.optimize.milp solved to a zero gap (HiGHS, an independent method).
-    monkeypatch.setattr("planner.dp._STACK_FIRST_BLOCKS", 3)
+    monkeypatch.setattr("planner.solve.dp.STACK_FIRST_BLOCKS", 3)
     from_ordered = []
-    orig = stack_mod._ordered
+    orig = stack_mod.ordered_relaxation
 
     def spy(*args, **kwargs):
         res = orig(*args, **kwargs)
         from_ordered.append(res is not None and res.choices is not None)
         return res
 
-    monkeypatch.setattr(stack_mod, "_ordered", spy)
+    monkeypatch.setattr(stack_mod, "ordered_relaxation", spy)
     rng = random.Random(3)
     for trial in range(200):
         stats = stack_stats(rng, rng.randrange(8, 17), n_ops=rng.choice([3, 4]), uniform=True)
@@ -100,16 +100,15 @@ def test_ordered_options_cover_every_decision_of_a_block_with_its_timing():
     # good in total discard, recompute *and* discard finished before each of the block's keys
     # (pruning on total discard and recompute alone dropped decisions that free less but
     # earlier, and its bound then lay above the optimum). Brute force over every decision.
-    from planner.dp import _prepare
-    from planner.milp import prepare
-    from planner.stack import find_stack
-    from planner.stack_order import block_types
+    from planner.solve.problem import prepare
+    from planner.solve.stack.relaxation import find_stack
+    from planner.solve.stack.ordered import block_types
 
     rng = random.Random(19)
     checked = 0
     for trial in range(40):
         stats = stack_stats(rng, 3, n_ops=rng.choice([2, 3, 4]), uniform=True)
-        fr = _prepare(prepare(stats))
+        fr = prepare(stats).frontiers()
         stack = find_stack(fr)
         types = block_types(fr, stack)
         rep = stack.blocks[0]
@@ -147,7 +146,7 @@ def test_l12_stack_first_at_the_tightest_budget_equals_the_dp(monkeypatch):
     assert dp_plan.status == "optimal" and spy.results == [], dp_plan.message  # the DP's own plan
     assert milp.status in ("optimal", "feasible") and milp.recompute_ms is not None, milp.message
 
-    monkeypatch.setattr("planner.dp._STACK_FIRST_BLOCKS", 3)
+    monkeypatch.setattr("planner.solve.dp.STACK_FIRST_BLOCKS", 3)
     p = plan(stats, budget)
     res = spy.source()
     assert p.status == "optimal" and res is not None, p.message  # the relaxation built the plan

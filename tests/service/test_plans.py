@@ -60,6 +60,26 @@ def test_every_result_changing_field_is_in_the_cache_key(client, example_id, cou
     assert r.json()["cached"] is True
 
 
+def test_every_planner_option_is_a_request_field(client, example_id, count_rows):
+    # One options model (planner.PlanOptions) serves Python, the CLI and this API: the options
+    # that were Python- and CLI-only are request fields too, each part of the cache key.
+    import planner
+
+    base = {"time_limit_s": 30}
+    first = _plan(client, example_id, 4.5, **base).json()
+    for change in ({"solver": "milp"}, {"include_optimizer_state": True}, {"reserve_gib": 0.25}):
+        r = _plan(client, example_id, 4.5, **{**base, **change})
+        assert r.status_code == 200, (change, r.text)
+        assert r.json()["cached"] is False, change
+        assert r.json()["request"][next(iter(change))] == next(iter(change.values()))
+    reserved = _plan(client, example_id, 4.5, **base, reserve_gib=0.25).json()
+    assert reserved["cached"] is True
+    assert reserved["baseline_peak_bytes"] == first["baseline_peak_bytes"] + 2**28  # the reserve is counted
+    assert set(first["request"]) == set(planner.PlanOptions.model_fields) | {"memory_budget_gib"}
+    bad = _plan(client, example_id, 4.5, solver="cbc")
+    assert bad.status_code == 422 and bad.json()["detail"].startswith("body.solver: solver must be 'auto'")
+
+
 def test_infeasible_budget_is_200_with_minimum(client, example_id):
     r = _plan(client, example_id, 0.5, time_limit_s=30)
     assert r.status_code == 200, r.text

@@ -1,6 +1,6 @@
 """Stacks at tight budgets: the blocks' own memory constraints kept, in count space, through an exchange order.
 
-The count-space relaxation of :mod:`planner.stack` drops the constraints of
+The count-space relaxation of :mod:`planner.solve.stack.relaxation` drops the constraints of
 every block before the last one. Near the smallest feasible budget those are
 exactly the ones that bind (each block must leave enough slack for the next),
 so its optimum often cannot be dealt out to the blocks.
@@ -36,11 +36,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.counts import CountWorkLimit
-from planner.hull import lower_hull
 from planner.memory_model import NEED_TOL_BYTES
+from planner.solve.points import lower_hull
+from planner.solve.problem import Frontiers
+from planner.solve.stack.multiset import CountWorkLimit
 
-__all__ = ["BlockTypes", "OrderedSolution", "absorbed", "block_types", "ordered_counts", "partial_table",
+__all__ = ["BlockTypes", "OrderedSolution", "block_types", "ordered_counts", "partial_table",
            "requirements"]
 
 _TOL = 1e-12
@@ -65,7 +66,7 @@ class BlockTypes:
     n_keys: int  # keys from the block's start to its root
 
 
-def block_types(fr, stack, max_options: int = _MAX_OPTIONS) -> BlockTypes | None:
+def block_types(fr: Frontiers, stack, max_options: int = _MAX_OPTIONS) -> BlockTypes | None:
     """The ordered relaxation's options of one block; None when the blocks are not back to back or too many."""
     blocks = stack.blocks
     for prev, nxt in zip(blocks, blocks[1:]):
@@ -132,25 +133,6 @@ def _undominated(d, rc, part, ch, limit):
             raise _TooMany
     kept = np.array(kept, dtype=np.int64)
     return d[kept], rc[kept], part[kept], [ch[i] for i in kept]
-
-
-def absorbed(types: BlockTypes, eps: float) -> np.ndarray:
-    """Indices of the options kept when each one another beats everywhere for at most ``eps`` more ms is dropped.
-
-    Swapping a dropped option for its absorber frees at least as much at every
-    key (so every constraint still holds) for at most ``eps`` more per block:
-    the optimum over the kept options is within ``n * eps`` of the true one.
-    """
-    order = np.lexsort((types.d, -types.rc))  # dearest first: an absorber is kept, never itself absorbed
-    kd, kp, kr, kept = np.zeros(0), np.zeros((0, types.partial.shape[1])), np.zeros(0), []
-    for i in order.tolist():
-        if len(kept) and np.any((kd >= types.d[i]) & (kr <= types.rc[i] + eps)
-                                & np.all(kp >= types.partial[i], axis=1)):
-            continue
-        kept.append(i)
-        kd, kr = np.append(kd, types.d[i]), np.append(kr, types.rc[i])
-        kp = np.vstack([kp, types.partial[i]])
-    return np.sort(np.array(kept, dtype=np.int64))
 
 
 def requirements(fr, stack, partial: np.ndarray, need: np.ndarray, n: int) -> tuple[np.ndarray, float]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 
-from planner.op_policy import FREE, RECOMPUTE, SAVE, OpGroups
+from planner.ops.groups import FREE, RECOMPUTE, SAVE, OpGroups, settle_trivial
 
 __all__ = ["GroupClasses", "group_classes", "best_saved_within"]
 
@@ -45,11 +45,8 @@ class GroupClasses:
 
 def group_classes(groups: OpGroups) -> GroupClasses:
     """Bucket free groups; free groups of zero bytes are saved, of zero ms recomputed (both exact)."""
-    fixed = groups.fixed.copy()
-    free = fixed == FREE
-    fixed[free & (groups.group_bytes == 0)] = SAVE
-    fixed[free & (groups.group_bytes > 0) & (groups.group_ms <= 0)] = RECOMPUTE
-    groups = OpGroups(groups.members, groups.group_bytes, groups.group_ms, fixed, groups.n_ops)
+    groups, _ = settle_trivial(groups)
+    fixed = groups.fixed
     buckets: dict[tuple[int, float], list[int]] = {}
     for gi in np.flatnonzero(fixed == FREE):
         buckets.setdefault((int(groups.group_bytes[gi]), float(groups.group_ms[gi])), []).append(int(gi))
@@ -84,21 +81,26 @@ def best_saved_within(classes: GroupClasses, max_saved_bytes: int) -> np.ndarray
     w = classes.class_bytes / scale
     bounds = Bounds(np.zeros(n), mult.astype(float))
     integrality = np.ones(n)
+    counts = np.zeros(n, dtype=np.int64)  # saving no free group always fits (cap >= 0)
     for _ in range(4):
         res = milp(-classes.class_ms, integrality=integrality, bounds=bounds,
                    constraints=[LinearConstraint(w[None, :], -np.inf, cap / scale)],
                    options={"mip_rel_gap": 0.0, "presolve": True})
-        counts = np.rint(res.x).astype(np.int64)
-        if int(counts @ classes.class_bytes) <= cap:
+        if res.status != 0 or res.x is None:
+            break  # no proven optimum: keep what fits (at worst, no free group saved)
+        found = np.rint(res.x).astype(np.int64)
+        used = int(found @ classes.class_bytes)
+        if used <= cap:
+            counts = found
             break
-        cap -= 1 + int(counts @ classes.class_bytes) - cap  # tolerance overshoot: tighten and retry
+        cap -= 1 + used - cap  # tolerance overshoot: tighten and retry
     best_ms = float(counts @ classes.class_ms)
     tol = 1e-9 * (abs(best_ms) + 1.0)
     res = milp(w, integrality=integrality, bounds=bounds,
                constraints=[LinearConstraint(w[None, :], -np.inf, cap / scale),
                             LinearConstraint(classes.class_ms[None, :], best_ms - tol, np.inf)],
                options={"mip_rel_gap": 0.0, "presolve": True})
-    if res.x is not None:
+    if res.status == 0 and res.x is not None:
         second = np.rint(res.x).astype(np.int64)
         if int(second @ classes.class_bytes) <= cap and second @ classes.class_ms >= best_ms - tol:
             counts = second

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from planner.stats import STATS_FORMAT, OpStats, Stats, innermost_prefix_module, short_value
+from planner.stats.format import STATS_FORMAT, OpStats, Stats, innermost_prefix_module, short_value
 
 __all__ = ["TORCH_MODULE_FIELDS", "from_torch_format", "is_torch_format", "ops_from_torch"]
 

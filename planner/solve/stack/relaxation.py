@@ -1,6 +1,6 @@
 """Stacks of identical blocks: an exact relaxation in count space, and plans from it.
 
-Deep models are mostly one block repeated. For the DP (:mod:`planner.dp`)
+Deep models are mostly one block repeated. For the DP (:mod:`planner.solve.dp`)
 that is the hard case: very many combinations of identical blocks reach
 almost the same (discard, recompute), and no bound it can afford separates
 them. Here the symmetry is used instead.
@@ -11,7 +11,7 @@ on and drop the ones before it. Then the subtrees that finish before ``k0``
 matter only through their total discard and recompute, and identical ones
 are interchangeable: the N earlier blocks become "n items, each taking a
 point of the block's joint frontier", solved exactly over counts
-(:func:`planner.counts.min_cost_counts`). What comes after ``k0`` (the last
+(:func:`planner.solve.stack.multiset.min_cost_counts`). What comes after ``k0`` (the last
 block, anything after it, and ancestors spanning ``k0``) is enumerated
 exactly as a list of options, each needing some total discard from the
 earlier subtrees. The optimum of this relaxation is a lower bound on every
@@ -19,10 +19,10 @@ plan.
 
 **Plans from it.** The relaxation's optimal counts are dealt out to the
 blocks in the order that best keeps the dropped constraints (see
-:func:`_exchange_order`). If every one holds, the result is a real plan
+:func:`exchange_order`). If every one holds, the result is a real plan
 costing exactly the bound: optimal. Near the smallest feasible budget the
 dropped constraints bind and the counts often cannot be dealt out; then the
-ordered relaxation of :mod:`planner.stack_order`, which keeps every block's
+ordered relaxation of :mod:`planner.solve.stack.ordered`, which keeps every block's
 own constraints, is solved instead.
 """
 
@@ -33,12 +33,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from planner.counts import CountWorkLimit, min_cost_counts
 from planner.memory_model import NEED_TOL_BYTES
-from planner.stack_order import absorbed, block_types, ordered_counts, partial_table, requirements
-from planner.stack_tail import tail_requirements
+from planner.solve.points import absorbed
+from planner.solve.problem import Frontiers
+from planner.solve.stack.multiset import CountWorkLimit, min_cost_counts
+from planner.solve.stack.ordered import block_types, ordered_counts, partial_table, requirements
+from planner.solve.stack.tail import tail_requirements
 
-__all__ = ["Stack", "StackResult", "find_stack", "solve_stack"]
+__all__ = ["Stack", "StackResult", "exchange_order", "find_stack", "ordered_relaxation", "solve_stack"]
 
 _MIN_BLOCKS = 3  # identical subtrees needed before the relaxation is worth building
 _MAX_OTHER_POINTS = 20_000
@@ -54,8 +56,10 @@ class Stack:
     d: np.ndarray  # joint frontier of one block (zero point first), bytes
     rc: np.ndarray  # ms
     choices: list[tuple[tuple[int, int], ...]]  # per point: (candidate, point) pairs, relative to blocks[0]
-    _other_options: dict[int, tuple] = field(default_factory=dict)
-    _types: object = None  # planner.stack_order.BlockTypes (the ordered relaxation's options), or False
+    # caches: the other subtrees' joint options per key, and the ordered relaxation's options
+    # (planner.solve.stack.ordered.BlockTypes, or False when it does not apply)
+    other_options: dict[int, tuple] = field(default_factory=dict)
+    ordered_options: object = None
 
 
 @dataclass(frozen=True)
@@ -65,7 +69,7 @@ class StackResult:
     choices: dict[int, int] | None = None  # candidate -> index into its frontier
 
 
-def find_stack(fr) -> Stack | None:
+def find_stack(fr: Frontiers) -> Stack | None:
     """The stack structure of the candidates in ``fr``, or None when there is none worth using."""
     m = len(fr.d)
     if m == 0:
@@ -90,7 +94,7 @@ def find_stack(fr) -> Stack | None:
     return Stack(best, roots, d, rc, choices)
 
 
-def solve_stack(fr, stack: Stack, keyneed: np.ndarray, upper: float, eps: float,
+def solve_stack(fr: Frontiers, stack: Stack, keyneed: np.ndarray, upper: float, eps: float,
                 max_gap: float = math.inf, work_limit: float = 3e6, deadline: float = math.inf) -> StackResult | None:
     """The relaxation's bound, and a plan meeting it when the dealt-out counts fit every constraint.
 
@@ -104,13 +108,13 @@ def solve_stack(fr, stack: Stack, keyneed: np.ndarray, upper: float, eps: float,
 
     When the plain relaxation's counts cannot be dealt out (near the smallest
     feasible budget, where every block's own constraints bind), the ordered
-    one of :mod:`planner.stack_order` keeps those constraints and is tried next.
+    one of :mod:`planner.solve.stack.ordered` keeps those constraints and is tried next.
     """
     need = np.asarray(keyneed, dtype=np.float64)
     k0 = fr.starts[stack.blocks[-1]]
     members = stack.blocks[:-1]
     others = [r for r in stack.roots if r not in set(members)]
-    keep = _absorbed(stack.rc, eps)
+    keep = absorbed(stack.rc, eps, keep_first=True)
     d, rc = stack.d[keep], stack.rc[keep]
     point_of = np.flatnonzero(keep)
     try:
@@ -145,12 +149,12 @@ def solve_stack(fr, stack: Stack, keyneed: np.ndarray, upper: float, eps: float,
     if best is not None:
         _, sol, (tail_i, other_i), g = best
         seq = [int(point_of[p]) for p, k in sol.counts.items() for _ in range(k)]
-        choices = _assemble(stack, [stack.choices[p] for p in _exchange_order(fr, stack, seq, need)],
+        choices = _assemble(stack, [stack.choices[p] for p in exchange_order(fr, stack, seq, need)],
                             tail.choices(int(tail_i)), g.och[other_i])
         if _fits(fr, choices, need):
             cost = math.fsum(float(fr.rc[i][j]) for i, j in choices.items())
             return StackResult(min(lower, cost), cost, choices)
-    ordered = _ordered(fr, stack, need, groups, starts, d, rc, point_of, tail, eps, upper, work_limit, deadline)
+    ordered = ordered_relaxation(fr, stack, need, groups, starts, d, rc, point_of, tail, eps, upper, work_limit, deadline)
     if ordered is None:
         return StackResult(lower)
     return StackResult(max(lower, ordered.lower), ordered.cost, ordered.choices)
@@ -167,19 +171,19 @@ class _Group:
     och: list  # choices
 
 
-def _ordered(fr, stack: Stack, need, groups, starts, d, rc, point_of, tail, eps, upper, work_limit,
+def ordered_relaxation(fr, stack: Stack, need, groups, starts, d, rc, point_of, tail, eps, upper, work_limit,
              deadline=math.inf):
-    """The ordered relaxation (planner.stack_order) over every group; None when it does not apply.
+    """The ordered relaxation (planner.solve.stack.ordered) over every group; None when it does not apply.
 
-    It lists its own options (``stack._types``: every partial-discard profile
+    It lists its own options (``stack.ordered_options``: every partial-discard profile
     kept) and absorbs near-duplicates among them with the same ``eps``.
     """
-    if stack._types is None:
-        stack._types = block_types(fr, stack) or False
-    types = stack._types
+    if stack.ordered_options is None:
+        stack.ordered_options = block_types(fr, stack) or False
+    types = stack.ordered_options
     if not types or any(len(g.od) > _MAX_ORDERED_OTHERS for g in groups):
         return None
-    kept = absorbed(types, eps)
+    kept = np.flatnonzero(absorbed(types.rc, eps, d=types.d, partial=types.partial))
     od, orc, oR, och = types.d[kept], types.rc[kept], types.partial[kept], [types.choices[p] for p in kept]
     lower, best = math.inf, None
     for g, start in sorted(zip(groups, starts), key=lambda x: x[1]):
@@ -259,7 +263,7 @@ def _pareto_targets(x: np.ndarray, c: np.ndarray, tag: np.ndarray):
 
 def _others(fr, stack: Stack, roots: list[int], key: int):
     """Joint options (discard, recompute, choices) of the non-block subtrees ``roots`` before k0."""
-    if key not in stack._other_options:
+    if fr.giants or key not in stack.other_options:  # a giant lists other points per budget: no cache
         d, rc, ch = np.zeros(1, np.int64), np.zeros(1), [()]
         for r in roots:
             od, orc, och = _subtree_options(fr, r)
@@ -269,35 +273,26 @@ def _others(fr, stack: Stack, roots: list[int], key: int):
                                 [p + q for p in ch for q in och])
             if len(d) > _MAX_OTHER_POINTS:
                 raise CountWorkLimit
-        stack._other_options[key] = (d, rc, ch)
-    return stack._other_options[key]
+        if fr.giants:
+            return d, rc, ch
+        stack.other_options[key] = (d, rc, ch)
+    return stack.other_options[key]
 
 
-def _absorbed(rc: np.ndarray, eps: float) -> np.ndarray:
-    """Points kept when each one that a larger-discard point beats by at most eps ms is dropped."""
-    keep = np.zeros(len(rc), bool)
-    last = math.inf
-    for j in range(len(rc) - 1, -1, -1):
-        if last - rc[j] > eps or j == 0:
-            keep[j] = True
-            last = rc[j]
-    return keep
-
-
-def _exchange_order(fr, stack: Stack, seq: list[int], need: np.ndarray) -> list[int]:
+def exchange_order(fr, stack: Stack, seq: list[int], need: np.ndarray) -> list[int]:
     """The options ``seq`` (one per block) in the order that best keeps every block's constraints.
 
     A block taking option p needs slack ``T >= R_p`` before it and changes it
-    by ``g_p = d_p - delta`` (:mod:`planner.stack_order`): gainers first by
+    by ``g_p = d_p - delta`` (:mod:`planner.solve.stack.ordered`): gainers first by
     increasing R, then the rest by decreasing ``R + g``, the order that meets
     every constraint whenever any order does (an exchange argument). Blocks
     not back to back: largest discard first.
     """
     if not seq:
         return []
-    if stack._types is None:
-        stack._types = block_types(fr, stack) or False
-    if not stack._types:
+    if stack.ordered_options is None:
+        stack.ordered_options = block_types(fr, stack) or False
+    if not stack.ordered_options:
         return sorted(seq, key=lambda p: (-int(stack.d[p]), p))
     used = sorted(set(seq))
     R, delta = requirements(fr, stack, partial_table(fr, stack, [stack.choices[p] for p in used]), need, len(seq))

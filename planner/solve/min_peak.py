@@ -2,27 +2,13 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
-from planner.milp import Problem, Solution
-from planner.op_policy import max_discard_decision
+from planner.ops.frontier import max_discard_decision
+from planner.solve.problem import Problem
+from planner.solve.solution import Solution
 
-__all__ = ["solve_min_peak_dp", "subtree_starts"]
-
-
-def subtree_starts(prob: Problem) -> list[int]:
-    """For each candidate (post-order index), the first candidate index of its subtree."""
-    idx = {c.fqn: i for i, c in enumerate(prob.candidates)}
-    start = list(range(len(prob.candidates)))
-    for i, c in enumerate(prob.candidates):
-        p = prob.stats.module(c.fqn).parent
-        while p is not None:
-            if p in idx:
-                start[idx[p]] = min(start[idx[p]], start[i])
-            p = prob.stats.module(p).parent
-    return start
+__all__ = ["solve_min_peak_dp"]
 
 
 def solve_min_peak_dp(prob: Problem) -> Solution:
@@ -34,11 +20,9 @@ def solve_min_peak_dp(prob: Problem) -> Solution:
     root (a big discard, late) or leaves it to its submodules (smaller,
     earlier). Non-dominated (discarded bytes, peak so far) states cover both.
     """
-    if prob._min_peak is not None:
-        return prob._min_peak
     # Only each candidate's largest discard matters, known from its op groups: no
     # frontier is needed (an infeasible budget is answered without building any).
-    starts = subtree_starts(prob)
+    starts = prob.subtree_starts()
     m = len(prob.candidates)
     key_base = np.full(m + 1, -np.inf)
     np.maximum.at(key_base, prob.node_key, prob.model.base_bytes)
@@ -78,8 +62,4 @@ def solve_min_peak_dp(prob: Problem) -> Solution:
     for i in chosen:
         m = prob.stats.module(prob.candidates[i].fqn)
         decisions[m.fqn] = max_discard_decision(m.ops, m.force_store_random)
-    discarded = {f: prob.stats.module(f).act_saved_bytes - sb for f, (_, sb, _) in decisions.items()}
-    peak = prob.model.peak_bytes(discarded)
-    recompute = math.fsum(prob.stats.module(f).op_ms - sm for f, (_, _, sm) in decisions.items())
-    prob._min_peak = Solution("optimal", "smallest peak (exact DP)", peak, recompute, 0.0, 0.0, decisions)
-    return prob._min_peak
+    return Solution.planned(prob, decisions, "optimal", "smallest peak (exact DP)", 0.0)

@@ -16,6 +16,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, model_validator
 
+from planner.ops.groups import op_groups
+
 __all__ = [
     "STATS_FORMAT",
     "Bytes",
@@ -32,7 +34,6 @@ STATS_FORMAT = "sacplan.stats/v1"
 # 2**62 keeps every byte count (and sums of a few thousand of them) inside a
 # signed 64-bit database integer.
 MAX_BYTES = 2**62
-
 
 
 def _a_number(v: Any) -> Any:
@@ -306,8 +307,6 @@ def _check_ops(where: str, m: ModuleStats) -> None:
         if p is not None and p > k:
             raise ValueError(f"{where}.ops[{k}].inplace_parent {p} comes after the op itself")
     # The SAC conventions must leave every op a consistent decision.
-    from planner.op_policy import op_groups  # local: op_policy imports this module
-
     try:
         op_groups(ops, m.force_store_random)
     except ValueError as exc:

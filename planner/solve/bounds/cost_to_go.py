@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from planner.memory_model import NEED_TOL_BYTES
-
-if TYPE_CHECKING:
-    from planner.dp import _Frontiers
+from planner.solve.problem import Frontiers
 
 __all__ = ["CostToGo", "MaxBound"]
 
@@ -27,7 +23,7 @@ class CostToGo:
     U is infinite where no completion can meet the remaining needs.
     """
 
-    def __init__(self, fr: _Frontiers, keyneed: np.ndarray, eps: float, grid: int):
+    def __init__(self, fr: Frontiers, keyneed: np.ndarray, eps: float, grid: int):
         m = len(fr.d)
         self.fr, self.grid = fr, grid
         self.eps = float(eps)
@@ -44,7 +40,7 @@ class CostToGo:
         self.U[0] = self._back(0, m, self.U[m])
 
     @classmethod
-    def sized(cls, fr: _Frontiers, keyneed: np.ndarray, top_bytes: float, min_grid: int,
+    def sized(cls, fr: Frontiers, keyneed: np.ndarray, top_bytes: float, min_grid: int,
               cells: float, memory_cells: float, max_grid: int = 2**17) -> "CostToGo":
         """The finest grid whose build work and tables fit ``cells`` and ``memory_cells``.
 

@@ -4,7 +4,7 @@ For the candidates from key ``k0`` on (the last blocks, what follows them,
 and ancestors spanning ``k0``), :func:`tail_requirements` lists every
 non-dominated pair (t, c): "if the candidates before ``k0`` discard at least
 t bytes, the rest can meet every constraint from ``k0`` on at c ms of
-recompute". It is the DP of :mod:`planner.dp` run backward over exact
+recompute". It is the DP of :mod:`planner.solve.dp` run backward over exact
 thresholds instead of a grid: at each key the list holds the least
 recompute per required discard, a candidate either checkpointed at one of
 its frontier points (its discard lowers what is required before it) or
@@ -20,7 +20,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.counts import CountWorkLimit
+from planner.solve.problem import Frontiers
+from planner.solve.stack.multiset import CountWorkLimit
+from planner.solve.trace import TraceTable
 
 __all__ = ["TailList", "tail_requirements"]
 
@@ -31,27 +33,18 @@ class TailList:
     cost: np.ndarray  # c: recompute of the tail's decisions
     free: np.ndarray  # candidates before k0 starting at or after this stay unchosen
     trace: np.ndarray  # id into the trace table, -1 for no decision
-    _parent: np.ndarray
-    _cand: np.ndarray
-    _point: np.ndarray
+    table: TraceTable
 
     def choices(self, i: int) -> dict[int, int]:
         """candidate -> frontier index of entry i's decisions."""
-        out, t = {}, int(self.trace[i])
-        while t >= 0:
-            out[int(self._cand[t])] = int(self._point[t])
-            t = int(self._parent[t])
-        return out
+        return self.table.choices(int(self.trace[i]))
 
 
 class _Builder:
-    def __init__(self, fr, k0: int, need: np.ndarray, work_limit: float):
+    def __init__(self, fr: Frontiers, k0: int, need: np.ndarray, work_limit: float):
         self.fr, self.k0, self.need = fr, k0, need
         self.work, self.work_limit = 0, work_limit
-        self.parent: list[np.ndarray] = []
-        self.cand: list[np.ndarray] = []
-        self.point: list[np.ndarray] = []
-        self.n_traces = 0
+        self.table = TraceTable()
 
     # An entry list is six arrays: need, cost, free, trace id, and a pending
     # (candidate, point) decision (-1 if none) turned into a trace only if the
@@ -69,10 +62,7 @@ class _Builder:
         new = nc >= 0
         if new.any():
             tr = tr.copy()
-            ids = np.arange(self.n_traces, self.n_traces + int(new.sum()))
-            self.parent.append(tr[new]), self.cand.append(nc[new]), self.point.append(npt[new])
-            self.n_traces += len(ids)
-            tr[new] = ids
+            tr[new] = self.table.add(tr[new], nc[new], npt[new])
         none = np.full(len(t), -1)
         return t, c, f, tr, none, none
 
@@ -112,15 +102,14 @@ def _union(a, b):
     return tuple(np.concatenate([x, y]) for x, y in zip(a, b))
 
 
-def tail_requirements(fr, k0: int, need: np.ndarray, *, work_limit: float = 3e6) -> TailList:
+def tail_requirements(fr: Frontiers, k0: int, need: np.ndarray, *, work_limit: float = 3e6) -> TailList:
     """Every non-dominated (required discard before k0, recompute) of the decisions from k0 on.
 
-    Raises :class:`planner.counts.CountWorkLimit` past ``work_limit`` (entry, point) pairs.
+    Raises :class:`planner.solve.stack.multiset.CountWorkLimit` past ``work_limit`` (entry, point) pairs.
     """
     m = len(fr.d)
     b = _Builder(fr, k0, need, work_limit)
     one = np.ones(1)
     start = (one * need[m], np.zeros(1), np.full(1, k0), np.full(1, -1), np.full(1, -1), np.full(1, -1))
     e = b.run(k0, m, b.keep(start, m))
-    cat = (lambda parts: np.concatenate(parts) if parts else np.zeros(0, np.int64))
-    return TailList(e[0], e[1], e[2], e[3], cat(b.parent), cat(b.cand), cat(b.point))
+    return TailList(e[0], e[1], e[2], e[3], b.table)

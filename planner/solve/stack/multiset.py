@@ -1,7 +1,7 @@
 """Exact knapsack over identical items: n copies of one frontier, many targets.
 
 The count-space relaxation of a stack of identical blocks (see
-:mod:`planner.stack`) asks, for a list of targets ``(need_e, cost_e)``,
+:mod:`planner.solve.stack.relaxation`) asks, for a list of targets ``(need_e, cost_e)``,
 
     min over e of  cost_e + min { sum rc_p over a multiset of n points : sum d_p >= need_e }
 
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.hull import lower_hull
+from planner.solve.points import lower_hull
 
 __all__ = ["CountSolution", "CountWorkLimit", "min_cost_counts"]
 

@@ -9,8 +9,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from planner.stats import Stats, short_value
-from planner.torch_format import from_torch_format, is_torch_format
+from planner.stats.format import Stats, short_value
+from planner.stats.torch_format import from_torch_format, is_torch_format
 
 __all__ = ["StatsError", "load_stats", "parse_stats", "from_torch_format", "is_torch_format"]
 

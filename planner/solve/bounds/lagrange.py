@@ -27,19 +27,9 @@ import numpy as np
 from scipy.optimize import linprog
 from scipy.sparse import coo_array
 
-from planner.hull import lower_hull
+from planner.memory_model import MIB
 
-__all__ = ["HullLP", "Lagrange", "hull_vertices"]
-
-_MIB = float(2**20)
-
-
-def hull_vertices(d: np.ndarray, rc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Lower hull vertices of (0, 0) and the points, without the origin; d in MiB."""
-    x = np.concatenate([[0.0], np.asarray(d, dtype=np.float64) / _MIB])
-    y = np.concatenate([[0.0], np.asarray(rc, dtype=np.float64)])
-    hx, hy, _ = lower_hull(x, y)
-    return hx[1:], hy[1:]
+__all__ = ["HullLP", "Lagrange"]
 
 
 class HullLP:
@@ -73,7 +63,7 @@ class HullLP:
 
     def duals(self, keyneed: np.ndarray) -> tuple[str, np.ndarray | None]:
         """("ok", mu per key in ms per MiB, >= 0) at the LP optimum, ("infeasible", None) or ("failed", None)."""
-        need = np.maximum(np.asarray(keyneed, dtype=np.float64) / _MIB, 0.0)
+        need = np.maximum(np.asarray(keyneed, dtype=np.float64) / MIB, 0.0)
         bounds = [(0.0, None)] * self.nx + [(float(v), None) for v in need]
         res = linprog(self.cost, A_ub=self.a_ub if self.n_chains else None,
                       b_ub=np.ones(self.n_chains) if self.n_chains else None,
@@ -98,13 +88,13 @@ class Lagrange:
         m = len(d)
         self.m, self.starts = m, starts
         # every S is >= 0, so a need below zero is a constraint S >= 0 (tighter, still valid)
-        need = np.maximum(np.asarray(keyneed, dtype=np.float64), 0.0) / _MIB
+        need = np.maximum(np.asarray(keyneed, dtype=np.float64), 0.0) / MIB
         mu = np.asarray(mu, dtype=np.float64)
         # M_k = sum_{j > k} mu_j; C_k = sum_{j > k} mu_j need_j
         self.M = np.concatenate([np.cumsum(mu[::-1])[::-1][1:], [0.0]])
         self.C = np.concatenate([np.cumsum((mu * need)[::-1])[::-1][1:], [0.0]])
         self.lam = self.M[:m].copy()  # price of a MiB discarded by candidate i: keys j > i
-        self.v = [rc[i] - self.lam[i] * (d[i] / _MIB) for i in range(m)]
+        self.v = [rc[i] - self.lam[i] * (d[i] / MIB) for i in range(m)]
         self.vbest = np.array([float(v.min()) if len(v) else math.inf for v in self.v])
         self.G = np.zeros(m + 1)
         self.G[m] = 0.0
@@ -128,7 +118,7 @@ class Lagrange:
         return g
 
     def __call__(self, k: int, s: np.ndarray) -> np.ndarray:
-        return self.G[k] + self.C[k] - self.M[k] * (np.asarray(s, dtype=np.float64) / _MIB)
+        return self.G[k] + self.C[k] - self.M[k] * (np.asarray(s, dtype=np.float64) / MIB)
 
     def penalties(self) -> list[np.ndarray]:
         """Per candidate and point: how much choosing it lifts the Lagrangian bound at least."""

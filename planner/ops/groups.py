@@ -1,0 +1,135 @@
+"""Op groups: ops tied together by the SAC conventions share one save/recompute decision.
+
+The SAC conventions (PyTorch's and xformers'):
+
+* view-like ops are always recomputed;
+* an in-place op shares the decision of the op whose output it mutates, and
+  one that mutates a module input (its own parent) is always saved;
+* random ops are all saved or all recomputed together (recomputing only some
+  would replay the RNG out of step), and all saved when ``force_store_random``.
+
+This module reads only the ops' attributes (``name``, ``output_bytes``,
+``runtime_ms``, ``view_like``, ``random``, ``inplace_parent``), so the stats
+format can check its documents with it without a cycle.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+__all__ = ["FREE", "RECOMPUTE", "SAVE", "OpGroups", "op_groups", "settle_trivial"]
+
+FREE, RECOMPUTE, SAVE = -1, 0, 1
+
+
+class OpLike(Protocol):
+    name: str
+    output_bytes: int
+    runtime_ms: float
+    view_like: bool
+    random: bool
+    inplace_parent: int | None
+
+
+@dataclass(frozen=True)
+class OpGroups:
+    """Ops tied together by the SAC conventions."""
+
+    members: tuple[tuple[int, ...], ...]
+    group_bytes: np.ndarray  # int64 per group
+    group_ms: np.ndarray  # float64 per group
+    fixed: np.ndarray  # int8 per group: FREE, RECOMPUTE or SAVE
+    n_ops: int
+
+    def op_decisions(self, group_save: np.ndarray) -> list[int]:
+        """Per-op 0/1 decisions from one 0/1 decision per group."""
+        out = [0] * self.n_ops
+        for gi, members in enumerate(self.members):
+            if group_save[gi]:
+                for op in members:
+                    out[op] = 1
+        return out
+
+
+def op_groups(ops: Sequence[OpLike], force_store_random: bool = False) -> OpGroups:
+    """Tie ops into groups that share one decision; raise ValueError on contradictory rules."""
+    gid, members = _tie(ops, force_store_random)
+    fixed = np.full(len(members), FREE, dtype=np.int8)
+    why: dict[int, str] = {}
+    for i, op in enumerate(ops):
+        g = gid[i]
+        for want, reason in _rules(i, op, force_store_random):
+            if fixed[g] not in (FREE, want):
+                raise ValueError(f"contradictory SAC rules: {why[g]}, but {reason}, and both share one decision")
+            fixed[g], why[g] = want, reason
+    group_bytes = np.array([sum(ops[i].output_bytes for i in m) for m in members], dtype=np.int64)
+    group_ms = np.array([math.fsum(ops[i].runtime_ms for i in m) for m in members], dtype=np.float64)
+    return OpGroups(tuple(tuple(m) for m in members), group_bytes, group_ms, fixed, len(ops))
+
+
+def _tie(ops: Sequence[OpLike], force_store_random: bool) -> tuple[list[int], list[list[int]]]:
+    """Group index per op (union-find over the in-place and random ties), and each group's ops."""
+    n = len(ops)
+    root = list(range(n))
+
+    def find(i: int) -> int:
+        while root[i] != i:
+            root[i] = root[root[i]]
+            i = root[i]
+        return i
+
+    def union(a: int, b: int) -> None:
+        ra, rb = find(a), find(b)
+        if ra != rb:
+            root[max(ra, rb)] = min(ra, rb)
+
+    for i, op in enumerate(ops):
+        if op.inplace_parent is not None and op.inplace_parent != i:
+            union(i, op.inplace_parent)
+    rand = [i for i, op in enumerate(ops) if op.random]
+    if not force_store_random:
+        for a, b in zip(rand, rand[1:]):
+            union(a, b)
+    index: dict[int, int] = {}
+    members: list[list[int]] = []
+    gid = []
+    for i in range(n):
+        r = find(i)
+        if r not in index:
+            index[r] = len(members)
+            members.append([])
+        members[index[r]].append(i)
+        gid.append(index[r])
+    return gid, members
+
+
+def _rules(i: int, op: OpLike, force_store_random: bool) -> list[tuple[int, str]]:
+    """The decisions the SAC conventions force on op i, each with its reason."""
+    rules = []
+    if op.view_like:
+        rules.append((RECOMPUTE, f"op {i} ({op.name}) is view-like, so recomputed"))
+    if op.inplace_parent == i:
+        rules.append((SAVE, f"op {i} ({op.name}) is in-place on a module input, so saved"))
+    if op.random and force_store_random:
+        rules.append((SAVE, f"op {i} ({op.name}) is random with force_store_random, so saved"))
+    return rules
+
+
+def settle_trivial(groups: OpGroups) -> tuple[OpGroups, np.ndarray]:
+    """Free groups with an obvious decision fixed: no bytes -> saved, no runtime -> recomputed.
+
+    Both are exact (saving a zero-byte group costs nothing; saving a group
+    that takes no time saves nothing). Returns the groups and the mask of
+    free zero-byte groups now saved.
+    """
+    fixed = groups.fixed.copy()
+    free = fixed == FREE
+    zero_bytes = free & (groups.group_bytes == 0)
+    fixed[zero_bytes] = SAVE
+    fixed[free & (groups.group_bytes > 0) & (groups.group_ms <= 0)] = RECOMPUTE
+    return OpGroups(groups.members, groups.group_bytes, groups.group_ms, fixed, groups.n_ops), zero_bytes

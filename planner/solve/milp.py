@@ -1,0 +1,244 @@
+"""The module-level MILP on ``scipy.optimize.milp`` (HiGHS).
+
+Variables, per candidate module c (non-leaf, has ops, allowed by the request):
+
+* ``y_c`` in {0, 1}: c is checkpointed;
+* ``k_cq`` in {0..mult_cq}: how many interchangeable op groups of class q
+  c recomputes (``k_cq <= mult_cq * y_c``);
+* ``S_i`` >= 0, continuous: discarded memory (in units of ``Problem.unit`` bytes) of the first i candidates in
+  forward post-order (``S_i = S_{i-1} + D_{c_i}``).
+
+With ``D_c = (IA_c - ACM_c + R_c) y_c + sum_q w_q k_cq`` (memory discarded: what
+autograd would save minus what the policy keeps) and ``RC_c = V_c y_c +
+sum_q v_q k_cq`` (ms recomputed), the problem is
+
+    minimise   sum_c RC_c
+    subject to S_{key(n)} >= base_n - budget    for every module n
+               D_c >= 0
+               sum of y over any root-to-leaf chain <= 1   (no nesting)
+
+where ``key(n)`` counts candidates finishing before n in forward post-order.
+This is PyTorch's ``sac_milp`` memory model with the op-level knapsack inside
+the MILP instead of a fitted curve, so every solution is a real op decision.
+The running sum S keeps the matrix sparse: each memory row is one bound.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+
+import numpy as np
+from scipy.optimize import Bounds, LinearConstraint, milp
+from scipy.sparse import coo_array
+
+from planner.ops.knapsack import best_saved_within
+from planner.plan_format import PlanStatus
+from planner.solve.problem import Candidate, Problem, need_rows
+from planner.solve.solution import Decision, Solution
+
+__all__ = ["solve_budget", "solve_min_peak"]
+
+# HiGHS's defaults (1e-7) let a solution miss a need by 1e-7 of the memory unit:
+# kilobytes on a large model. Tighter tolerances make the retries below rare.
+_TOLERANCES = {"primal_feasibility_tolerance": 1e-9, "mip_feasibility_tolerance": 1e-9}
+_RELAX = 1e-6  # needs are first relaxed by this fraction of the memory unit (1000x the tolerance)
+
+
+class _Matrix:
+    """The budget-independent part of the MILP: columns y, k, S (and optionally peak P)."""
+
+    def __init__(self, prob: Problem, with_peak: bool):
+        cands = prob.candidates
+        n_c = len(cands)
+        k_off = np.cumsum([0] + [len(c.classes.members) for c in cands])
+        n_k = int(k_off[-1])
+        self.n_c, self.n_k = n_c, n_k
+        self.y0, self.k0, self.s0 = 0, n_c, n_c + n_k
+        self.p = self.s0 + n_c if with_peak else None
+        n_var = self.s0 + n_c + (1 if with_peak else 0)
+        rows, cols, vals, lo, hi = [], [], [], [], []
+
+        def row(entries, lb, ub):
+            r = len(lo)
+            for c, v in entries:
+                rows.append(r), cols.append(c), vals.append(v)
+            lo.append(lb), hi.append(ub)
+
+        cost = np.zeros(n_var)
+        ub = np.full(n_var, np.inf)
+        integrality = np.zeros(n_var)
+        for i, cand in enumerate(cands):
+            cl = cand.classes
+            y = self.y0 + i
+            integrality[y], ub[y] = 1, 1
+            cost[y] = cl.always_recomputed_ms
+            d_entries = [(y, cand.y_bytes / prob.unit)]
+            for q in range(len(cl.members)):
+                k = self.k0 + k_off[i] + q
+                integrality[k], ub[k] = 1, len(cl.members[q])
+                cost[k] = cl.class_ms[q]
+                row([(k, 1.0), (y, -float(len(cl.members[q])))], -np.inf, 0.0)
+                d_entries.append((k, cl.class_bytes[q] / prob.unit))
+            # S_i - S_{i-1} - D_c = 0 and D_c >= 0
+            s_prev = [] if i == 0 else [(self.s0 + i - 1, 1.0)]
+            row([(self.s0 + i, 1.0)] + [(c, -1.0 * v) for c, v in s_prev] + [(c, -v) for c, v in d_entries], 0.0, 0.0)
+            row(d_entries, 0.0, np.inf)
+            rc_entries = [(y, cl.always_recomputed_ms)] + [
+                (self.k0 + k_off[i] + q, cl.class_ms[q]) for q in range(len(cl.members))]
+            for slope, intercept in prob.hull(cand):
+                # RC - slope * D - intercept * y >= 0, loosened by a hair for float safety
+                coef: dict[int, float] = {}
+                for c, v in rc_entries:
+                    coef[c] = coef.get(c, 0.0) + v
+                for c, v in d_entries:
+                    coef[c] = coef.get(c, 0.0) - slope * v
+                coef[y] = coef.get(y, 0.0) - intercept
+                row(list(coef.items()), -1e-9 * (1.0 + abs(intercept)), np.inf)
+        for chain in prob.chains:
+            row([(self.y0 + i, 1.0) for i in chain], -np.inf, 1.0)
+        self.cost, self.ub, self.integrality = cost, ub, integrality
+        self.rows, self.cols, self.vals, self.lo, self.hi = rows, cols, vals, lo, hi
+        self.n_var = n_var
+        self.k_off = k_off
+
+    def constraint(self, extra_rows=()):
+        rows, cols, vals = list(self.rows), list(self.cols), list(self.vals)
+        lo, hi = list(self.lo), list(self.hi)
+        for entries, lb, ub in extra_rows:
+            r = len(lo)
+            for c, v in entries:
+                rows.append(r), cols.append(c), vals.append(v)
+            lo.append(lb), hi.append(ub)
+        a = coo_array((vals, (rows, cols)), shape=(len(lo), self.n_var)).tocsr()
+        return LinearConstraint(a, np.array(lo), np.array(hi))
+
+
+def solve_budget(prob: Problem, budget_bytes: float, *, time_limit_s: float, mip_rel_gap: float) -> Solution:
+    """Least recompute with peak <= budget_bytes."""
+    need = prob.model.base_bytes - budget_bytes
+    rows = [(k, v) for k, v in need_rows(prob.node_key, need) if v > 0]
+    if not rows:
+        return Solution.unplanned(prob, "no checkpointing needed")
+    if rows[0][0] == 0:
+        return Solution.infeasible("modules before any checkpointable module already exceed the budget")
+    mat = _Matrix(prob, with_peak=False)
+    # First a relaxation: every need lowered by far more than HiGHS's tolerance,
+    # so no plan that meets the budget is cut off. Its optimum bounds every
+    # plan; if it meets the budget it is optimal. If it misses by a hair, the
+    # needs are raised until a plan meets the budget, and the gap is honest.
+    margin, bound = -_RELAX * prob.unit, None
+    deadline = time.perf_counter() + time_limit_s  # the retries share the time limit
+    for attempt in range(6):
+        left = deadline - time.perf_counter()
+        if attempt > 0 and left <= 0:
+            return Solution.without_plan("time_limit", "time limit reached before a plan met the budget to the "
+                                                       "byte; raise time_limit_s or use solver='dp' (exact)")
+        lb = np.zeros(mat.n_var)
+        for k, v in rows:
+            lb[mat.s0 + k - 1] = max(lb[mat.s0 + k - 1], (v + margin) / prob.unit)
+        sol = _run(prob, mat, mat.cost, lb, mat.constraint(), max(left, 0.01), mip_rel_gap)
+        if attempt == 0:
+            bound = sol.lower_bound if sol.status in ("optimal", "feasible") else None
+        if sol.decisions is None:
+            if attempt == 0:
+                return sol  # infeasible even relaxed, or stopped before any plan
+            return Solution.without_plan("error", _MISSED)
+        if sol.peak_bytes <= budget_bytes:
+            return sol if attempt == 0 else _against(sol, bound, mip_rel_gap)
+        margin = max(margin, 0.0) + 2 * (sol.peak_bytes - budget_bytes) + 1
+    return Solution.without_plan("error", _MISSED)
+
+
+_MISSED = "no plan meets the budget to the byte within the MILP's tolerances; use solver='dp' (exact)"
+
+
+def _against(sol: Solution, bound: float | None, mip_rel_gap: float) -> Solution:
+    """A plan found only after tightening the needs: optimal only if it is within the gap of the first bound."""
+    if bound is None or sol.recompute_ms is None:
+        return sol.with_status("feasible", "plan meets the budget after tightening for solver tolerances; "
+                                           "gap unknown", 1.0)
+    gap = max(sol.recompute_ms - bound, 0.0) / sol.recompute_ms if sol.recompute_ms > 0 else 0.0
+    if gap <= mip_rel_gap:
+        return sol.with_status("optimal", sol.message, gap)
+    return sol.with_status("feasible", "plan meets the budget only with needs tightened for the solver's "
+                           "tolerances; its gap is against the untightened bound (solver='dp' is exact to the byte)",
+                           gap)
+
+
+def solve_min_peak(prob: Problem, *, time_limit_s: float) -> Solution:
+    """The smallest peak any plan reaches (recompute ignored), by MILP.
+
+    The planner uses the exact DP (:func:`planner.solve.min_peak.solve_min_peak_dp`); this
+    is the independent cross-check the tests hold it to.
+    """
+    mat = _Matrix(prob, with_peak=True)
+    cost = np.zeros(mat.n_var)
+    cost[mat.p] = 1.0
+    extra = []
+    for k, v in need_rows(prob.node_key, prob.model.base_bytes):
+        entries = [(mat.p, 1.0)] + ([(mat.s0 + k - 1, 1.0)] if k > 0 else [])
+        extra.append((entries, v / prob.unit, np.inf))
+    lb = np.zeros(mat.n_var)
+    lb[mat.p] = -np.inf
+    return _run(prob, mat, cost, lb, mat.constraint(extra), time_limit_s, 1e-9)
+
+
+def _run(prob: Problem, mat: _Matrix, cost, lb, constraint, time_limit_s: float, mip_rel_gap: float) -> Solution:
+    with warnings.catch_warnings():  # HiGHS options scipy does not name are passed on verbatim, with a warning
+        warnings.simplefilter("ignore", RuntimeWarning)
+        res = milp(cost, integrality=mat.integrality, bounds=Bounds(lb, mat.ub), constraints=[constraint],
+                   options={"time_limit": time_limit_s, "mip_rel_gap": mip_rel_gap, "presolve": True,
+                            **_TOLERANCES})
+    status, message = _status(res)
+    bound = getattr(res, "mip_dual_bound", None)
+    bound = float(bound) if bound is not None and math.isfinite(bound) else None
+    if res.x is None or status not in ("optimal", "feasible"):
+        return Solution.without_plan(status, message, lower_bound=bound)
+    gap = float(res.mip_gap) if getattr(res, "mip_gap", None) is not None else 0.0
+    return Solution.planned(prob, _decode(prob, mat, res.x), status, message, max(gap, 0.0), bound)
+
+
+def _status(res) -> tuple[PlanStatus, str]:
+    """The one place solver outcomes become plan statuses."""
+    if res.status == 0:
+        return "optimal", "optimal plan found"
+    if res.status == 1:
+        if res.x is not None:
+            return "feasible", "time limit reached; best plan found so far, with its proven gap"
+        return "time_limit", "time limit reached before any plan was found; raise time_limit_s"
+    if res.status == 2:
+        return "infeasible", "no plan fits the budget"
+    return "error", f"solver failed: {res.message}"
+
+
+def _decode(prob: Problem, mat: _Matrix, x: np.ndarray) -> dict[str, Decision]:
+    """Chosen modules -> non-dominated op decisions at least as good as the solver's."""
+    out = {}
+    for i, cand in enumerate(prob.candidates):
+        if x[mat.y0 + i] < 0.5:
+            continue
+        cl = cand.classes
+        rec = np.rint(x[mat.k0 + mat.k_off[i]: mat.k0 + mat.k_off[i + 1]]).astype(np.int64)
+        saved_bytes = cand.op_bytes - cl.always_recomputed_bytes - int(rec @ cl.class_bytes)
+        save, saved_bytes, saved_ms = _best_decision(prob, cand, saved_bytes)
+        if cand.act_saved_bytes - saved_bytes <= 0:
+            continue  # frees nothing: checkpointing it would only cost time
+        out[cand.fqn] = (save, saved_bytes, saved_ms)
+    return out
+
+
+def _best_decision(prob: Problem, cand: Candidate, max_saved_bytes: int) -> Decision:
+    """The frontier point saving the most runtime within ``max_saved_bytes``."""
+    m = prob.stats.module(cand.fqn)
+    frontier = prob.frontier(cand.fqn)
+    if frontier is not None:
+        k = frontier.best_within(max_saved_bytes)
+        return frontier.save_list(k), int(frontier.saved_bytes[k]), float(frontier.saved_ms[k])
+    cl = cand.classes
+    counts = best_saved_within(cl, max_saved_bytes)
+    save = cl.save_list(counts)
+    saved_bytes = sum(op.output_bytes for op, s in zip(m.ops, save) if s)
+    saved_ms = math.fsum(op.runtime_ms for op, s in zip(m.ops, save) if s)
+    return save, saved_bytes, saved_ms

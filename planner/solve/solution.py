@@ -1,0 +1,58 @@
+"""What an engine answers: a typed status, and a plan's exact op decisions with its peak and recompute.
+
+Every engine builds its answer here, so a plan's peak and recompute are
+derived in one place, from its decisions and the memory model, whatever
+engine chose them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from planner.plan_format import PlanStatus
+from planner.solve.problem import Problem
+
+__all__ = ["Decision", "Solution"]
+
+Decision = tuple[list[int], int, float]  # (save list, saved bytes, saved ms) of one checkpointed module
+
+
+@dataclass(frozen=True)
+class Solution:
+    """An engine's answer: with ``decisions`` (fqn -> Decision) when it found a plan."""
+
+    status: PlanStatus
+    message: str
+    peak_bytes: float | None = None
+    recompute_ms: float | None = None
+    mip_gap: float | None = None
+    decisions: dict[str, Decision] | None = None
+    lower_bound: float | None = None  # the solver's proven bound on recompute, when it gives one
+
+    @classmethod
+    def planned(cls, prob: Problem, decisions: dict[str, Decision], status: PlanStatus, message: str,
+                gap: float, lower_bound: float | None = None) -> Solution:
+        """A plan (``optimal`` or ``feasible``): its peak and recompute derived from the decisions."""
+        discarded = {f: prob.stats.module(f).act_saved_bytes - saved for f, (_, saved, _) in decisions.items()}
+        peak = prob.model.peak_bytes(discarded)
+        recompute = math.fsum(prob.stats.module(f).op_ms - saved_ms for f, (_, _, saved_ms) in decisions.items())
+        return cls(status, message, peak, recompute, gap, decisions, lower_bound)
+
+    @classmethod
+    def unplanned(cls, prob: Problem, message: str) -> Solution:
+        """Nothing to checkpoint: the step fits as it is (optimal, no recompute)."""
+        return cls("optimal", message, prob.model.peak_bytes(), 0.0, 0.0, {})
+
+    @classmethod
+    def without_plan(cls, status: PlanStatus, message: str, lower_bound: float | None = None) -> Solution:
+        """``infeasible``, ``time_limit`` or ``error``: no plan, only the reason."""
+        return cls(status, message, lower_bound=lower_bound)
+
+    @classmethod
+    def infeasible(cls, message: str = "no plan fits the budget") -> Solution:
+        return cls.without_plan("infeasible", message)
+
+    def with_status(self, status: PlanStatus, message: str, gap: float | None) -> Solution:
+        """The same plan, re-labelled (a MILP plan judged against an earlier bound)."""
+        return Solution(status, message, self.peak_bytes, self.recompute_ms, gap, self.decisions, self.lower_bound)
