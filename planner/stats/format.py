@@ -24,6 +24,7 @@ __all__ = [
     "Millis",
     "OpStats",
     "ModuleStats",
+    "Moment",
     "StatsMetadata",
     "Stats",
     "stats_hash",
@@ -101,6 +102,10 @@ class ModuleStats(_Strict):
     fw_ms: Millis = 0.0
     bw_ms: Millis = 0.0
     force_store_random: bool = Field(False, description="Random ops of this module must be saved.")
+    checkpoint_overhead_ms: Millis | None = Field(
+        None, description="What checkpointing the module costs beyond recomputing its ops: re-running its forward "
+        "code and the policy for every op, saved or not. Measured by `sacplan collect --benchmark`, else estimated "
+        "from the op count; null: not known (counted as 0).")
     ops: list[OpStats] | None = Field(
         None, description="Forward ops of a non-leaf module in execution order; null when not collected."
     )
@@ -114,6 +119,27 @@ class ModuleStats(_Strict):
     def op_ms(self) -> float:
         """ACT: runtime of every op in the module."""
         return sum(op.runtime_ms for op in self.ops or ())
+
+
+class Moment(_Strict):
+    """Live memory at one moment of the collected step where the step's peak can occur.
+
+    The collector keeps, per phase and per ``key``, the instant of most live
+    memory. ``key`` says which checkpointing discards are in effect then: those
+    of the modules at ``fw_post_order`` positions below it (in forward: the
+    modules that have finished; in backward: at most the first module whose
+    backward has started; at the optimizer step: none).
+    """
+
+    phase: Literal["forward", "backward", "optimizer"]
+    key: int = Field(ge=0, le=2**31, description="Discards of the modules at fw_post_order positions below this "
+                                                "apply at this moment.")
+    module: Text | None = Field(None, max_length=1024, description="The module running at that instant, if any.")
+    activation_bytes: Bytes = Field(description="Everything live but parameters, gradients and optimizer memory: "
+                                                "activations, backward temporaries, model inputs, buffers.")
+    grad_bytes: Bytes = Field(0, description="Parameter gradients live at that instant.")
+    optimizer_bytes: Bytes = Field(0, description="Optimizer memory live at that instant (state and the step's "
+                                                  "temporaries); 0 before the first optimizer step.")
 
 
 class StatsMetadata(_Strict):
@@ -142,6 +168,11 @@ class Stats(_Strict):
     fw_pre_order: list[str] = Field(description="Module fqns in forward pre-order (root first).")
     fw_post_order: list[str] = Field(description="Module fqns in forward post-order (root last).")
     modules: list[ModuleStats] = Field(min_length=1)
+    timeline: list[Moment] | None = Field(
+        None, max_length=2**22,
+        description="The step's memory at the moments its peak can occur (sacplan's collector writes it). With it "
+        "the planner follows the step (memory_model 'step'); without it (PyTorch's format, older uploads) it plans "
+        "under PyTorch's sac_milp model (memory_model 'torch').")
 
     _index: dict[str, ModuleStats] | None = PrivateAttr(default=None)
 
@@ -235,6 +266,20 @@ def _validate(s: Stats) -> None:
                              f"op lists belong to non-leaf modules (give null)")
         if m.ops is not None:
             _check_ops(f"modules[{i}]", m)
+    _check_timeline(s, index)
+
+
+def _check_timeline(s: Stats, index: dict[str, int]) -> None:
+    if s.timeline is None:
+        return
+    if not s.timeline:
+        raise ValueError("timeline is empty: give null when the moments are not known")
+    n = len(s.modules)
+    for k, t in enumerate(s.timeline):
+        if t.key > n:
+            raise ValueError(f"timeline[{k}].key {t.key} is past the {n} modules of fw_post_order")
+        if t.module is not None and t.module not in index:
+            raise ValueError(f"timeline[{k}].module {short_value(t.module)!r} is not a module fqn")
 
 
 def _check_sibling_order(s: Stats, pre: dict[str, int], post: dict[str, int]) -> None:
