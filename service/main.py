@@ -16,6 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from service.api.routes import health, plans, stats, sweeps
 from service.config import Settings, get_settings
 from service.db import make_engine, make_sessionmaker
+from service.docs import install_docs
 from service.errors import ServiceError
 from service.fastpath import PlanFastPath, PlanResponseCache
 from service.limits import document_limits
@@ -149,6 +150,8 @@ def create_app(settings: Settings | None = None, *, solver: SolverPool | None = 
         summary="Selective activation checkpointing planner as a service.",
         description=DESCRIPTION,
         lifespan=lifespan,
+        docs_url=None,  # install_docs: the same pages, their assets served from here
+        redoc_url=None,
         openapi_tags=[
             {"name": "stats", "description": "Step 1: upload what a training step costs."},
             {"name": "plans", "description": "Step 2: a checkpointing plan for one memory budget (cached)."},
@@ -162,6 +165,7 @@ def create_app(settings: Settings | None = None, *, solver: SolverPool | None = 
     app.state.solver = pool
     _install_error_handlers(app)
     document_limits(app, settings)
+    install_docs(app)
     for module in (health, stats, plans, sweeps):
         app.include_router(module.router)
     app.state.plan_responses = PlanResponseCache(settings.plan_response_cache_entries,
