@@ -15,11 +15,14 @@ from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html, get_swagge
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
-__all__ = ["DOCS_STATIC_URL", "DOCS_URL", "REDOC_URL", "install_docs"]
+__all__ = ["DOCS_STATIC_URL", "DOCS_URL", "IMAGES_FROM_HERE", "REDOC_URL", "install_docs"]
 
 DOCS_URL = "/docs"
 REDOC_URL = "/redoc"
 DOCS_STATIC_URL = "/static/docs"
+# ReDoc's bundle shows its maker's logo from their CDN (cdn.redoc.ly/redoc/logo-mini.svg) whatever the
+# options; forbidding images from elsewhere keeps that request in the browser, and ReDoc hides the logo.
+IMAGES_FROM_HERE = {"Content-Security-Policy": "img-src 'self' data:"}
 # fastapi-offline ships the files here: swagger-ui-bundle.js, swagger-ui.css, redoc.standalone.js, favicon.png.
 _ASSETS = files("fastapi_offline") / "static"
 
@@ -33,7 +36,7 @@ def install_docs(app: FastAPI) -> None:
     @app.get(DOCS_URL, include_in_schema=False)
     async def swagger_ui(request: Request) -> HTMLResponse:
         root = request.scope.get("root_path", "").rstrip("/")
-        return get_swagger_ui_html(
+        page = get_swagger_ui_html(
             openapi_url=f"{root}{app.openapi_url}",
             title=f"{app.title} - Swagger UI",
             oauth2_redirect_url=f"{root}{oauth2_redirect_url}",
@@ -43,6 +46,8 @@ def install_docs(app: FastAPI) -> None:
             swagger_favicon_url=f"{root}{DOCS_STATIC_URL}/favicon.png",
             swagger_ui_parameters=app.swagger_ui_parameters,
         )
+        page.headers.update(IMAGES_FROM_HERE)
+        return page
 
     @app.get(oauth2_redirect_url, include_in_schema=False)
     async def swagger_ui_oauth2_redirect() -> HTMLResponse:
@@ -51,10 +56,12 @@ def install_docs(app: FastAPI) -> None:
     @app.get(REDOC_URL, include_in_schema=False)
     async def redoc(request: Request) -> HTMLResponse:
         root = request.scope.get("root_path", "").rstrip("/")
-        return get_redoc_html(
+        page = get_redoc_html(
             openapi_url=f"{root}{app.openapi_url}",
             title=f"{app.title} - ReDoc",
             redoc_js_url=f"{root}{DOCS_STATIC_URL}/redoc.standalone.js",
             redoc_favicon_url=f"{root}{DOCS_STATIC_URL}/favicon.png",
             with_google_fonts=False,  # fonts.googleapis.com: unreachable offline; ReDoc falls back to system fonts
         )
+        page.headers.update(IMAGES_FROM_HERE)
+        return page

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from live_server import Server
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
@@ -114,6 +115,15 @@ def store_as_older_planner():
             engine.dispose()
 
     return store
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[Server]:
+    """A real ``sacplan serve`` on a free port of 127.0.0.1 over a fresh data dir (``server.start()`` runs it)."""
+    srv = Server(tmp_path / "data")
+    srv.data_dir.mkdir()
+    yield srv
+    srv.stop()
 
 
 @pytest.fixture(scope="session")

@@ -73,6 +73,7 @@ def test_docs_pages_name_only_this_server(keyed_client, page):
     r = keyed_client.get(page)
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
     assert ABSOLUTE_URL.findall(r.text) == [], "the page would load from another host"
+    assert r.headers["content-security-policy"] == "img-src 'self' data:"  # ReDoc's own logo stays unloaded
     refs = references(r.text)
     kinds = {(tag, attribute) for tag, attribute, _ in refs}
     assert ("script", "src") in kinds and ("link", "href") in kinds  # a bundle and the favicon at least

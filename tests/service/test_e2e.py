@@ -3,94 +3,16 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import signal
-import socket
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import httpx
 import pytest
+from live_server import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 SHARED_L4 = REPO.parent / "shared" / "reference" / "torch_format_transformer_L4.json"
 L4_PATH = REPO / "tests" / "data" / "torch_format_transformer_L4.json"
 
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _command() -> list[str]:
-    exe = shutil.which("sacplan")
-    return [exe] if exe else [sys.executable, "-m", "planner.cli"]
-
-
-class Server:
-    def __init__(self, data_dir: Path):
-        self.data_dir = data_dir
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc: subprocess.Popen | None = None
-        self.log = data_dir / "server.log"
-
-    def start(self) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SACPLAN_")}
-        env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-        cmd = _command() + ["serve", "--host", "127.0.0.1", "--port", str(self.port),
-                            "--data-dir", str(self.data_dir)]
-        # Its own process group: a signal to the group (a terminal's Ctrl-C) reaches only it and its workers.
-        self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=self.log.open("ab"), stderr=subprocess.STDOUT,
-                                     start_new_session=True)
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, self.log.read_text()[-3000:]
-            try:
-                if httpx.get(self.url + "/readyz", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        raise AssertionError("server did not become ready:\n" + self.log.read_text()[-3000:])
-
-    def stop(self, sig: signal.Signals = signal.SIGINT, *, group: bool = False) -> None:
-        if self.proc and self.proc.poll() is None:
-            if group:
-                os.killpg(self.proc.pid, sig)
-            else:
-                self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-
-    def wait_group_gone(self, timeout_s: float = 30) -> None:
-        """Wait until every process of the server's group (workers, resource tracker) has exited."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                os.killpg(self.proc.pid, 0)
-            except ProcessLookupError:
-                return
-            time.sleep(0.1)
-        raise AssertionError("the server's processes did not exit")
-
-
-@pytest.fixture
-def server(tmp_path):
-    srv = Server(tmp_path / "data")
-    srv.data_dir.mkdir()
-    yield srv
-    srv.stop()
 
 
 def test_serve_upload_plan_cache_chart_restart(server, assert_png):
