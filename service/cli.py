@@ -5,8 +5,12 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+from typing import TYPE_CHECKING
 
-__all__ = ["register"]
+if TYPE_CHECKING:  # the service's dependencies load only when a service command runs
+    from service.db import Upgraded
+
+__all__ = ["register", "describe_upgrade", "configure_logging"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -49,8 +53,26 @@ def _db_upgrade(args: argparse.Namespace) -> int:
     from service.db import upgrade
 
     settings = _settings(args)
-    upgrade(settings.sqlalchemy_url, args.revision)
+    print(describe_upgrade(upgrade(settings.sqlalchemy_url, args.revision)))
     return 0
+
+
+def describe_upgrade(done: Upgraded) -> str:
+    """One line saying what ``service.db.upgrade`` did."""
+    at_head = done.to_revision == done.head
+    if done.from_revision == done.to_revision:
+        state = f"already at head (revision {done.head})" if at_head else f"already at revision {done.to_revision}"
+        return f"database {done.url}: {state}, nothing to do"
+    before = f"revision {done.from_revision}" if done.from_revision else "an empty database"
+    after = f"revision {done.to_revision}" + (" (head)" if at_head else "")
+    return f"database {done.url}: upgraded from {before} to {after}"
+
+
+def configure_logging(level: str) -> None:
+    """The console log at ``level``; alembic's INFO lines (library chatter) only at debug."""
+    logging.basicConfig(level=level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    quiet = logging.getLevelName(level.upper()) != logging.DEBUG
+    logging.getLogger("alembic").setLevel(logging.WARNING if quiet else logging.NOTSET)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -59,15 +81,17 @@ def _serve(args: argparse.Namespace) -> int:
     from service.db import upgrade
 
     settings = _settings(args)
-    logging.basicConfig(level=(args.log_level or settings.log_level).upper(), format="%(levelname)s %(name)s: %(message)s")
-    upgrade(settings.sqlalchemy_url)  # a new or old database is brought to head before serving
+    level = args.log_level or settings.log_level
+    configure_logging(level)
+    # a new or old database is brought to head before serving
+    logging.getLogger("service").info("%s", describe_upgrade(upgrade(settings.sqlalchemy_url)))
     uvicorn.run(
         "service.main:create_app",
         factory=True,
         host=args.host,
         port=args.port,
         workers=args.workers,
-        log_level=(args.log_level or settings.log_level).lower(),
+        log_level=level.lower(),
         access_log=not args.no_access_log,
     )
     return 0

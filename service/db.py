@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
@@ -11,7 +12,10 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-__all__ = ["make_engine", "make_sessionmaker", "session_scope", "insert_or_get", "upgrade", "alembic_config"]
+__all__ = [
+    "make_engine", "make_sessionmaker", "session_scope", "insert_or_get", "upgrade", "Upgraded", "alembic_config",
+    "redacted_url",
+]
 
 Row = TypeVar("Row")
 
@@ -87,17 +91,37 @@ def alembic_config(url: str):
     return cfg
 
 
-def upgrade(url: str, revision: str = "head", *, engine: Engine | None = None) -> None:
-    """Bring the database at ``url`` to ``revision`` (creating it if new)."""
+@dataclass(frozen=True)
+class Upgraded:
+    """What :func:`upgrade` did: the database (password hidden) and its revision before and after."""
+
+    url: str
+    from_revision: str | None  # None: a new (empty) database
+    to_revision: str | None
+    head: str | None  # the newest revision the migrations have
+
+
+def redacted_url(url: str) -> str:
+    """``url`` with any password replaced by ``***``, fit for a log or a terminal."""
+    return make_url(url).render_as_string(hide_password=True)
+
+
+def upgrade(url: str, revision: str = "head", *, engine: Engine | None = None) -> Upgraded:
+    """Bring the database at ``url`` to ``revision`` (creating it if new); says from which revision to which."""
     from alembic import command
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
 
     cfg = alembic_config(url)
     owned = engine is None
     engine = engine or make_engine(url)
     try:
         with engine.begin() as conn:
+            before = MigrationContext.configure(conn).get_current_revision()
             cfg.attributes["connection"] = conn
             command.upgrade(cfg, revision)
+            after = MigrationContext.configure(conn).get_current_revision()
     finally:
         if owned:
             engine.dispose()
+    return Upgraded(redacted_url(url), before, after, ScriptDirectory.from_config(cfg).get_current_head())

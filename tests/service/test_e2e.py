@@ -53,6 +53,11 @@ def test_serve_upload_plan_cache_chart_restart(server, assert_png):
         assert r.json()["cached"] is True and r.json()["id"] == plans[6.0]["id"]
         assert c.get("/healthz").json()["solver"]["solves_started"] == 0  # a fresh process solved nothing
         assert c.get(f"/v1/plans/{plans[4.0]['id']}").json()["recompute_ms"] == plans[4.0]["recompute_ms"]
+    # One line of ours says what became of the database at each start; no library chatter.
+    log = server.log.read_text()
+    assert "upgraded from an empty database to revision 0001 (head)" in log
+    assert "already at head (revision 0001)" in log
+    assert "alembic" not in log.lower(), log[:3000]
 
 
 @pytest.mark.parametrize(("sig", "group"), [(signal.SIGINT, True), (signal.SIGTERM, False), (signal.SIGTERM, True)],
