@@ -12,7 +12,7 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import select
@@ -27,6 +27,7 @@ from service.errors import InvalidInput, NotFound, StoredStatsInvalid
 from service.models import PlanRecord, StatsRecord
 from service.schemas import PlanOptions
 from service.solver import SolverPool, solve_job
+from service.times import as_utc, iso_utc
 
 __all__ = ["CachedPlan", "plan_cache_key", "get_stats", "get_plan", "parse_stored_stats", "plans_for", "plan_json"]
 
@@ -50,18 +51,13 @@ class CachedPlan:
         return json.loads(self.result)
 
 
-def as_utc(t: datetime | None) -> datetime | None:
-    """SQLite hands back naive datetimes; everything stored is UTC."""
-    return t.replace(tzinfo=timezone.utc) if t is not None and t.tzinfo is None else t
-
-
 def plan_json(p: CachedPlan) -> bytes:
     """The PlanOut JSON of ``p`` without re-parsing the stored plan (cached reads stay cheap)."""
     envelope = {
         "id": p.id,
         "stats_id": p.stats_id,
         "cached": p.cached,
-        "created_at": p.created_at.isoformat() if p.created_at else None,
+        "created_at": iso_utc(p.created_at),
         "request": p.request,
     }
     head = json.dumps(envelope, separators=(",", ":"))

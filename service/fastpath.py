@@ -36,10 +36,10 @@ from sqlalchemy import Engine, bindparam, select
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api.deps import DEFAULT_PROJECT, project_for_key
-from service.cache import as_utc
 from service.config import Settings
 from service.middleware import replay_body
 from service.models import PlanRecord, StatsRecord
+from service.times import iso_utc
 
 __all__ = ["CachedResponse", "PlanResponseCache", "PlanFastPath"]
 
@@ -210,8 +210,7 @@ class PlanFastPath:
             row = conn.execute(self._plan_row, {"plan_id": plan_id}).first()
         if row is None:
             return None
-        created_at = as_utc(row.created_at)
-        return row.stats_id, created_at.isoformat() if created_at else None, row.project
+        return row.stats_id, iso_utc(row.created_at), row.project
 
     def _capture(self, send: Send, key: tuple, project: str) -> Send:
         """``send``, also keeping a complete ``200`` ``X-Cache: hit`` plan response for ``key``."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, model_validator
@@ -10,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, Strict, model_validator
 import planner
 from planner import Plan
 from service.examples import EXAMPLE_PLAN_REQUEST, EXAMPLE_SWEEP_REQUEST
+from service.times import UtcTime
 
 __all__ = [
     "ErrorOut", "HealthOut", "ReadyOut", "SolverStatsOut",
@@ -68,7 +68,7 @@ class StatsSummary(BaseModel):
     baseline_peak_gib: float
     compute_ms: float = Field(description="Forward + backward time of the step without recomputation.")
     tags: dict[str, str]
-    created_at: datetime
+    created_at: UtcTime
 
 
 class ModuleNode(BaseModel):
@@ -127,7 +127,7 @@ class PlanOut(Plan):
     id: int | None = Field(description="null only for status 'error' (not stored).")
     stats_id: int
     cached: bool = Field(description="True: served from the plan cache; no solver ran for this request.")
-    created_at: datetime | None
+    created_at: UtcTime | None
     request: dict[str, Any] = Field(description="The normalised request fields the plan was cached under.")
 
 
@@ -141,7 +141,7 @@ class PlanSummary(BaseModel):
     recompute_ms: float | None
     solve_seconds: float
     planner_version: str
-    created_at: datetime
+    created_at: UtcTime
 
 
 class PlanPage(BaseModel):
@@ -199,7 +199,7 @@ class SweepOut(BaseModel):
     id: int | None = Field(description="null only when a point failed with status 'error' (nothing stored).")
     stats_id: int
     cached: bool = Field(description="True when every point came from the plan cache.")
-    created_at: datetime
+    created_at: UtcTime
     baseline_peak_bytes: int
     compute_ms: float
     points: list[SweepPoint]

@@ -11,7 +11,7 @@ import planner
 from planner import GIB, Stats, baseline_peak_bytes, compute_ms
 from service.api.deps import IdPath, ProjectDep, SessionDep
 from service.api.responses import ALREADY_UPLOADED, INVALID_STATS, STALE_STATS, STATS_NOT_FOUND
-from service.cache import as_utc, get_stats, parse_stored_stats
+from service.cache import get_stats, parse_stored_stats
 from service.db import insert_or_get
 from service.errors import InvalidInput
 from service.examples import EXAMPLE_STATS
@@ -36,7 +36,7 @@ def _summary(row: StatsRecord) -> StatsSummary:
         id=row.id, model_name=row.model_name, content_hash=row.content_hash, source_format=row.source_format,
         module_count=row.module_count, op_count=row.op_count, baseline_peak_bytes=row.baseline_peak_bytes,
         baseline_peak_gib=row.baseline_peak_bytes / GIB, compute_ms=row.compute_ms,
-        tags={t.key: t.value for t in row.tags}, created_at=as_utc(row.created_at),
+        tags={t.key: t.value for t in row.tags}, created_at=row.created_at,
     )
 
 
@@ -156,7 +156,7 @@ def list_stats_plans(
         PlanSummary(id=r.id, stats_id=r.stats_id, memory_budget_gib=r.memory_budget_gib, world_size=r.world_size,
                     status=r.status, peak_bytes=r.peak_bytes, recompute_ms=r.recompute_ms,
                     solve_seconds=r.solve_seconds, planner_version=r.planner_version,
-                    created_at=as_utc(r.created_at))
+                    created_at=r.created_at)
         for r in rows
     ]
     return PlanPage(items=items, total=total, limit=limit, offset=offset)

@@ -12,7 +12,7 @@ from starlette.concurrency import run_in_threadpool
 
 from service.api.deps import IdPath, ProjectDep, SessionDep, SessionFactoryDep, SettingsDep, SolverDep
 from service.api.responses import NOT_FOUND, PNG, SOLVE_ERRORS
-from service.cache import CachedPlan, as_utc, get_stats, plans_for
+from service.cache import CachedPlan, get_stats, plans_for
 from service.charts import sweep_chart_png
 from service.db import insert_or_get
 from service.errors import NotFound
@@ -31,7 +31,7 @@ def _point(p: CachedPlan) -> SweepPoint:
 
 
 def _out(row: SweepRecord, stats: StatsRecord, points: list[SweepPoint], cached: bool) -> SweepOut:
-    return SweepOut(id=row.id, stats_id=row.stats_id, cached=cached, created_at=as_utc(row.created_at),
+    return SweepOut(id=row.id, stats_id=row.stats_id, cached=cached, created_at=row.created_at,
                     baseline_peak_bytes=stats.baseline_peak_bytes, compute_ms=stats.compute_ms, points=points,
                     chart_url=f"/v1/sweeps/{row.id}/chart.png")
 
@@ -63,7 +63,7 @@ async def create_sweep(
     points = [_point(p) for p in plans]
     if any(p.id is None for p in plans):  # a solver error: answer, but store no sweep of it
         stats = await run_in_threadpool(lambda: _stats_row(factory, project, body.stats_id))
-        return SweepOut(id=None, stats_id=body.stats_id, cached=False, created_at=as_utc(stats.created_at),
+        return SweepOut(id=None, stats_id=body.stats_id, cached=False, created_at=stats.created_at,
                         baseline_peak_bytes=stats.baseline_peak_bytes, compute_ms=stats.compute_ms,
                         points=points, chart_url=None)
     request = {**body.cache_fields(), "budgets_gib": budgets}
