@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from service.schemas import ErrorOut, StatsSummary
+from service.schemas import ErrorOut, PlanOut, StatsSummary, SweepOut
 
 __all__ = [
     "PNG", "NOT_FOUND", "STATS_NOT_FOUND", "STALE_STATS", "INVALID_REQUEST", "INVALID_STATS", "SOLVER_BUSY",
-    "SOLVE_ERRORS", "ALREADY_UPLOADED", "DATABASE_UNREACHABLE",
+    "SOLVE_ERRORS", "ALREADY_UPLOADED", "PLAN_FROM_CACHE", "SWEEP_FROM_CACHE", "DATABASE_UNREACHABLE",
 ]
 
 Responses = dict[int | str, dict[str, Any]]
@@ -19,6 +19,13 @@ Responses = dict[int | str, dict[str, Any]]
 PNG: Responses = {200: {"content": {"image/png": {}}, "description": "A PNG chart"}}
 ALREADY_UPLOADED: Responses = {
     200: {"model": StatsSummary, "description": "Same stats uploaded before: the existing upload"}
+}
+PLAN_FROM_CACHE: Responses = {
+    200: {"model": PlanOut, "description": "From the plan cache (cached: true, no solve); or status 'error', "
+                                           "nothing stored"}
+}
+SWEEP_FROM_CACHE: Responses = {
+    200: {"model": SweepOut, "description": "The same sweep as asked before: the stored one, every point cached"}
 }
 NOT_FOUND: Responses = {404: {"model": ErrorOut, "description": "No such id in your project"}}
 STATS_NOT_FOUND: Responses = {404: {"model": ErrorOut, "description": "No such stats id in your project"}}

@@ -40,7 +40,7 @@ def test_projects_are_isolated(auth_client, example_doc, count_rows):
 
     plan = auth_client.post("/v1/plans", json={"stats_id": a_id, "memory_budget_gib": 5.0, "time_limit_s": 30},
                             headers=_as(KEY_A))
-    assert plan.status_code == 200, plan.text
+    assert plan.status_code == 201, plan.text
     plan_id = plan.json()["id"]
 
     for path in (f"/v1/stats/{a_id}", f"/v1/stats/{a_id}/plans", f"/v1/plans/{plan_id}",

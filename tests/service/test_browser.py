@@ -120,7 +120,7 @@ def test_docs_render_offline_and_the_flow_runs(server, example_doc, assert_png, 
         stats = c.post("/v1/stats", json=example_doc)
         assert stats.status_code == 201, stats.text
         plan = c.post("/v1/plans", json={"stats_id": stats.json()["id"], "memory_budget_gib": 4.5})
-        assert plan.status_code == 200 and plan.json()["status"] in ("optimal", "feasible"), plan.text
+        assert plan.status_code == 201 and plan.json()["status"] in ("optimal", "feasible"), plan.text
         chart_url = f"/v1/plans/{plan.json()['id']}/chart.png"
         chart = c.get(chart_url)
         assert chart.status_code == 200 and chart.headers["content-type"] == "image/png"

@@ -26,7 +26,7 @@ def test_serve_upload_plan_cache_chart_restart(server, assert_png):
         plans = {}
         for budget in (4.0, 5.0, 6.0):
             r = c.post("/v1/plans", json={"stats_id": stats_id, "memory_budget_gib": budget, "time_limit_s": 60})
-            assert r.status_code == 200, r.text
+            assert r.status_code == 201, r.text
             assert r.json()["cached"] is False
             assert r.json()["status"] in ("optimal", "feasible"), r.json()["message"]
             assert r.json()["peak_bytes"] <= budget * 2**30
@@ -69,7 +69,7 @@ def test_stale_stats_and_stopping_leave_a_clean_log(server, example_doc, store_a
     stale = store_as_older_planner(url, lambda doc: doc["modules"][2].update(parent="Net"))
     with httpx.Client(base_url=server.url, timeout=120) as c:
         good = c.post("/v1/stats", json=example_doc).json()["id"]
-        assert c.post("/v1/plans", json={"stats_id": good, "memory_budget_gib": 4.5}).status_code == 200
+        assert c.post("/v1/plans", json={"stats_id": good, "memory_budget_gib": 4.5}).status_code == 201
         answers = [c.get(f"/v1/stats/{stale}"), c.post("/v1/plans", json={"stats_id": stale, "memory_budget_gib": 4.5}),
                    c.post("/v1/sweeps", json={"stats_id": stale, "budgets_gib": [4.0, 5.0]})]
         assert [r.status_code for r in answers] == [409, 409, 409], [r.text for r in answers]

@@ -32,7 +32,7 @@ def slow_client(make_client, settings):
 @pytest.fixture
 def plan(client, example_id):
     r = client.post("/v1/plans", json={"stats_id": example_id, "memory_budget_gib": 5.0, "time_limit_s": 30})
-    assert r.status_code == 200 and r.headers["x-cache"] == "miss", r.text
+    assert r.status_code == 201 and r.headers["x-cache"] == "miss", r.text
     return r.json()
 
 

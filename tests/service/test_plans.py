@@ -23,7 +23,7 @@ def _solves(client) -> int:
 
 def test_plan_then_cached_without_a_solve(client, example_id, count_rows):
     first = _plan(client, example_id, 4.5, time_limit_s=30)
-    assert first.status_code == 200, first.text
+    assert first.status_code == 201, first.text
     plan = PlanOut.model_validate(first.json())
     assert plan.cached is False and first.headers["x-cache"] == "miss"
     assert plan.status == "optimal", plan.message
@@ -50,7 +50,7 @@ def test_every_result_changing_field_is_in_the_cache_key(client, example_id, cou
     for change in ({"world_size": 2}, {"time_limit_s": 31}, {"ac_units": ["Net.layers.0"]},
                    {"fsdp_units": ["Net.layers.0", "Net.layers.1"]}, {"mip_rel_gap": 0.01}):
         r = _plan(client, example_id, 4.5, **{**base, **change})
-        assert r.status_code == 200, (change, r.text)
+        assert r.status_code == 201, (change, r.text)
         assert r.json()["cached"] is False, change
         ids.add(r.json()["id"])
     assert len(ids) == 6
@@ -69,7 +69,7 @@ def test_every_planner_option_is_a_request_field(client, example_id, count_rows)
     first = _plan(client, example_id, 4.5, **base).json()
     for change in ({"solver": "milp"}, {"include_optimizer_state": True}, {"reserve_gib": 0.25}):
         r = _plan(client, example_id, 4.5, **{**base, **change})
-        assert r.status_code == 200, (change, r.text)
+        assert r.status_code == 201, (change, r.text)
         assert r.json()["cached"] is False, change
         assert r.json()["request"][next(iter(change))] == next(iter(change.values()))
     reserved = _plan(client, example_id, 4.5, **base, reserve_gib=0.25).json()
@@ -80,9 +80,9 @@ def test_every_planner_option_is_a_request_field(client, example_id, count_rows)
     assert bad.status_code == 422 and bad.json()["detail"].startswith("body.solver: solver must be 'auto'")
 
 
-def test_infeasible_budget_is_200_with_minimum(client, example_id):
+def test_infeasible_budget_is_a_stored_plan_with_minimum(client, example_id):
     r = _plan(client, example_id, 0.5, time_limit_s=30)
-    assert r.status_code == 200, r.text
+    assert r.status_code == 201, r.text
     body = r.json()
     assert body["status"] == "infeasible"
     assert body["min_feasible_budget_gib"] is not None and body["min_feasible_budget_gib"] > 0.5
@@ -133,7 +133,7 @@ def test_chart_is_a_png(client, example_id, assert_png):
 
 def test_stats_plans_listing_and_delete_cascade(client, example_id, count_rows):
     for b in (4.5, 5.0):
-        assert _plan(client, example_id, b, time_limit_s=30).status_code == 200
+        assert _plan(client, example_id, b, time_limit_s=30).status_code == 201
     listing = client.get(f"/v1/stats/{example_id}/plans").json()
     assert [p["memory_budget_gib"] for p in listing["items"]] == [4.5, 5.0]
     assert client.delete(f"/v1/stats/{example_id}").status_code == 204
@@ -158,7 +158,7 @@ def test_concurrent_identical_requests_run_one_solve(settings, solver, example_d
         return before, await asyncio.gather(*(c.post("/v1/plans", json=req) for _ in range(6)))
 
     before, answers = _concurrently(create_app(settings, solver=solver), run)
-    assert all(a.status_code == 200 for a in answers), [a.text for a in answers]
+    assert sorted(a.status_code for a in answers) == [200] * 5 + [201], [a.text for a in answers]
     assert solver.solves_started == before + 1
     assert len({a.json()["id"] for a in answers}) == 1
     assert sum(not a.json()["cached"] for a in answers) == 1
@@ -234,7 +234,7 @@ def test_numbers_are_not_coerced(client, example_id, count_rows, extra, field, s
 
 def test_integer_budget_is_a_number_of_gib(client, example_id):
     r = _plan(client, example_id, 5, time_limit_s=30)  # JSON 5, not 5.0: a number all the same
-    assert r.status_code == 200 and r.json()["memory_budget_gib"] == 5.0
+    assert r.status_code == 201 and r.json()["memory_budget_gib"] == 5.0
 
 
 def _shape(r) -> None:
@@ -285,7 +285,7 @@ def test_documented_time_limit_is_the_enforced_one(make_client, settings, exampl
                                             "time_limit_s": max_time_limit_s + 1})
     assert sweep.status_code == 422
     at_max = _plan(client, stats_id, 4.5, time_limit_s=max_time_limit_s)
-    assert at_max.status_code == 200, at_max.text
+    assert at_max.status_code == 201, at_max.text
 
 
 @pytest.mark.parametrize("field", ["ac_units", "fsdp_units", "budget_text", "extra_key"])

@@ -175,9 +175,9 @@ def test_swagger_examples_work_end_to_end(client):
     assert r.status_code == 201 and r.json()["id"] == plan_example["stats_id"]
     assert stats_example["fw_pre_order"].count("Net.layers.1") == 1  # two layers
     plan = client.post("/v1/plans", json=plan_example)
-    assert plan.status_code == 200 and plan.json()["status"] == "optimal", plan.text
+    assert plan.status_code == 201 and plan.json()["status"] == "optimal", plan.text
     sweep = client.post("/v1/sweeps", json=spec["components"]["schemas"]["SweepRequest"]["examples"][0])
-    assert sweep.status_code == 200, sweep.text
+    assert sweep.status_code == 201, sweep.text
     for path, ops in spec["paths"].items():
         for method, op in ops.items():
             assert op.get("tags"), (method, path)

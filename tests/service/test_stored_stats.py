@@ -69,4 +69,4 @@ def test_the_solver_pool_survives_stale_stats(client, settings, example_doc, sto
         assert client.post("/v1/plans", json={"stats_id": stale, "memory_budget_gib": 4.5}).status_code == 409
     good = client.post("/v1/stats", json=example_doc).json()["id"]
     r = client.post("/v1/plans", json={"stats_id": good, "memory_budget_gib": 4.5})
-    assert r.status_code == 200 and r.json()["status"] == "optimal", r.text
+    assert r.status_code == 201 and r.json()["status"] == "optimal", r.text

@@ -8,7 +8,7 @@ import pytest
 def test_sweep_points_are_cached_plans(client, example_id, count_rows, assert_png):
     req = {"stats_id": example_id, "budgets_gib": [6.0, 4.5, 5.0, 0.5], "time_limit_s": 30}
     r = client.post("/v1/sweeps", json=req)
-    assert r.status_code == 200, r.text
+    assert r.status_code == 201, r.text
     sweep = r.json()
     assert [p["memory_budget_gib"] for p in sweep["points"]] == [0.5, 4.5, 5.0, 6.0]
     assert sweep["points"][0]["status"] == "infeasible"
@@ -24,7 +24,9 @@ def test_sweep_points_are_cached_plans(client, example_id, count_rows, assert_pn
     assert one.json()["cached"] is True
     assert one.json()["id"] == sweep["points"][2]["plan_id"]
 
-    again = client.post("/v1/sweeps", json=req).json()
+    again_answer = client.post("/v1/sweeps", json=req)
+    again = again_answer.json()
+    assert again_answer.status_code == 200  # the same sweep, from the store
     assert again["cached"] is True and again["id"] == sweep["id"]
     assert client.get(f"/v1/sweeps/{sweep['id']}").json()["points"] == [
         {**p, "cached": True} for p in sweep["points"]]
@@ -37,7 +39,7 @@ def test_sweep_points_are_cached_plans(client, example_id, count_rows, assert_pn
 def test_sweep_from_to_points(client, example_id):
     r = client.post("/v1/sweeps", json={"stats_id": example_id, "from_gib": 4.0, "to_gib": 6.0, "points": 5,
                                         "time_limit_s": 30})
-    assert r.status_code == 200, r.text
+    assert r.status_code == 201, r.text
     assert [p["memory_budget_gib"] for p in r.json()["points"]] == [4.0, 4.5, 5.0, 5.5, 6.0]
 
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Response, status
 
 from service.api.deps import IdPath, ProjectDep, SessionDep, SessionFactoryDep, SettingsDep, SolverDep
-from service.api.responses import NOT_FOUND, PNG, SOLVE_ERRORS, STALE_STATS
+from service.api.responses import NOT_FOUND, PLAN_FROM_CACHE, PNG, SOLVE_ERRORS, STALE_STATS
 from service.cache import CachedPlan, get_plan, get_stats, parse_stored_stats, plan_json, plans_for
 from service.charts import plan_chart_png
 from service.limits import check_time_limit
@@ -15,16 +15,19 @@ router = APIRouter(prefix="/v1/plans", tags=["plans"])
 
 
 def plan_response(plan: CachedPlan) -> Response:
-    # Stored plans are served as stored: no re-validation on the hot path.
+    """The plan as stored (no re-validation on the hot path): 201 when this request stored it, else 200."""
+    created = plan.id is not None and not plan.cached
     return Response(plan_json(plan), media_type="application/json",
+                    status_code=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
                     headers={"X-Cache": "hit" if plan.cached else "miss"})
 
 
-@router.post("", response_model=PlanOut, responses=SOLVE_ERRORS)
+@router.post("", response_model=PlanOut, status_code=status.HTTP_201_CREATED,
+             responses={**PLAN_FROM_CACHE, **SOLVE_ERRORS})
 async def create_plan(
     body: PlanRequest, project: ProjectDep, settings: SettingsDep, factory: SessionFactoryDep, solver: SolverDep
 ) -> Response:
-    """Plan one budget: from the cache (``cached: true``, no solve) or solved now and stored."""
+    """Plan one budget: solved now and stored (201), or from the cache (200, ``cached: true``, no solve)."""
     check_time_limit(body.time_limit_s, settings.max_time_limit_s)
     [plan] = await plans_for(factory, solver, project, body.stats_id, [body.memory_budget_gib], body)
     return plan_response(plan)

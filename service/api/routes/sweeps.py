@@ -5,13 +5,13 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Response, status
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 from service.api.deps import IdPath, ProjectDep, SessionDep, SessionFactoryDep, SettingsDep, SolverDep
-from service.api.responses import NOT_FOUND, PNG, SOLVE_ERRORS
+from service.api.responses import NOT_FOUND, PNG, SOLVE_ERRORS, SWEEP_FROM_CACHE
 from service.cache import CachedPlan, get_stats, plans_for
 from service.charts import sweep_chart_png
 from service.db import insert_or_get
@@ -37,37 +37,45 @@ def _out(row: SweepRecord, stats: StatsRecord, points: list[SweepPoint], cached:
 
 
 def _record(factory: sessionmaker[Session], project: str, stats_id: int, request: dict[str, Any],
-            plans: list[CachedPlan]) -> tuple[SweepRecord, StatsRecord]:
+            plans: list[CachedPlan]) -> tuple[SweepRecord, StatsRecord, bool]:
+    """The sweep of these plans, stored now unless it already was; and whether this call stored it."""
     plan_ids = [p.id for p in plans]
     key = hashlib.sha256(",".join(str(i) for i in plan_ids).encode()).hexdigest()
     with factory() as session:
         stats = get_stats(session, project, stats_id)
         find = select(SweepRecord).where(SweepRecord.stats_id == stats_id, SweepRecord.cache_key == key)
         row = session.execute(find).scalar_one_or_none()
+        inserted = False
         if row is None:  # a concurrent request may still store the same sweep first
-            row, _ = insert_or_get(
+            row, inserted = insert_or_get(
                 session, SweepRecord(stats_id=stats_id, cache_key=key, request=request, plan_ids=plan_ids), find
             )
         session.commit()
-        return row, stats
+        return row, stats, inserted
 
 
-@router.post("", response_model=SweepOut, responses=SOLVE_ERRORS)
+@router.post("", response_model=SweepOut, status_code=status.HTTP_201_CREATED,
+             responses={**SWEEP_FROM_CACHE, **SOLVE_ERRORS})
 async def create_sweep(
-    body: SweepRequest, project: ProjectDep, settings: SettingsDep, factory: SessionFactoryDep, solver: SolverDep
+    body: SweepRequest, project: ProjectDep, settings: SettingsDep, factory: SessionFactoryDep, solver: SolverDep,
+    response: Response,
 ) -> SweepOut:
-    """Plans at each budget (missing ones solved in one job); the curve is also a chart."""
+    """Plans at each budget (missing ones solved in one job), stored as a new sweep (201) or the same as
+    before (200); the curve is also a chart."""
     check_time_limit(body.time_limit_s, settings.max_time_limit_s)
     budgets = body.budgets()
     plans = await plans_for(factory, solver, project, body.stats_id, budgets, body)
     points = [_point(p) for p in plans]
     if any(p.id is None for p in plans):  # a solver error: answer, but store no sweep of it
+        response.status_code = status.HTTP_200_OK
         stats = await run_in_threadpool(lambda: _stats_row(factory, project, body.stats_id))
         return SweepOut(id=None, stats_id=body.stats_id, cached=False, created_at=stats.created_at,
                         baseline_peak_bytes=stats.baseline_peak_bytes, compute_ms=stats.compute_ms,
                         points=points, chart_url=None)
     request = {**body.cache_fields(), "budgets_gib": budgets}
-    row, stats = await run_in_threadpool(_record, factory, project, body.stats_id, request, plans)
+    row, stats, inserted = await run_in_threadpool(_record, factory, project, body.stats_id, request, plans)
+    if not inserted:
+        response.status_code = status.HTTP_200_OK
     return _out(row, stats, points, cached=all(p.cached for p in plans))
 
 
