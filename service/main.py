@@ -32,6 +32,8 @@ Three steps:
    `sacplan collect`) or PyTorch's `module_info` + `sac_stats` output. Note the `id`.
 2. **Plan**: `POST /v1/plans` with `stats_id` and `memory_budget_gib` (or
    `POST /v1/sweeps` with several budgets for the recompute-vs-memory curve).
+   Or skip step 1: send the stats themselves as `stats` instead of `stats_id`;
+   they are stored as an upload (the answer names their `stats_id`).
 3. **Look**: `GET /v1/plans/{id}/chart.png` (memory per module with and
    without the plan) or `GET /v1/sweeps/{id}/chart.png`; apply the plan's
    `modules[].save` lists with PyTorch's selective checkpointing.

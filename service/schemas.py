@@ -14,7 +14,7 @@ from service.times import UtcTime
 __all__ = [
     "ErrorOut", "HealthOut", "ReadyOut", "SolverStatsOut",
     "StatsSummary", "StatsDetail", "StatsPage", "ModuleNode",
-    "PlanOptions", "PlanRequest", "PlanOut", "PlanSummary", "PlanPage",
+    "PlanOptions", "StatsSource", "PlanRequest", "PlanOut", "PlanSummary", "PlanPage",
     "SweepRequest", "SweepPoint", "SweepOut",
 ]
 
@@ -112,12 +112,29 @@ class PlanOptions(planner.PlanOptions):
                                           description=_PLANNER_FIELDS["fsdp_units"].description)
 
 
-class PlanRequest(PlanOptions):
-    """Plan one stats upload for one memory budget."""
+class StatsSource(PlanOptions):
+    """The stats to plan: an upload's ``stats_id``, or the ``stats`` document itself; exactly one of the two."""
+
+    stats_id: Id | None = Field(None, description="The id of a stats upload (what POST /v1/stats answered).")
+    stats: dict[str, Any] | None = Field(
+        None, description="The stats document itself (as POST /v1/stats takes it), instead of stats_id: stored as "
+                          "that upload would be (the same document again is the same upload); the answer's "
+                          "stats_id names it.")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> StatsSource:
+        if self.stats_id is not None and self.stats is not None:
+            raise ValueError("give stats_id or stats, not both")
+        if self.stats_id is None and self.stats is None:
+            raise ValueError("give stats_id (the id of a stats upload) or stats (the stats document itself)")
+        return self
+
+
+class PlanRequest(StatsSource):
+    """Plan one set of stats for one memory budget."""
 
     model_config = ConfigDict(json_schema_extra={"examples": [EXAMPLE_PLAN_REQUEST]})
 
-    stats_id: Id
     memory_budget_gib: Gib = Field(description="Peak memory allowed per rank, GiB.")
 
 
@@ -154,12 +171,11 @@ class PlanPage(BaseModel):
 # --- sweeps --------------------------------------------------------------------------------------
 
 
-class SweepRequest(PlanOptions):
+class SweepRequest(StatsSource):
     """Plans at several budgets: give ``budgets_gib``, or ``from_gib``/``to_gib``/``points``."""
 
     model_config = ConfigDict(json_schema_extra={"examples": [EXAMPLE_SWEEP_REQUEST]})
 
-    stats_id: Id
     budgets_gib: list[Gib] | None = Field(None, min_length=1, max_length=MAX_SWEEP_POINTS)
     from_gib: Gib | None = None
     to_gib: Gib | None = None

@@ -32,7 +32,10 @@ STATS_NOT_FOUND: Responses = {404: {"model": ErrorOut, "description": "No such s
 STALE_STATS: Responses = {409: {"model": ErrorOut, "description": "The stats were stored by an older planner and "
                                                                   "fail this one's validation: upload them "
                                                                   "corrected, or delete them"}}
-INVALID_REQUEST: Responses = {422: {"model": ErrorOut, "description": "Invalid request field (named)"}}
+INVALID_REQUEST: Responses = {
+    422: {"model": ErrorOut, "description": "Invalid request field, or invalid inline stats (the field and value "
+                                            "named; nothing stored)"}
+}
 INVALID_STATS: Responses = {
     422: {"model": ErrorOut, "description": "Invalid stats: the field and value named; nothing stored"}
 }

@@ -85,7 +85,7 @@ def store_as_older_planner():
 
     Uploads stored the canonical document (``Stats.canonical_json``: key-sorted
     compact JSON), its SHA-256 as ``content_hash`` and summary columns
-    (``routes/stats._new_record``). ``corrupt`` edits the canonical document (a
+    (``service.uploads.new_stats_record``). ``corrupt`` edits the canonical document (a
     dict) in place. With ``stats_id`` that row is rewritten instead of a new one
     added (its plans stay, as an older planner stored them). Returns the id.
     """

@@ -172,10 +172,11 @@ def test_swagger_examples_work_end_to_end(client):
     plan_example = plan_schema["examples"][0]
 
     r = client.post("/v1/stats", json=stats_example)
-    assert r.status_code == 201 and r.json()["id"] == plan_example["stats_id"]
+    assert r.status_code == 201 and plan_example["stats"] == stats_example  # the plan example carries them inline
     assert stats_example["fw_pre_order"].count("Net.layers.1") == 1  # two layers
     plan = client.post("/v1/plans", json=plan_example)
     assert plan.status_code == 201 and plan.json()["status"] == "optimal", plan.text
+    assert plan.json()["stats_id"] == r.json()["id"]
     sweep = client.post("/v1/sweeps", json=spec["components"]["schemas"]["SweepRequest"]["examples"][0])
     assert sweep.status_code == 201, sweep.text
     for path, ops in spec["paths"].items():

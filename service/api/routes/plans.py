@@ -10,6 +10,7 @@ from service.cache import CachedPlan, get_plan, get_stats, parse_stored_stats, p
 from service.charts import plan_chart_png
 from service.limits import check_time_limit
 from service.schemas import PlanOut, PlanRequest
+from service.uploads import stats_id_of
 
 router = APIRouter(prefix="/v1/plans", tags=["plans"])
 
@@ -27,9 +28,13 @@ def plan_response(plan: CachedPlan) -> Response:
 async def create_plan(
     body: PlanRequest, project: ProjectDep, settings: SettingsDep, factory: SessionFactoryDep, solver: SolverDep
 ) -> Response:
-    """Plan one budget: solved now and stored (201), or from the cache (200, ``cached: true``, no solve)."""
+    """Plan one budget: solved now and stored (201), or from the cache (200, ``cached: true``, no solve).
+
+    Name the stats by ``stats_id``, or send them inline as ``stats`` (stored as ``POST /v1/stats`` would).
+    """
     check_time_limit(body.time_limit_s, settings.max_time_limit_s)
-    [plan] = await plans_for(factory, solver, project, body.stats_id, [body.memory_budget_gib], body)
+    stats_id = await stats_id_of(factory, project, body)
+    [plan] = await plans_for(factory, solver, project, stats_id, [body.memory_budget_gib], body)
     return plan_response(plan)
 
 

@@ -7,16 +7,15 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Query, Response, status
 from sqlalchemy import delete, func, select
 
-import planner
-from planner import GIB, Stats, baseline_peak_bytes, compute_ms
 from service.api.deps import IdPath, ProjectDep, SessionDep
 from service.api.responses import ALREADY_UPLOADED, INVALID_STATS, STALE_STATS, STATS_NOT_FOUND
 from service.cache import get_stats, parse_stored_stats
-from service.db import insert_or_get
 from service.errors import InvalidInput
 from service.examples import EXAMPLE_STATS
 from service.models import PlanRecord, StatsRecord, StatsTag, SweepRecord
-from service.schemas import ModuleNode, PlanPage, PlanSummary, StatsDetail, StatsPage, StatsSummary
+from service.schemas import PlanPage, StatsDetail, StatsPage, StatsSummary
+from service.uploads import store_stats
+from service.views import module_tree, plan_summary, stats_summary
 
 router = APIRouter(prefix="/v1/stats", tags=["stats"])
 
@@ -31,45 +30,6 @@ StatsBody = Annotated[
 ]
 
 
-def _summary(row: StatsRecord) -> StatsSummary:
-    return StatsSummary(
-        id=row.id, model_name=row.model_name, content_hash=row.content_hash, source_format=row.source_format,
-        module_count=row.module_count, op_count=row.op_count, baseline_peak_bytes=row.baseline_peak_bytes,
-        baseline_peak_gib=row.baseline_peak_bytes / GIB, compute_ms=row.compute_ms,
-        tags={t.key: t.value for t in row.tags}, created_at=row.created_at,
-    )
-
-
-def _tree(stats: Stats) -> ModuleNode:
-    nodes = {
-        m.fqn: ModuleNode(fqn=m.fqn, is_leaf=m.is_leaf, op_count=None if m.ops is None else len(m.ops),
-                          act_saved_bytes=m.act_saved_bytes, fw_ms=m.fw_ms, bw_ms=m.bw_ms)
-        for m in stats.modules
-    }
-    for fqn in stats.fw_pre_order:  # pre-order keeps children in execution order
-        parent = stats.module(fqn).parent
-        if parent is not None:
-            nodes[parent].children.append(nodes[fqn])
-    return nodes[stats.root.fqn]
-
-
-def _new_record(project: str, doc: dict[str, Any]) -> StatsRecord:
-    try:
-        stats = planner.parse_stats(doc)
-    except planner.StatsError as exc:
-        raise InvalidInput(f"invalid stats: {exc}", errors=exc.errors) from None
-    source = "v1" if doc.get("format") else "torch"
-    row = StatsRecord(
-        project=project, content_hash=planner.stats_hash(stats), model_name=stats.metadata.model_name,
-        source_format=source, module_count=len(stats.modules),
-        op_count=sum(len(m.ops or ()) for m in stats.modules),
-        baseline_peak_bytes=baseline_peak_bytes(stats), compute_ms=compute_ms(stats),
-        document=stats.canonical_json(),
-    )
-    row.tags = [StatsTag(key=k, value=v) for k, v in stats.metadata.tags.items()]
-    return row
-
-
 @router.post(
     "",
     response_model=StatsSummary,
@@ -78,16 +38,10 @@ def _new_record(project: str, doc: dict[str, Any]) -> StatsRecord:
 )
 def upload_stats(doc: StatsBody, project: ProjectDep, session: SessionDep, response: Response) -> StatsSummary:
     """Upload stats; the same document again returns the existing id (200) instead of a new one (201)."""
-    row = _new_record(project, doc)
-    same_document = select(StatsRecord).where(StatsRecord.project == project,
-                                              StatsRecord.content_hash == row.content_hash)
-    stored = session.execute(same_document).scalar_one_or_none()
-    inserted = False
-    if stored is None:  # a concurrent upload of the same document may still win the race to insert
-        stored, inserted = insert_or_get(session, row, same_document)
+    row, inserted = store_stats(session, project, doc)
     if not inserted:  # the same document uploaded before: its existing id
         response.status_code = status.HTTP_200_OK
-    return _summary(stored)
+    return stats_summary(row)
 
 
 @router.get("", response_model=StatsPage)
@@ -115,7 +69,7 @@ def list_stats(
         query = query.where(StatsRecord.id.in_(select(StatsTag.stats_id).where(cond)))
     total = session.execute(select(func.count()).select_from(query.subquery())).scalar_one()
     rows = session.execute(query.order_by(StatsRecord.id.desc()).limit(limit).offset(offset)).scalars()
-    return StatsPage(items=[_summary(r) for r in rows], total=total, limit=limit, offset=offset)
+    return StatsPage(items=[stats_summary(r) for r in rows], total=total, limit=limit, offset=offset)
 
 
 @router.get("/{stats_id}", response_model=StatsDetail, responses={**STATS_NOT_FOUND, **STALE_STATS})
@@ -123,7 +77,7 @@ def read_stats(stats_id: IdPath, project: ProjectDep, session: SessionDep) -> St
     """One upload: its summary and module tree."""
     row = get_stats(session, project, stats_id)
     stats = parse_stored_stats(row.id, row.document)
-    return StatsDetail(**_summary(row).model_dump(), module_tree=_tree(stats))
+    return StatsDetail(**stats_summary(row).model_dump(), module_tree=module_tree(stats))
 
 
 @router.delete("/{stats_id}", status_code=status.HTTP_204_NO_CONTENT, responses=STATS_NOT_FOUND)
@@ -152,11 +106,4 @@ def list_stats_plans(
     rows = session.execute(
         query.order_by(PlanRecord.memory_budget_gib, PlanRecord.id).limit(limit).offset(offset)
     ).scalars()
-    items = [
-        PlanSummary(id=r.id, stats_id=r.stats_id, memory_budget_gib=r.memory_budget_gib, world_size=r.world_size,
-                    status=r.status, peak_bytes=r.peak_bytes, recompute_ms=r.recompute_ms,
-                    solve_seconds=r.solve_seconds, planner_version=r.planner_version,
-                    created_at=r.created_at)
-        for r in rows
-    ]
-    return PlanPage(items=items, total=total, limit=limit, offset=offset)
+    return PlanPage(items=[plan_summary(r) for r in rows], total=total, limit=limit, offset=offset)

@@ -18,22 +18,11 @@ from service.db import insert_or_get
 from service.errors import NotFound
 from service.limits import check_time_limit
 from service.models import PlanRecord, StatsRecord, SweepRecord
-from service.schemas import SweepOut, SweepPoint, SweepRequest
+from service.schemas import SweepOut, SweepRequest
+from service.uploads import stats_id_of
+from service.views import sweep_out, sweep_point
 
 router = APIRouter(prefix="/v1/sweeps", tags=["sweeps"])
-
-
-def _point(p: CachedPlan) -> SweepPoint:
-    plan = p.plan()
-    return SweepPoint(plan_id=p.id, memory_budget_gib=plan["memory_budget_gib"], status=plan["status"],
-                      peak_bytes=plan.get("peak_bytes"), recompute_ms=plan.get("recompute_ms"),
-                      min_feasible_budget_gib=plan.get("min_feasible_budget_gib"), cached=p.cached)
-
-
-def _out(row: SweepRecord, stats: StatsRecord, points: list[SweepPoint], cached: bool) -> SweepOut:
-    return SweepOut(id=row.id, stats_id=row.stats_id, cached=cached, created_at=row.created_at,
-                    baseline_peak_bytes=stats.baseline_peak_bytes, compute_ms=stats.compute_ms, points=points,
-                    chart_url=f"/v1/sweeps/{row.id}/chart.png")
 
 
 def _record(factory: sessionmaker[Session], project: str, stats_id: int, request: dict[str, Any],
@@ -64,19 +53,20 @@ async def create_sweep(
     before (200); the curve is also a chart."""
     check_time_limit(body.time_limit_s, settings.max_time_limit_s)
     budgets = body.budgets()
-    plans = await plans_for(factory, solver, project, body.stats_id, budgets, body)
-    points = [_point(p) for p in plans]
+    stats_id = await stats_id_of(factory, project, body)
+    plans = await plans_for(factory, solver, project, stats_id, budgets, body)
+    points = [sweep_point(p) for p in plans]
     if any(p.id is None for p in plans):  # a solver error: answer, but store no sweep of it
         response.status_code = status.HTTP_200_OK
-        stats = await run_in_threadpool(lambda: _stats_row(factory, project, body.stats_id))
-        return SweepOut(id=None, stats_id=body.stats_id, cached=False, created_at=stats.created_at,
+        stats = await run_in_threadpool(lambda: _stats_row(factory, project, stats_id))
+        return SweepOut(id=None, stats_id=stats_id, cached=False, created_at=stats.created_at,
                         baseline_peak_bytes=stats.baseline_peak_bytes, compute_ms=stats.compute_ms,
                         points=points, chart_url=None)
     request = {**body.cache_fields(), "budgets_gib": budgets}
-    row, stats, inserted = await run_in_threadpool(_record, factory, project, body.stats_id, request, plans)
+    row, stats, inserted = await run_in_threadpool(_record, factory, project, stats_id, request, plans)
     if not inserted:
         response.status_code = status.HTTP_200_OK
-    return _out(row, stats, points, cached=all(p.cached for p in plans))
+    return sweep_out(row, stats, points, cached=all(p.cached for p in plans))
 
 
 def _stats_row(factory: sessionmaker[Session], project: str, stats_id: int) -> StatsRecord:
@@ -99,7 +89,7 @@ def _load(session: Session, project: str, sweep_id: int) -> tuple[SweepRecord, S
 def read_sweep(sweep_id: IdPath, project: ProjectDep, session: SessionDep) -> SweepOut:
     """A stored sweep."""
     row, stats, plans = _load(session, project, sweep_id)
-    return _out(row, stats, [_point(p) for p in plans], cached=True)
+    return sweep_out(row, stats, [sweep_point(p) for p in plans], cached=True)
 
 
 @router.get("/{sweep_id}/chart.png", response_class=Response, responses={**PNG, **NOT_FOUND})

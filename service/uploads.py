@@ -1,0 +1,75 @@
+"""Storing stats: validated, summarised and kept once per project and content hash.
+
+One path for ``POST /v1/stats`` and for the stats a plan or sweep request
+carries inline (``stats`` instead of ``stats_id``): the same validation (422
+naming the field), the same identity (the same document again is the same
+upload) and the same stored row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+from starlette.concurrency import run_in_threadpool
+
+import planner
+from planner import baseline_peak_bytes, compute_ms
+from service.db import insert_or_get
+from service.errors import InvalidInput
+from service.models import StatsRecord, StatsTag
+from service.schemas import StatsSource
+
+__all__ = ["new_stats_record", "store_stats", "stats_id_of"]
+
+
+def new_stats_record(project: str, doc: dict[str, Any], *, loc: Sequence[str] = ()) -> StatsRecord:
+    """The row for ``doc``, not yet stored; InvalidInput (422) naming the field, under ``loc`` in the request."""
+    try:
+        stats = planner.parse_stats(doc)
+    except planner.StatsError as exc:
+        where = f" ({'.'.join(loc)})" if loc else ""
+        errors = [{**e, "loc": [*loc, *e.get("loc", ())]} for e in exc.errors]
+        raise InvalidInput(f"invalid stats{where}: {exc}", errors=errors) from None
+    source = "v1" if doc.get("format") else "torch"
+    row = StatsRecord(
+        project=project, content_hash=planner.stats_hash(stats), model_name=stats.metadata.model_name,
+        source_format=source, module_count=len(stats.modules),
+        op_count=sum(len(m.ops or ()) for m in stats.modules),
+        baseline_peak_bytes=baseline_peak_bytes(stats), compute_ms=compute_ms(stats),
+        document=stats.canonical_json(),
+    )
+    row.tags = [StatsTag(key=k, value=v) for k, v in stats.metadata.tags.items()]
+    return row
+
+
+def store_stats(session: Session, project: str, doc: dict[str, Any], *,
+                loc: Sequence[str] = ()) -> tuple[StatsRecord, bool]:
+    """The project's upload of ``doc``: stored now, or the one stored before (same content hash).
+
+    Returns the row and whether this call stored it.
+    """
+    row = new_stats_record(project, doc, loc=loc)
+    same_document = select(StatsRecord).where(StatsRecord.project == project,
+                                              StatsRecord.content_hash == row.content_hash)
+    stored = session.execute(same_document).scalar_one_or_none()
+    if stored is not None:
+        return stored, False
+    # a concurrent upload of the same document may still win the race to insert
+    return insert_or_get(session, row, same_document)
+
+
+async def stats_id_of(factory: sessionmaker[Session], project: str, request: StatsSource) -> int:
+    """The ``stats_id`` a plan or sweep request names, storing its inline ``stats`` first if it has them."""
+    if request.stats is None:
+        return request.stats_id
+
+    def store() -> int:
+        with factory() as session:
+            row, _ = store_stats(session, project, request.stats, loc=("body", "stats"))
+            session.commit()
+            return row.id
+
+    return await run_in_threadpool(store)

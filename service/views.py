@@ -1,0 +1,56 @@
+"""Stored rows as response bodies, written once for the routes and for the OpenAPI examples."""
+
+from __future__ import annotations
+
+from planner import GIB, Stats
+from service.cache import CachedPlan
+from service.models import PlanRecord, StatsRecord, SweepRecord
+from service.schemas import ModuleNode, PlanSummary, StatsSummary, SweepOut, SweepPoint
+
+__all__ = ["stats_summary", "module_tree", "plan_summary", "sweep_point", "sweep_out"]
+
+
+def stats_summary(row: StatsRecord) -> StatsSummary:
+    """An upload as listed: what it is and what the step costs without checkpointing."""
+    return StatsSummary(
+        id=row.id, model_name=row.model_name, content_hash=row.content_hash, source_format=row.source_format,
+        module_count=row.module_count, op_count=row.op_count, baseline_peak_bytes=row.baseline_peak_bytes,
+        baseline_peak_gib=row.baseline_peak_bytes / GIB, compute_ms=row.compute_ms,
+        tags={t.key: t.value for t in row.tags}, created_at=row.created_at,
+    )
+
+
+def module_tree(stats: Stats) -> ModuleNode:
+    """The module tree of ``stats``, children in execution order."""
+    nodes = {
+        m.fqn: ModuleNode(fqn=m.fqn, is_leaf=m.is_leaf, op_count=None if m.ops is None else len(m.ops),
+                          act_saved_bytes=m.act_saved_bytes, fw_ms=m.fw_ms, bw_ms=m.bw_ms)
+        for m in stats.modules
+    }
+    for fqn in stats.fw_pre_order:  # pre-order keeps children in execution order
+        parent = stats.module(fqn).parent
+        if parent is not None:
+            nodes[parent].children.append(nodes[fqn])
+    return nodes[stats.root.fqn]
+
+
+def plan_summary(r: PlanRecord) -> PlanSummary:
+    """A stored plan as listed under its stats."""
+    return PlanSummary(id=r.id, stats_id=r.stats_id, memory_budget_gib=r.memory_budget_gib, world_size=r.world_size,
+                       status=r.status, peak_bytes=r.peak_bytes, recompute_ms=r.recompute_ms,
+                       solve_seconds=r.solve_seconds, planner_version=r.planner_version, created_at=r.created_at)
+
+
+def sweep_point(p: CachedPlan) -> SweepPoint:
+    """One budget of a sweep: its plan's outcome."""
+    plan = p.plan()
+    return SweepPoint(plan_id=p.id, memory_budget_gib=plan["memory_budget_gib"], status=plan["status"],
+                      peak_bytes=plan.get("peak_bytes"), recompute_ms=plan.get("recompute_ms"),
+                      min_feasible_budget_gib=plan.get("min_feasible_budget_gib"), cached=p.cached)
+
+
+def sweep_out(row: SweepRecord, stats: StatsRecord, points: list[SweepPoint], cached: bool) -> SweepOut:
+    """A stored sweep with its points."""
+    return SweepOut(id=row.id, stats_id=row.stats_id, cached=cached, created_at=row.created_at,
+                    baseline_peak_bytes=stats.baseline_peak_bytes, compute_ms=stats.compute_ms, points=points,
+                    chart_url=f"/v1/sweeps/{row.id}/chart.png")
