@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import FastAPI
-
 from service.config import Settings
 from service.errors import InvalidInput
 
@@ -20,17 +18,10 @@ def check_time_limit(time_limit_s: float, max_time_limit_s: float) -> None:
         raise InvalidInput(message, errors=[{"loc": ["body", "time_limit_s"], "msg": message, "input": time_limit_s}])
 
 
-def document_limits(app: FastAPI, settings: Settings) -> None:
-    """Write the limits that are settings into ``app``'s OpenAPI document."""
-    build = app.openapi
-
-    def openapi() -> dict[str, Any]:
-        if app.openapi_schema is None:
-            schemas = build().get("components", {}).get("schemas", {})
-            for name in ("PlanRequest", "SweepRequest"):
-                field = schemas.get(name, {}).get("properties", {}).get("time_limit_s")
-                if field is not None:
-                    field["maximum"] = settings.max_time_limit_s
-        return app.openapi_schema
-
-    app.openapi = openapi
+def document_limits(schema: dict[str, Any], settings: Settings) -> None:
+    """Write the limits that are settings into the OpenAPI document ``schema``."""
+    schemas = schema.get("components", {}).get("schemas", {})
+    for name in ("PlanRequest", "SweepRequest"):
+        field = schemas.get(name, {}).get("properties", {}).get("time_limit_s")
+        if field is not None:
+            field["maximum"] = settings.max_time_limit_s

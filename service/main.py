@@ -12,8 +12,8 @@ from service.db import make_engine, make_sessionmaker
 from service.docs import install_docs
 from service.fastpath import PlanFastPath, PlanResponseCache
 from service.handlers import AsciiJSONResponse, install_error_handlers
-from service.limits import document_limits
 from service.middleware import BodySizeLimit
+from service.openapi import install_openapi
 from service.solver import SolverPool
 from service.version import SERVICE_VERSION
 
@@ -83,7 +83,7 @@ def create_app(settings: Settings | None = None, *, solver: SolverPool | None = 
     app.state.session_factory = make_sessionmaker(engine)
     app.state.solver = pool
     install_error_handlers(app)
-    document_limits(app, settings)
+    install_openapi(app, settings)
     install_docs(app)
     for module in (health, stats, plans, sweeps):
         app.include_router(module.router)
