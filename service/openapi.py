@@ -15,7 +15,7 @@ from fastapi import FastAPI
 
 from service.config import Settings
 from service.limits import document_limits
-from service.response_examples import response_examples
+from service.response_examples import as_stored, response_examples
 
 __all__ = ["install_openapi"]
 
@@ -57,8 +57,8 @@ def _add_response_examples(schema: dict[str, Any]) -> None:
         log.exception("could not make the OpenAPI response examples")
         return
     for operation in _operations(schema):
-        for response in operation.get("responses", {}).values():
+        for code, response in operation.get("responses", {}).items():
             content = response.get("content", {}).get("application/json")
             model = (content or {}).get("schema", {}).get("$ref", "").rsplit("/", 1)[-1]
-            if model in examples:
-                content["example"] = examples[model]
+            if model in examples:  # 201: made now; 200: read back, or the same request again
+                content["example"] = examples[model] if code == "201" else as_stored(examples[model])

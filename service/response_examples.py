@@ -25,7 +25,7 @@ from service.solver import solve_job
 from service.uploads import new_stats_record
 from service.views import module_tree, stats_summary, sweep_out, sweep_point
 
-__all__ = ["response_examples"]
+__all__ = ["response_examples", "as_stored"]
 
 
 @lru_cache(maxsize=1)
@@ -50,6 +50,16 @@ def response_examples() -> dict[str, dict[str, Any]]:
         "PlanOut": json.loads(plan_json(plan)),
         "SweepOut": sweep_out(sweep, row, points, cached=all(p.cached for p in points)).model_dump(mode="json"),
     }
+
+
+def as_stored(example: dict[str, Any]) -> dict[str, Any]:
+    """``example`` as served again from the store (a 200): every ``cached`` flag true."""
+    if "cached" not in example:
+        return example
+    stored = {**example, "cached": True}
+    if "points" in stored:
+        stored["points"] = [{**p, "cached": True} for p in stored["points"]]
+    return stored
 
 
 class _Plans:

@@ -117,4 +117,11 @@ def test_response_examples_are_what_the_service_answers(client):
     assert _without_times(detail) == _without_times(example("/v1/stats/{stats_id}", "get"))
     assert _without_times(plan) == _without_times(example("/v1/plans", "post", "201"))
     assert _without_times(sweep) == _without_times(example("/v1/sweeps", "post", "201"))
+    # Read back or asked again: the 200 examples, every cached flag true.
+    assert _without_times(client.get(f"/v1/plans/{plan['id']}").json()) == _without_times(
+        example("/v1/plans/{plan_id}", "get"))
+    again = client.post("/v1/sweeps", json=schemas["SweepRequest"]["examples"][0])
+    assert _without_times(again.json()) == _without_times(example("/v1/sweeps", "post", "200"))
+    assert _without_times(client.get(f"/v1/sweeps/{sweep['id']}").json()) == _without_times(
+        example("/v1/sweeps/{sweep_id}", "get"))
     assert all(p["status"] == "optimal" for p in sweep["points"]) and sweep["points"][0]["cached"] is True
