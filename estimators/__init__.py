@@ -35,7 +35,7 @@ _WHERE = {
     "remove_plan": "estimators.apply",
     "collect_stats": "estimators.collector",
     "module_fqns": "estimators.collector",
-    "op_name": "estimators.collector",
+    "op_name": "estimators.aten_ops",
 }
 
 

@@ -18,7 +18,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
-from estimators.collector import is_random_op, module_fqns, op_name
+from estimators.aten_ops import is_random_op, op_name
+from estimators.collector import module_fqns
 
 __all__ = ["apply_plan", "remove_plan", "PlanMismatchError"]
 

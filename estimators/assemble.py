@@ -51,6 +51,7 @@ def build_stats(model: nn.Module, mods: dict, col: Any, hooks: Any, opt_bytes: d
                 act_bw_bytes=m.act_at_peak,
                 grad_total_bytes=grad_total or 0,
                 input_bytes=m.input_bytes,
+                held_input_bytes=_held_input_bytes(m, col),
                 output_bytes=m.output_bytes,
                 optimizer_state_bytes=obytes,
                 fw_ms=m.fw_ms,
@@ -61,9 +62,10 @@ def build_stats(model: nn.Module, mods: dict, col: Any, hooks: Any, opt_bytes: d
     metadata = (metadata or StatsMetadata(model_name=type(model).__name__)).model_copy(deep=True)
     if left_out:
         metadata.tags[LEFT_OUT_TAG] = "; ".join(f"{f} ({why})" for f, why in left_out.items())[:1024]
+    post_order = [f for f in hooks.post_order if f not in left_out]
     try:
-        return Stats(metadata=metadata, fw_pre_order=pre_order,
-                     fw_post_order=[f for f in hooks.post_order if f not in left_out], modules=modules)
+        return Stats(metadata=metadata, fw_pre_order=pre_order, fw_post_order=post_order, modules=modules,
+                     timeline=col.timeline.moments(post_order))
     except ValidationError as exc:  # a ValueError too, but its text is a dump of the whole document
         msg = exc.errors()[0]["msg"].removeprefix("Value error, ")
         raise ValueError(f"the collected stats are not valid stats v1: {msg}. This is a collector bug: "
@@ -93,6 +95,16 @@ def modules_out_of_place(pre_order: list[str], by_fqn: dict) -> dict[str, str]:
         elif stranger:
             reasons[fqn] = f"ran inside {stranger[0]}"
     return reasons
+
+
+def _held_input_bytes(m: Any, col: Any) -> int:
+    """Inputs checkpointing would keep until the module's backward that no op saves (the plain step frees them).
+
+    torch.utils.checkpoint holds a checkpointed module's inputs to recompute
+    from; an input some op saves for backward is kept anyway, so only the
+    others cost extra (a MultiheadAttention's input, only copied inside it).
+    """
+    return 0 if m.is_leaf else sum(nbytes for serial, nbytes in m.activation_inputs if serial not in col.saved)
 
 
 def _param_bytes(mod: nn.Module, book: StorageBook, opt_bytes: dict[int, int]) -> tuple[int, int]:

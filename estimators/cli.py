@@ -48,7 +48,12 @@ def register(subparsers: Any) -> None:
     p.add_argument("--compute-efficiency", type=float, help="fraction of peak FLOP/s reached (default 1.0)")
     p.add_argument("--memory-efficiency", type=float, help="fraction of peak bandwidth reached (default 1.0)")
     p.add_argument("--allow-tf32", action="store_true", help="cost fp32 matmuls at the TF32 rate")
-    p.add_argument("--benchmark", action="store_true", help="time real kernels on the CUDA device instead of the roofline")
+    p.add_argument("--benchmark", action="store_true",
+                   help="time real kernels on the collection device (--device, CPU or CUDA) instead of the roofline, "
+                   "and measure each module's checkpoint overhead there; refused with another --target-device")
+    p.add_argument("--checkpoint-overhead-us-per-op", type=_non_negative, metavar="US",
+                   help="checkpoint overhead per op in microseconds, beyond recomputing it (default: the target's "
+                   "table figure; with --benchmark only for modules that cannot be measured)")
     p.add_argument("--name", help="model name in the stats (default: the model's class or config)")
     p.add_argument("--out", default="stats.json", help="output file (default stats.json)")
     p.add_argument("--upload", metavar="URL", help="also POST the stats to a sacplan service at URL")
@@ -64,6 +69,16 @@ def _positive(text: str) -> int:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def _non_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of microseconds, got {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {text!r}")
     return value
 
 
@@ -132,6 +147,7 @@ def _summary(result: Any, out: Path) -> str:
          f"on {s.metadata.target_device}"),
         ("optimizer state", f"{_size(s.root.optimizer_state_bytes)} ({s.metadata.optimizer})"),
         ("emulated kernels", s.metadata.tags.get("attention_kernels", "none")),
+        ("checkpoint overhead", s.metadata.tags.get("checkpoint_overhead", "not known")),
         ("left out", f"{left_out}; never checkpointed on their own, their ops count in the modules they ran "
          f"inside" if left_out else "none"),
         ("written to", str(out)),

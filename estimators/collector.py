@@ -10,7 +10,9 @@ watch it:
 * a dispatch mode sees every ATen op: it registers new storages in a
   :class:`StorageBook`, prices the op with the cost model and, in forward,
   appends it to the op list of every active non-leaf module;
-* ``saved_tensors_hooks`` record which storages autograd saves.
+* ``saved_tensors_hooks`` record which storages autograd saves;
+* a :class:`TimelineRecorder` keeps the instants of most live memory (the
+  stats' ``timeline``).
 
 The op lists skip exactly ``torch.utils.checkpoint.SAC_IGNORED_OPS``, so they
 are the sequence a selective-checkpoint policy function sees when the module
@@ -29,26 +31,19 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-try:  # the ops the selective-checkpoint dispatch modes pass through without asking the policy
-    from torch.utils.checkpoint import SAC_IGNORED_OPS
-except ImportError:  # older torch: the same set, spelled out
-    SAC_IGNORED_OPS = {torch.ops.aten.detach.default, torch.ops.prim.device.default}
-
+from estimators.aten_ops import SAC_IGNORED_OPS, is_inplace_op, is_random_op, is_view_op, op_name
 from estimators.assemble import build_stats
 from estimators.fake_step import call_model, default_loss, fake_inputs, fakeify, make_optimizer, optimizer_bytes
 from estimators.models import hf_fake_as_real
+from estimators.overhead import call_spec, fill_checkpoint_overheads
+from estimators.timeline import BACKWARD, OPTIMIZER, TimelineRecorder
 from estimators.tracking import ACT, BUFFER, GRAD, INPUT, OPT, PARAM, TEMP, StorageBook, storages_of, tensors_in
 from planner import Stats, StatsMetadata
 
-__all__ = ["collect_stats", "op_name", "is_random_op", "module_fqns", "OPTIMIZERS"]
+__all__ = ["collect_stats", "module_fqns", "OPTIMIZERS"]
 
 OPTIMIZERS = ("adamw", "adam", "sgd", "none")
 Progress = Callable[[str, int, int], None]
-
-
-def op_name(func: Any) -> str:
-    """The name an op gets in the stats: its overload packet, e.g. ``aten.mm``."""
-    return str(func.overloadpacket)
 
 
 def module_fqns(model: nn.Module) -> dict[nn.Module, str]:
@@ -58,32 +53,6 @@ def module_fqns(model: nn.Module) -> dict[nn.Module, str]:
     for name, mod in model.named_modules(remove_duplicate=True):
         out[mod] = f"{root}.{name}" if name else root
     return out
-
-
-def _schema(func: Any) -> Any:
-    return func._schema  # layout: allow-private (an OpOverload's schema has no public accessor)
-
-
-def _is_view(func: Any) -> bool:
-    return bool(func.is_view) or torch.Tag.inplace_view in func.tags
-
-
-def _is_inplace(func: Any) -> bool:
-    return torch.Tag.inplace in func.tags or (_schema(func).name.endswith("_") and not func.is_view)
-
-
-def is_random_op(func: Any, args: tuple, kwargs: dict) -> bool:
-    """Whether the ATen op ``func`` called with ``args`` and ``kwargs`` draws random numbers.
-
-    Seeded nondeterministic ops do; attention kernels only with a nonzero
-    ``dropout_p``. The collector marks these ops in the stats and
-    :func:`estimators.apply_plan` requires them all saved or all recomputed.
-    """
-    for i, a in enumerate(_schema(func).arguments):
-        if a.name == "dropout_p":  # attention kernels: random only with dropout
-            p = kwargs.get("dropout_p", args[i] if i < len(args) else a.default_value)
-            return bool(p)
-    return torch.Tag.nondeterministic_seeded in func.tags
 
 
 @dataclass
@@ -107,6 +76,8 @@ class _Mod:
     act_before: int = 0
     act_after: int = 0
     input_bytes: int = 0
+    activation_inputs: tuple[tuple[int, int], ...] = ()  # (serial, bytes) of its inputs made in the forward
+    keyword_inputs_seen: bool = False
     output_bytes: int = 0
     fw_ms: float = 0.0
     bw_ms: float = 0.0
@@ -117,6 +88,7 @@ class _Mod:
     bw_state: str = "none"  # none -> open -> closed
     done_fw: bool = False
     ran_inside: tuple[str, ...] = ()  # fqns of the modules running when its first call began
+    call: tuple | None = None  # its first call's arguments (tensors as TensorSpecs), when asked for
 
 
 class _Collector(TorchDispatchMode):
@@ -130,7 +102,13 @@ class _Collector(TorchDispatchMode):
         self.fw_stack: list[_Mod] = []
         self.bw_open: list[_Mod] = []
         self.saved: set[int] = set()
+        self.timeline = TimelineRecorder(self._running)
         book.on_alloc.append(self._on_alloc)
+        book.on_alloc.append(self.timeline.on_alloc)
+
+    def _running(self) -> list[str]:
+        # forward: the forward stack; backward: the backward spans still open, the latest last
+        return [m.fqn for m in (self.fw_stack if self.phase == ACT else self.bw_open if self.phase == TEMP else ())]
 
     def _on_alloc(self, category: str, live: dict[str, int]) -> None:
         if category == TEMP:
@@ -141,7 +119,7 @@ class _Collector(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         mutated = None
-        if _is_inplace(func) and args and isinstance(args[0], torch.Tensor):
+        if is_inplace_op(func) and args and isinstance(args[0], torch.Tensor):
             mutated = self.book.serial(args[0].untyped_storage())
         out = func(*args, **kwargs)
         ms = self.cost(func, args, kwargs, out)
@@ -164,8 +142,8 @@ class _Collector(TorchDispatchMode):
         # Bytes follow PyTorch's SACEstimator (every output storage of a
         # non-view op) except in-place ops: their storage is their parent's,
         # which carries the bytes, and the two share one decision.
-        view = _is_view(func)
-        inplace = _is_inplace(func) and not view
+        view = is_view_op(func)
+        inplace = is_inplace_op(func) and not view
         idx = len(self.ops)
         self.ops.append(
             _Op(op_name(func), ms, 0 if view or inplace else out_bytes, frozenset(serials), view,
@@ -190,8 +168,10 @@ def _live_act(book: StorageBook) -> int:
 class _ModuleHooks:
     """Forward pre/post and backward pre/post events of every module of the model."""
 
-    def __init__(self, col: _Collector, book: StorageBook, mods: dict[nn.Module, _Mod], progress: Progress | None):
+    def __init__(self, col: _Collector, book: StorageBook, mods: dict[nn.Module, _Mod], progress: Progress | None,
+                 *, capture_calls: bool = False):
         self.col, self.book, self.mods, self.progress = col, book, mods, progress
+        self.capture_calls = capture_calls
         self.pre_order: list[str] = []
         self.post_order: list[str] = []
         self._repeat: list[bool] = []
@@ -205,7 +185,29 @@ class _ModuleHooks:
             register_module_forward_pre_hook(self._fw_pre),
             register_module_forward_hook(self._fw_post, always_call=True),
         ]
+        # keyword arguments reach only a module's own hooks
+        self._handles += [mod.register_forward_pre_hook(self._keyword_inputs, with_kwargs=True)
+                          for mod, m in self.mods.items() if not m.is_leaf]
+        if self.capture_calls:
+            self._handles += [mod.register_forward_pre_hook(self._capture, with_kwargs=True)
+                              for mod, m in self.mods.items() if not m.is_leaf]
         return self
+
+    def _keyword_inputs(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        """Keyword inputs made in the forward (attention masks), on the first call: checkpointing holds them too."""
+        m = self.mods[module]
+        if m.keyword_inputs_seen or self.col.phase != ACT:
+            return
+        m.keyword_inputs_seen = True
+        seen = {serial for serial, _ in m.activation_inputs}
+        extra = tuple((self.book.serial(s), self.book.nbytes(s)) for s in storages_of(kwargs)
+                      if self.book.category(s) == ACT and self.book.serial(s) not in seen)
+        m.activation_inputs += extra
+
+    def _capture(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        m = self.mods[module]
+        if m.call is None and self.col.phase == ACT:
+            m.call = call_spec(args, kwargs)
 
     def __exit__(self, *exc: Any) -> None:
         for h in self._handles:
@@ -225,6 +227,8 @@ class _ModuleHooks:
             m.ran_inside = tuple(x.fqn for x, rep in zip(self.col.fw_stack, self._repeat) if not rep)
             m.act_before = _live_act(self.book)
             m.input_bytes = sum(self.book.nbytes(s) for s in storages_of(args))
+            m.activation_inputs = tuple((self.book.serial(s), self.book.nbytes(s)) for s in storages_of(args)
+                                        if self.book.category(s) == ACT)
             grads = [t for t in tensors_in(args) if t.requires_grad]
             if grads:
                 torch.autograd.graph.register_multi_grad_hook(grads, lambda _g, m=m: self._bw_post(m))
@@ -239,6 +243,7 @@ class _ModuleHooks:
             return
         m.done_fw = True
         self.post_order.append(m.fqn)
+        self.col.timeline.forward_finished(m.fqn)
         m.act_after = _live_act(self.book)
         m.output_bytes = sum(self.book.nbytes(s) for s in storages_of(output))
         outs = [t for t in tensors_in(output) if t.requires_grad]
@@ -251,6 +256,7 @@ class _ModuleHooks:
         if m.bw_state != "none":
             return
         m.bw_state = "open"
+        self.col.timeline.backward_started(m.fqn)
         m.temp_start = m.temp_peak = self.book.live[TEMP]
         m.act_at_peak = self.book.live[ACT]
         self.col.bw_open.append(m)
@@ -275,11 +281,14 @@ def collect_stats(
     *,
     loss_fn: Callable[[Any], torch.Tensor] | None = None,
     optimizer: str = "adamw",
+    optimizer_foreach: bool | None = None,
     device: str | torch.device = "cpu",
     dtype: torch.dtype | None = None,
     cost_model: Callable[..., float],
     emulate_cuda_attention: bool = False,
     round_bytes_to: int = 1,
+    checkpoint_overhead_us_per_op: float | None = None,
+    measure_checkpoint_overhead: bool = False,
     metadata: StatsMetadata | None = None,
     progress: Progress | None = None,
 ) -> Stats:
@@ -288,10 +297,16 @@ def collect_stats(
     The model may live on any device, ``meta`` included; its parameters and
     buffers are replaced by fake tensors on ``device`` (cast to ``dtype`` if
     given) for the duration of the call and restored afterwards.
+    ``optimizer_foreach`` picks the optimizer's multi-tensor implementation
+    (None: PyTorch's default on ``device``, foreach on CUDA only).
     ``cost_model(func, args, kwargs, out) -> ms`` prices each op.
     ``emulate_cuda_attention`` routes attention to CUDA's kernels (see
     :mod:`estimators.emulation`). ``round_bytes_to`` rounds every storage up
-    (512 mimics the CUDA caching allocator).
+    (512 mimics the CUDA caching allocator). Each module's
+    ``checkpoint_overhead_ms`` is its op count times
+    ``checkpoint_overhead_us_per_op``, or, with ``measure_checkpoint_overhead``,
+    measured on real tensors on ``device`` (see :mod:`estimators.overhead`);
+    null with neither.
     """
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
@@ -317,19 +332,22 @@ def collect_stats(
             p.register_post_accumulate_grad_hook(lambda q: book.recategorize(q.grad.untyped_storage(), GRAD))
         col = _Collector(book, cost_model, mods)
         emulation = _emulation(emulate_cuda_attention)
-        with fake, col, _ModuleHooks(col, book, mods, progress) as hooks:
+        with fake, col, _ModuleHooks(col, book, mods, progress, capture_calls=measure_checkpoint_overhead) as hooks:
             with torch.autograd.graph.saved_tensors_hooks(col.pack, lambda t: t), emulation, hf_fake_as_real(model):
                 output = call_model(model, fake_in)
                 loss = (loss_fn or default_loss)(output)
-            del output
+            del output  # as a training loop does: `loss = model(**batch).loss; loss.backward()`
             col.phase = TEMP
+            col.timeline.enter(BACKWARD)
             loss.backward()
             del loss
             for m in mods.values():
                 if m.bw_state == "open":
                     hooks.close(m)
             col.phase = OPT
-            opt = make_optimizer(optimizer, params)
+            col.timeline.enter(OPTIMIZER)
+            foreach = device.type == "cuda" if optimizer_foreach is None else optimizer_foreach
+            opt = make_optimizer(optimizer, params, foreach=foreach)
             if opt is not None:
                 opt.step()
                 if progress:
@@ -338,6 +356,11 @@ def collect_stats(
         stats = build_stats(model, mods, col, hooks, opt_bytes, book, metadata)
     finally:
         restore()
+    if checkpoint_overhead_us_per_op is not None or measure_checkpoint_overhead:
+        fill_checkpoint_overheads(stats, {m.fqn: mod for mod, m in mods.items()},
+                                  {m.fqn: m.call for m in mods.values() if m.call is not None},
+                                  us_per_op=checkpoint_overhead_us_per_op, measure=measure_checkpoint_overhead,
+                                  device=device, dtype=dtype, progress=progress)
     if emulate_cuda_attention:
         stats.metadata.tags["attention_kernels"] = ",".join(f"{k}:{v}" for k, v in sorted(emulation.kernels.items()))
     return stats

@@ -1,4 +1,4 @@
-"""Per-op runtime: a roofline over a device's datasheet figures, or real timings.
+"""Per-op runtime: a roofline over a device's datasheet figures, or real timings on the collection device.
 
 FLOPs come from the formulas registered in ``torch.utils.flop_counter``
 (matmuls, convolutions, attention); every other op is treated as memory bound.
@@ -7,16 +7,20 @@ Bytes moved are the bytes of the op's tensor inputs plus its outputs.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import statistics
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
+from estimators.aten_ops import is_view_op
 from estimators.devices import DeviceSpec
 
-__all__ = ["op_flops", "op_bytes_moved", "RooflineCostModel", "BenchmarkCostModel", "dtype_name"]
+__all__ = ["op_flops", "op_bytes_moved", "RooflineCostModel", "BenchmarkCostModel", "dtype_name", "real_tensor",
+           "elapsed_ms"]
 
 _DTYPE_NAMES = {
     torch.float32: "fp32",
@@ -60,7 +64,7 @@ class RooflineCostModel:
 
     def __call__(self, func: Any, args: tuple, kwargs: dict, out: Any) -> float:
         """Runtime of the op in milliseconds."""
-        if func.is_view or torch.Tag.inplace_view in func.tags:
+        if is_view_op(func):
             return 0.0
         flops = op_flops(func, args, kwargs, out)
         nbytes = op_bytes_moved(args, kwargs, out)
@@ -77,15 +81,20 @@ class RooflineCostModel:
 
 
 class BenchmarkCostModel:
-    """Times each distinct op (by function and input shapes) on the real CUDA device.
+    """Times each distinct op for real on the collection device, CPU or CUDA, one code path for both.
 
     Fake inputs are replaced by real tensors of the same shape, dtype and
-    strides (random floats, zeros for integers); results are cached per
-    signature. Falls back to ``fallback`` for ops that fail to run for real.
+    strides on ``device`` (see :func:`real_tensor`); the op runs ``warmup``
+    times, then ``repeat`` times each timed alone (:func:`elapsed_ms`), and
+    the median is cached per signature (op, shapes, strides, dtypes, other
+    arguments). Falls back to ``fallback`` for ops that fail to run for real.
+    ``device`` defaults to CUDA, what this class timed before it took others.
     """
 
-    def __init__(self, fallback: Callable[..., float], *, warmup: int = 2, repeat: int = 5):
-        if not torch.cuda.is_available():
+    def __init__(self, fallback: Callable[..., float], *, device: str | torch.device = "cuda", warmup: int = 2,
+                 repeat: int = 5):
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
             raise RuntimeError("--benchmark needs a CUDA device, and torch.cuda.is_available() is False")
         self.fallback = fallback
         self.warmup = warmup
@@ -93,7 +102,7 @@ class BenchmarkCostModel:
         self._cache: dict[Any, float] = {}
 
     def __call__(self, func: Any, args: tuple, kwargs: dict, out: Any) -> float:
-        if func.is_view or torch.Tag.inplace_view in func.tags:
+        if is_view_op(func):
             return 0.0
         key = (func, _signature(args), _signature(kwargs))
         if key not in self._cache:
@@ -108,26 +117,46 @@ class BenchmarkCostModel:
         from torch.utils._pytree import tree_map
 
         def real(x: Any) -> Any:
-            if not isinstance(x, torch.Tensor):
-                return x
-            t = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="cuda")
-            if t.is_floating_point():
-                t.uniform_(-1, 1)
-            else:
-                t.zero_()
-            return t
+            return real_tensor(x.shape, x.stride(), x.dtype, self.device) if isinstance(x, torch.Tensor) else x
 
-        with unset_fake_temporarily():
+        with unset_fake_temporarily(), torch.no_grad():
             r_args, r_kwargs = tree_map(real, (args, kwargs))
             for _ in range(self.warmup):
                 func(*r_args, **r_kwargs)
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(self.repeat):
-                func(*r_args, **r_kwargs)
-            end.record()
-            torch.cuda.synchronize()
-            return start.elapsed_time(end) / self.repeat
+            return statistics.median(
+                elapsed_ms(lambda: func(*r_args, **r_kwargs), self.device) for _ in range(self.repeat)
+            )
+
+
+def real_tensor(shape: Sequence[int], stride: Sequence[int], dtype: torch.dtype, device: torch.device, *,
+                requires_grad: bool = False) -> torch.Tensor:
+    """A real tensor to time kernels on: random floats in [-1, 1], integers 0, booleans True."""
+    t = torch.empty_strided(tuple(shape), tuple(stride), dtype=dtype, device=device)
+    if t.is_floating_point() or t.is_complex():
+        t.uniform_(-1, 1)
+    elif dtype == torch.bool:
+        t.fill_(True)
+    else:
+        t.zero_()
+    return t.requires_grad_(requires_grad)
+
+
+def elapsed_ms(run: Callable[[], Any], device: torch.device) -> float:
+    """Milliseconds of one ``run()``: ``time.perf_counter`` on a CPU, CUDA events around the work on CUDA.
+
+    The clock is the only part that depends on the device: a CUDA run is
+    asynchronous, so its events time the device's work, not the launch.
+    """
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end)
+    start_s = time.perf_counter()
+    run()
+    return (time.perf_counter() - start_s) * 1e3
 
 
 def _signature(tree: Any) -> tuple:

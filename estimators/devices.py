@@ -25,6 +25,15 @@ Memory bandwidth is the HBM/GDDR peak. Sources, one per device:
 ``cpu`` is not a datasheet entry: a deliberately rough placeholder (1 TFLOP/s,
 50 GB/s) for collecting on a CPU for a CPU run; pass ``--peak-tflops`` and
 ``--mem-bandwidth-gbps`` for a real figure.
+
+Checkpoint overhead per op (what checkpointing a module costs beyond
+recomputing its ops, per op of the module; see :mod:`estimators.overhead`):
+``cpu`` carries the median measured by ``bench/bench_checkpoint_overhead.py``
+on the project's benchmark machine (bench/RESULTS.md, "Checkpoint overhead per
+op"). It is host-side Python (the module's forward re-run, the policy called
+for every op), so the GPU entries carry the same figure, not measured on a
+GPU: where queued GPU work hides host time it adds less, so for them it is an
+upper estimate. Override it with ``--checkpoint-overhead-us-per-op``.
 """
 
 from __future__ import annotations
@@ -32,12 +41,20 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
-__all__ = ["DeviceSpec", "DEVICES", "device_spec", "device_names"]
+__all__ = ["DeviceSpec", "DEVICES", "device_spec", "device_names", "CPU_CHECKPOINT_OVERHEAD_US"]
+
+
+# bench/RESULTS.md, "Checkpoint overhead per op": median over 18 modules, 56.8 us (quartiles 48-65)
+CPU_CHECKPOINT_OVERHEAD_US = 55.0
+_MEASURED = ("measured on a 2-core AMD EPYC, torch 2.13, one thread (bench/bench_checkpoint_overhead.py, "
+             "bench/RESULTS.md): median 56.8 us per op over 18 modules, rounded to 5 us")
+_HOST_ESTIMATE = ("estimate, not measured on a GPU: the host-side cost measured on a CPU (" + _MEASURED
+                  + "); an upper estimate where queued GPU work hides host time")
 
 
 @dataclass(frozen=True)
 class DeviceSpec:
-    """Roofline figures of one device."""
+    """Roofline figures of one device, and what checkpointing costs there per op beyond recomputing it."""
 
     name: str
     kind: str  # "cuda" (what a CUDA/ROCm build reports as device type) or "cpu"
@@ -46,6 +63,8 @@ class DeviceSpec:
     source: str
     compute_efficiency: float = 1.0  # fraction of peak FLOP/s reached
     memory_efficiency: float = 1.0  # fraction of peak bandwidth reached
+    checkpoint_overhead_us_per_op: float = CPU_CHECKPOINT_OVERHEAD_US  # see the module docstring
+    checkpoint_overhead_source: str = _HOST_ESTIMATE
 
     def tflops(self, dtype: str) -> float:
         """Peak dense TFLOP/s for a dtype name (fp32, tf32, bf16, fp16, ...)."""
@@ -57,7 +76,7 @@ class DeviceSpec:
 
 def _spec(name: str, bf16: float, tf32: float, fp32: float, gbps: float, source: str, kind: str = "cuda") -> DeviceSpec:
     return DeviceSpec(name, kind, {"bf16": bf16, "fp16": bf16, "tf32": tf32, "fp32": fp32, "fp64": fp32 / 2},
-                      gbps, source)
+                      gbps, source, checkpoint_overhead_source=_MEASURED if kind == "cpu" else _HOST_ESTIMATE)
 
 
 _NV_A100 = "NVIDIA A100 datasheet (nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf), SXM, dense"
@@ -100,6 +119,7 @@ def device_spec(
     mem_bandwidth_gbps: float | None = None,
     compute_efficiency: float | None = None,
     memory_efficiency: float | None = None,
+    checkpoint_overhead_us_per_op: float | None = None,
 ) -> DeviceSpec:
     """The table entry for ``name`` (case-insensitive), with user overrides.
 
@@ -121,6 +141,11 @@ def device_spec(
     for field, value in (("compute_efficiency", compute_efficiency), ("memory_efficiency", memory_efficiency)):
         if value is not None and not 0 < value <= 1:
             raise ValueError(f"{field} must be in (0, 1], got {value!r}")
+    if checkpoint_overhead_us_per_op is not None:
+        if not checkpoint_overhead_us_per_op >= 0:
+            raise ValueError(f"checkpoint_overhead_us_per_op must be at least 0, got {checkpoint_overhead_us_per_op!r}")
+        spec = replace(spec, checkpoint_overhead_us_per_op=checkpoint_overhead_us_per_op,
+                       checkpoint_overhead_source="given by the user")
     if peak_tflops is not None:
         spec = replace(spec, peak_tflops={k: peak_tflops for k in spec.peak_tflops})
     if mem_bandwidth_gbps is not None:

@@ -47,12 +47,18 @@ def fakeify(model: nn.Module, fake: FakeTensorMode, device: torch.device, dtype:
 
 
 def fake_inputs(inputs: Any, fake: FakeTensorMode, device: torch.device, dtype: torch.dtype | None) -> Any:
+    """Fake tensors like the inputs; a tensor given twice (``input_ids`` as ``labels``) is one fake tensor."""
+    memo: dict[int, torch.Tensor] = {}
+
     def conv(x: Any) -> Any:
         if not isinstance(x, torch.Tensor):
             return x
-        want = dtype if (dtype is not None and x.is_floating_point()) else x.dtype
-        with fake:
-            return torch.empty_strided(x.shape, x.stride(), dtype=want, device=device).requires_grad_(x.requires_grad)
+        if id(x) not in memo:
+            want = dtype if (dtype is not None and x.is_floating_point()) else x.dtype
+            with fake:
+                f = torch.empty_strided(x.shape, x.stride(), dtype=want, device=device)
+            memo[id(x)] = f.requires_grad_(x.requires_grad)
+        return memo[id(x)]
 
     return tree_map(conv, inputs)
 
@@ -79,14 +85,19 @@ def call_model(model: nn.Module, inputs: Any) -> Any:
     return model(inputs)
 
 
-def make_optimizer(name: str, params: list[nn.Parameter]) -> torch.optim.Optimizer | None:
+def make_optimizer(name: str, params: list[nn.Parameter], *, foreach: bool = False) -> torch.optim.Optimizer | None:
+    """The step's optimizer; ``foreach``: the multi-tensor implementation (PyTorch's default on CUDA).
+
+    Its temporaries differ: the for-loop step holds one parameter's worth at a
+    time, the foreach step one of every parameter at once.
+    """
     if name == "none" or not params:
         return None
     if name == "adamw":
-        return torch.optim.AdamW(params, foreach=False)
+        return torch.optim.AdamW(params, foreach=foreach)
     if name == "adam":
-        return torch.optim.Adam(params, foreach=False)
-    return torch.optim.SGD(params, lr=0.01, momentum=0.9, foreach=False)
+        return torch.optim.Adam(params, foreach=foreach)
+    return torch.optim.SGD(params, lr=0.01, momentum=0.9, foreach=foreach)
 
 
 def optimizer_bytes(opt: torch.optim.Optimizer | None, book: StorageBook) -> dict[int, int]:

@@ -37,6 +37,7 @@ class CollectRequest:
     memory_efficiency: float | None = None
     allow_tf32: bool = False
     benchmark: bool = False
+    checkpoint_overhead_us_per_op: float | None = None
     name: str | None = None
 
     @classmethod
@@ -63,7 +64,23 @@ def _target(req: CollectRequest) -> DeviceSpec:
     if name is None:
         name = torch.cuda.get_device_name() if req.device == "cuda" else "cpu"
     return device_spec(name, peak_tflops=req.peak_tflops, mem_bandwidth_gbps=req.mem_bandwidth_gbps,
-                       compute_efficiency=req.compute_efficiency, memory_efficiency=req.memory_efficiency)
+                       compute_efficiency=req.compute_efficiency, memory_efficiency=req.memory_efficiency,
+                       checkpoint_overhead_us_per_op=req.checkpoint_overhead_us_per_op)
+
+
+def _benchmark_refusal(req: CollectRequest, target: DeviceSpec) -> str | None:
+    """Why ``--benchmark`` cannot cost ``target``, or None: it times this machine's kernels, nothing else's."""
+    if req.target_device is None:
+        return None
+    here = "cpu" if req.device == "cpu" else torch.cuda.get_device_name()
+    try:
+        same = device_spec(here).name == target.name
+    except ValueError:  # a GPU the table does not know is no table entry either
+        same = False
+    if same:
+        return None
+    return (f"--benchmark times the kernels of the device it runs on ({here}); they say nothing about "
+            f"--target-device {req.target_device}: drop --benchmark, or --target-device, or run on that device")
 
 
 def _build(req: CollectRequest, device: torch.device) -> BuiltModel:
@@ -86,9 +103,10 @@ def run_collection(req: CollectRequest, *, progress: Any = None) -> CollectResul
     target = _target(req)
     cost = RooflineCostModel(target, allow_tf32=req.allow_tf32)
     if req.benchmark:
-        if req.device != "cuda":
-            raise ValueError("--benchmark times real kernels and needs --device cuda")
-        cost = BenchmarkCostModel(cost)
+        refusal = _benchmark_refusal(req, target)
+        if refusal:
+            raise ValueError(refusal)
+        cost = BenchmarkCostModel(cost, device=req.device)
     # Build on meta: nothing is allocated, whatever the model's size.
     built = _build(req, torch.device("meta"))
     n_params = sum(p.numel() for p in built.model.parameters())
@@ -104,7 +122,8 @@ def run_collection(req: CollectRequest, *, progress: Any = None) -> CollectResul
         optimizer=req.optimizer,
         torch_version=torch.__version__,
         collector_version=COLLECTOR_VERSION,
-        tags={"cost_model": "benchmark" if req.benchmark else "roofline"},
+        tags={"cost_model": "benchmark" if req.benchmark else "roofline",
+              "optimizer_step": "foreach" if target.kind == "cuda" else "for-loop"},
     )
     t0 = time.perf_counter()
     stats = collect_stats(
@@ -112,11 +131,14 @@ def run_collection(req: CollectRequest, *, progress: Any = None) -> CollectResul
         built.inputs,
         loss_fn=built.loss_fn,
         optimizer=req.optimizer,
+        optimizer_foreach=target.kind == "cuda",  # what PyTorch picks on the target
         device=torch.device(req.device),
         dtype=DTYPES[req.dtype],
         cost_model=cost,
         emulate_cuda_attention=emulate,
         round_bytes_to=CUDA_BLOCK_BYTES if target.kind == "cuda" else 1,
+        checkpoint_overhead_us_per_op=target.checkpoint_overhead_us_per_op,
+        measure_checkpoint_overhead=req.benchmark,
         metadata=meta,
         progress=progress,
     )

@@ -13,7 +13,7 @@ from planner.ops.policy import optimal_op_policy
 from planner.options import PlanOptions
 from planner.plan_format import Plan, PlannedModule, PlanStatus
 from planner.planning import plan, sweep
-from planner.stats.format import STATS_FORMAT, ModuleStats, OpStats, Stats, StatsMetadata, stats_hash
+from planner.stats.format import STATS_FORMAT, ModuleStats, Moment, OpStats, Stats, StatsMetadata, stats_hash
 from planner.stats.loader import StatsError, from_torch_format, load_stats, parse_stats
 from planner.version import PLANNER_VERSION
 
@@ -24,6 +24,7 @@ __all__ = [
     "Frontier",
     "MemoryModel",
     "ModuleStats",
+    "Moment",
     "OpStats",
     "Plan",
     "PlanOptions",

@@ -134,8 +134,8 @@ def _option_message(exc: ValueError, is_sweep: bool) -> str:
 
 def _run_sweep(stats: Stats, budgets: list[float], args, progress=None) -> list[Plan] | None:
     """The planner's sweep; None (after printing why) on an invalid option."""
-    if args.include_optimizer_state and not stats.root.optimizer_state_bytes:
-        print("sacplan: note: --include-optimizer-state changes nothing: the stats record no optimizer state "
+    if args.first_step_only and not stats.root.optimizer_state_bytes:
+        print("sacplan: note: --first-step-only changes nothing: the stats record no optimizer state "
               "(PyTorch-format stats never do)", file=sys.stderr)
     try:
         with _solver_output_to_stderr():
@@ -253,6 +253,8 @@ def plan_table(stats: Stats, p: Plan) -> str:
         f"status           {_status_text(p)}",
         f"budget           {p.memory_budget_gib:g} GiB (world size {p.world_size})",
         f"peak             {_gib_text(p.peak_bytes)}  (no checkpointing: {_gib_text(p.baseline_peak_bytes)})",
+        f"peak at          {p.peak_at or '-'}",
+        f"memory model     {p.memory_model}: {p.memory_model_note}",
         f"recompute        {_recompute_text(p)}",
         f"solve            {p.solve_seconds:.3f} s",
     ]

@@ -1,25 +1,40 @@
-"""The memory model: peak memory of a step for given per-module discards.
+"""The memory model: the step's memory at the moments its peak can occur, for given per-module discards.
 
-PyTorch's ``sac_milp`` model (see docs/memory-model.md): at each module n,
+Every moment t has a base (its memory with no checkpointing) and a key: the
+discard ``d_c`` of a checkpointed module c is in effect at t when c sits at a
+``fw_post_order`` position below the key (its forward has finished and its
+backward, where its recompute brings the activations back, has not started).
+So, for any plan,
 
-    m_n = TA_n + AG_n - sum(d_j for j finished before n in forward post-order)
-          + (P + TG_n) / world_size  [+ optimizer state / world_size] [+ reserve]
+    m_t = base_t - sum(d_c for checkpointed c with post(c) < key_t)
 
-and the step's peak is the largest m_n. ``d_j`` is the activation memory module
-j discards when checkpointed: its autograd-saved bytes minus the bytes its
-policy keeps.
+and the step's peak is the largest ``m_t``. Two sets of moments:
+
+* ``step`` (stats with a ``timeline``, which sacplan's collector writes): the
+  collected step's own moments, forward, backward and the optimizer step, at
+  their most live memory. ``base_t`` = activation_bytes + (parameters +
+  gradients + optimizer memory) / world_size: in the steady state (every step
+  after the first) the optimizer state is live throughout, in the first step
+  only from the optimizer step on.
+* ``torch`` (PyTorch's format, and stats without a timeline): PyTorch's
+  ``sac_milp`` model, one moment per module n at key post(n),
+  ``TA_n + AG_n + (P + TG_n [+ optimizer state]) / world_size``.
+
+``reserve_bytes`` is added to every moment. See docs/memory-model.md.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
-from planner.stats.format import Stats
+from planner.stats.format import ModuleStats, Stats
 
-__all__ = ["GIB", "MIB", "NEED_TOL_BYTES", "MemoryModel", "memory_model", "baseline_peak_bytes", "compute_ms"]
+__all__ = ["GIB", "MIB", "NEED_TOL_BYTES", "MemoryModel", "memory_model", "baseline_peak_bytes", "compute_ms",
+           "discardable_bytes"]
 
 GIB = 2**30
 MIB = 2**20
@@ -28,52 +43,98 @@ MIB = 2**20
 # by a real fraction of a byte, so a plan's peak never exceeds its budget.
 NEED_TOL_BYTES = 1e-6
 
+_PHASE_ORDER = {"forward": 0, "backward": 1, "optimizer": 2}
+
 
 @dataclass(frozen=True)
 class MemoryModel:
-    """Per-module constant memory and forward post-order positions."""
+    """The step's key moments: per moment its key, its memory with no discards, and what runs then."""
 
-    fqns: tuple[str, ...]  # forward pre-order
-    post_pos: np.ndarray  # position of each module in forward post-order
-    base_bytes: np.ndarray  # m_n with no discards (float: sharding divides)
+    kind: Literal["step", "torch"]
+    note: str  # which model, and why
+    keys: np.ndarray  # per moment: discards of modules at post-order positions below this apply
+    base_bytes: np.ndarray  # per moment: memory with no discards (float: sharding divides)
+    phases: tuple[str, ...]  # per moment: forward, backward or optimizer
+    modules: tuple[str | None, ...]  # per moment: the module running, if any
+    post_pos: Mapping[str, int]  # module fqn -> its position in forward post-order
 
     def profile_bytes(self, discarded: Mapping[str, float] | None = None) -> np.ndarray:
-        """m_n per module (pre-order) with ``discarded[fqn]`` bytes freed by each checkpointed module."""
+        """m_t per moment (in step order) with ``discarded[fqn]`` bytes freed by each checkpointed module."""
         m = self.base_bytes.copy()
         for fqn, d in (discarded or {}).items():
-            j = self.fqns.index(fqn)
-            m[self.post_pos > self.post_pos[j]] -= d
+            m[self.keys > self.post_pos[fqn]] -= d
         return m
 
     def peak_bytes(self, discarded: Mapping[str, float] | None = None) -> float:
-        """Peak of m_n with ``discarded[fqn]`` bytes freed by each checkpointed module."""
+        """The step's peak with ``discarded[fqn]`` bytes freed by each checkpointed module."""
         return float(self.profile_bytes(discarded).max())
 
+    def peak_moment(self, discarded: Mapping[str, float] | None = None) -> int:
+        """Index of the moment where that peak is (the first, if several)."""
+        return int(np.argmax(self.profile_bytes(discarded)))
 
-def memory_model(
-    stats: Stats, *, world_size: int = 1, include_optimizer_state: bool = False, reserve_bytes: float = 0.0
-) -> MemoryModel:
-    """Build the memory model of ``stats`` for ``world_size`` ranks."""
+    def describe(self, t: int) -> str:
+        """Moment t in words: 'backward of Model.layers.3', 'optimizer step', 'forward'."""
+        phase, module = self.phases[t], self.modules[t]
+        if phase == "optimizer":
+            return "optimizer step"
+        if phase == "module":  # PyTorch's model: a module's end of forward and backward peak, as one
+            return f"module {module}"
+        return f"{phase} of {module}" if module else phase
+
+
+def memory_model(stats: Stats, *, world_size: int = 1, first_step_only: bool = False,
+                 reserve_bytes: float = 0.0) -> MemoryModel:
+    """The memory model of ``stats`` for ``world_size`` ranks (steady state unless ``first_step_only``)."""
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
-    fqns = tuple(stats.fw_pre_order)
     post = {f: k for k, f in enumerate(stats.fw_post_order)}
+    model = _step(stats, post, world_size, first_step_only) if stats.timeline else \
+        _torch(stats, post, world_size, first_step_only)
+    if reserve_bytes:
+        model = MemoryModel(model.kind, model.note, model.keys, model.base_bytes + reserve_bytes, model.phases,
+                            model.modules, model.post_pos)
+    return model
+
+
+def _step(stats: Stats, post: dict[str, int], world_size: int, first_step_only: bool) -> MemoryModel:
     root = stats.root
-    sharded_const = root.param_bytes + (root.optimizer_state_bytes if include_optimizer_state else 0)
-    base = np.empty(len(fqns), dtype=np.float64)
-    for i, f in enumerate(fqns):
-        m = stats.module(f)
-        base[i] = m.act_total_bytes + m.act_grad_bytes + (sharded_const + m.grad_total_bytes) / world_size
-    base += reserve_bytes
-    return MemoryModel(fqns, np.array([post[f] for f in fqns]), base)
+    state = 0 if first_step_only else root.optimizer_state_bytes
+    moments = sorted(stats.timeline, key=lambda t: (_PHASE_ORDER[t.phase], t.key if t.phase == "forward" else -t.key))
+    base = np.array([t.activation_bytes + (root.param_bytes + t.grad_bytes
+                                           + (t.optimizer_bytes if t.phase == "optimizer" else state)) / world_size
+                     for t in moments], dtype=np.float64)
+    when = "the first step (no optimizer state before the optimizer step)" if first_step_only else \
+        "the steady state (optimizer state live throughout)"
+    return MemoryModel("step", f"the collected step's timeline, {when}", np.array([t.key for t in moments]), base,
+                       tuple(t.phase for t in moments), tuple(t.module for t in moments), post)
 
 
-def baseline_peak_bytes(stats: Stats, *, world_size: int = 1, include_optimizer_state: bool = False,
+def _torch(stats: Stats, post: dict[str, int], world_size: int, first_step_only: bool) -> MemoryModel:
+    state = 0 if first_step_only else stats.root.optimizer_state_bytes
+    sharded = stats.root.param_bytes + state
+    fqns = sorted(stats.fw_post_order, key=post.__getitem__)
+    base = np.array([stats.module(f).act_total_bytes + stats.module(f).act_grad_bytes
+                     + (sharded + stats.module(f).grad_total_bytes) / world_size for f in fqns], dtype=np.float64)
+    torch_source = stats.metadata.tags.get("source_format") == "torch"
+    why = "PyTorch-format stats" if torch_source else "the stats have no timeline (collected before planner 0.5)"
+    note = f"PyTorch's sac_milp model, one moment per module ({why}; recollect with sacplan collect to follow the step)"
+    if torch_source:
+        note = "PyTorch's sac_milp model, one moment per module (PyTorch-format stats: like for like with sac_milp)"
+    return MemoryModel("torch", note, np.array([post[f] for f in fqns]), base, ("module",) * len(fqns),
+                       tuple(fqns), post)
+
+
+def baseline_peak_bytes(stats: Stats, *, world_size: int = 1, first_step_only: bool = False,
                         reserve_bytes: float = 0.0) -> int:
     """Peak memory with no checkpointing, rounded up to whole bytes."""
-    model = memory_model(stats, world_size=world_size, include_optimizer_state=include_optimizer_state,
-                         reserve_bytes=reserve_bytes)
+    model = memory_model(stats, world_size=world_size, first_step_only=first_step_only, reserve_bytes=reserve_bytes)
     return int(np.ceil(model.peak_bytes()))
+
+
+def discardable_bytes(m: ModuleStats) -> int:
+    """The most checkpointing ``m`` can free: its autograd-saved activations (IA) less the inputs it holds."""
+    return m.act_saved_bytes - m.held_input_bytes
 
 
 def compute_ms(stats: Stats) -> float:

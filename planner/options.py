@@ -57,8 +57,10 @@ class PlanOptions(BaseModel):
     solver: Solver = Field(
         "auto", description="Planning engine: 'dp' (exact bounded DP), 'milp' (HiGHS), or 'auto' (the DP, with the "
                             "MILP where the DP does not apply).")
-    include_optimizer_state: bool = Field(
-        False, description="Count the optimizer state the stats record (sharded over world_size).")
+    first_step_only: bool = Field(
+        False, description="Plan the first step only: no optimizer state before the first optimizer step. By "
+                           "default a plan holds for every step (the optimizer state the stats record is live "
+                           "throughout).")
     reserve_gib: float = Field(
         0.0, ge=0.0, le=MAX_BYTES / GIB, description="Fixed reserve added at every point of the step, GiB.")
 
@@ -102,7 +104,7 @@ class PlanOptions(BaseModel):
             raise ValueError(f"solver must be 'auto', 'milp' or 'dp', got {v!r}")
         return v
 
-    @field_validator("include_optimizer_state", mode="before")
+    @field_validator("first_step_only", mode="before")
     @classmethod
     def _flag(cls, v: Any, info) -> Any:
         if not isinstance(v, bool):

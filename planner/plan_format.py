@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["PlanStatus", "PlannedModule", "Plan"]
+__all__ = ["PlanStatus", "PlanMoment", "PlannedModule", "Plan"]
 
 PlanStatus = Literal["optimal", "feasible", "infeasible", "time_limit", "error"]
 
@@ -22,14 +22,29 @@ class PlannedModule(BaseModel):
         "(PyTorch's meaning; the op-level budget is 1 - discard_ratio)."
     )
     discarded_bytes: int = Field(
-        description="Activation memory freed vs. no checkpointing: autograd-saved bytes minus bytes the policy keeps."
+        description="Activation memory freed vs. no checkpointing: autograd-saved bytes minus bytes the policy keeps "
+        "and the inputs checkpointing holds (held_input_bytes)."
     )
     saved_bytes: int = Field(description="Bytes of op outputs the policy keeps.")
-    recompute_ms: float = Field(description="Runtime of the ops recomputed in backward.")
+    recompute_ms: float = Field(description="What checkpointing the module costs in backward: the runtime of its "
+                                            "recomputed ops plus checkpoint_overhead_ms.")
+    checkpoint_overhead_ms: float = Field(0.0, description="Checkpointing's own cost for this module (re-running "
+                                                           "its forward code and the policy per op), from the stats.")
     save: list[int] = Field(description="1 = save, 0 = recompute, one per op of the module in the stats.")
     op_names: list[str] | None = Field(
         None, description="The module's op names, aligned with save: lets apply_plan verify the model runs the same ops."
     )
+
+
+class PlanMoment(BaseModel):
+    """The step's memory at one key moment, without and with the plan."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    phase: str = Field(description="forward, backward, optimizer (the step model) or module (PyTorch's model).")
+    module: str | None = Field(None, description="The module running then, if any.")
+    baseline_bytes: int = Field(description="Memory at this moment with no checkpointing.")
+    planned_bytes: int | None = Field(None, description="Memory at this moment with the plan (null without a plan).")
 
 
 class Plan(BaseModel):
@@ -57,4 +72,13 @@ class Plan(BaseModel):
     min_feasible_budget_gib: float | None = Field(
         None, description="When infeasible: the smallest budget that has a plan."
     )
+    memory_model: str = Field("torch", description="step: the collected step's own timeline (sacplan's stats); "
+                                                   "torch: PyTorch's sac_milp model (PyTorch-format or older stats).")
+    memory_model_note: str = Field("", description="Which memory model, which step (steady state or first), and why.")
+    first_step_only: bool = Field(False, description="True: the plan holds for the first step only (no optimizer "
+                                                     "state yet); false: for every step.")
+    peak_at: str | None = Field(None, description="Where the peak is: 'backward of Model.layers.3', 'optimizer "
+                                                  "step', ... (with the plan, or without when there is none).")
     modules: list[PlannedModule] = Field(default_factory=list)
+    timeline: list[PlanMoment] = Field(default_factory=list, description="The step's memory at every key moment, "
+                                                                         "in step order, without and with the plan.")

@@ -16,9 +16,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from planner.memory_model import GIB, compute_ms
+from planner.memory_model import GIB, compute_ms, discardable_bytes
 from planner.options import PlanOptions, plan_options
-from planner.plan_format import Plan, PlannedModule
+from planner.plan_format import Plan, PlanMoment, PlannedModule
 from planner.solve.dp import solve_dp
 from planner.solve.milp import solve_budget
 from planner.solve.min_peak import solve_min_peak_dp
@@ -53,8 +53,9 @@ def plan(stats: StatsInput, memory_budget_gib: float, *, options: PlanOptions | 
         back when the exact DP uses up its work allowance on deep stacks of
         identical blocks), ``mip_rel_gap`` (the gap at which a plan counts as
         optimal, at least 1e-8), ``solver`` (``auto``, ``dp`` or ``milp``),
-        ``include_optimizer_state`` and ``reserve_gib`` (opt-in memory terms,
-        off by default so PyTorch-format stats plan under PyTorch's model).
+        ``first_step_only`` (by default a plan holds for every step: the
+        optimizer state the stats record is live throughout) and
+        ``reserve_gib`` (a fixed reserve at every moment).
 
     Returns
     -------
@@ -87,14 +88,14 @@ def sweep(stats: StatsInput, budgets_gib: Sequence[float], *, options: PlanOptio
 def _plans(stats: Stats, budgets: list[float], opts: PlanOptions,
            progress: Callable[[int, int, Plan], None] | None) -> list[Plan]:
     prob = prepare(stats, world_size=opts.world_size, ac_units=opts.ac_units, fsdp_units=opts.fsdp_units,
-                   include_optimizer_state=opts.include_optimizer_state, reserve_bytes=opts.reserve_gib * GIB)
+                   first_step_only=opts.first_step_only, reserve_bytes=opts.reserve_gib * GIB)
     baseline = int(math.ceil(prob.model.peak_bytes()))
     plans = []
     for i, budget in enumerate(budgets):
         started = time.perf_counter()
         sol = _solve(prob, budget * GIB, opts, started)
         min_budget = _min_feasible(prob) if sol.status == "infeasible" else None
-        p = _to_plan(prob, sol, budget, opts.world_size, baseline, time.perf_counter() - started, min_budget)
+        p = _to_plan(prob, sol, budget, opts, baseline, time.perf_counter() - started, min_budget)
         plans.append(p)
         if progress:
             progress(i, len(budgets), p)
@@ -175,7 +176,7 @@ def _round_up(gib: float, digits: int = 6) -> float:
     return out
 
 
-def _to_plan(prob: Problem, sol: Solution, budget: float, world_size: int, baseline: int,
+def _to_plan(prob: Problem, sol: Solution, budget: float, opts: PlanOptions, baseline: int,
              seconds: float, min_budget: float | None) -> Plan:
     modules = [_planned_module(prob, fqn, sol.decisions[fqn]) for fqn in prob.stats.fw_pre_order
                if sol.decisions and fqn in sol.decisions]
@@ -192,7 +193,7 @@ def _to_plan(prob: Problem, sol: Solution, budget: float, world_size: int, basel
         status=sol.status,
         message=message,
         memory_budget_gib=budget,
-        world_size=world_size,
+        world_size=opts.world_size,
         peak_bytes=None if sol.peak_bytes is None else int(math.ceil(sol.peak_bytes)),
         recompute_ms=recompute_ms,
         baseline_peak_bytes=baseline,
@@ -201,21 +202,41 @@ def _to_plan(prob: Problem, sol: Solution, budget: float, world_size: int, basel
         mip_gap=sol.mip_gap,
         planner_version=PLANNER_VERSION,
         min_feasible_budget_gib=min_budget,
+        memory_model=prob.model.kind,
+        memory_model_note=prob.model.note,
+        first_step_only=opts.first_step_only,
         modules=modules,
+        **_timeline(prob, sol),
     )
+
+
+def _timeline(prob: Problem, sol: Solution) -> dict:
+    """The plan's ``timeline`` and ``peak_at``: every key moment without and with the plan."""
+    model = prob.model
+    base = model.profile_bytes()
+    planned = None
+    if sol.decisions is not None:
+        planned = model.profile_bytes({f: discardable_bytes(prob.stats.module(f)) - saved
+                                       for f, (_, saved, _) in sol.decisions.items()})
+    shown = planned if planned is not None else base
+    moments = [PlanMoment(phase=model.phases[t], module=model.modules[t], baseline_bytes=math.ceil(base[t]),
+                          planned_bytes=None if planned is None else math.ceil(planned[t])) for t in range(len(base))]
+    return {"timeline": moments, "peak_at": model.describe(int(shown.argmax()))}
 
 
 def _planned_module(prob: Problem, fqn: str, decision) -> PlannedModule:
     save, saved_bytes, _ = decision
     m = prob.stats.module(fqn)
     total = m.op_bytes
+    overhead = m.checkpoint_overhead_ms or 0.0
     return PlannedModule(
         fqn=fqn,
         discard_ratio=1.0 - saved_bytes / total if total else 0.0,
-        discarded_bytes=m.act_saved_bytes - saved_bytes,
+        discarded_bytes=discardable_bytes(m) - saved_bytes,
         saved_bytes=saved_bytes,
         # summed from the save list itself (not total - saved: that leaves float noise where nothing is recomputed)
-        recompute_ms=math.fsum(op.runtime_ms for op, s in zip(m.ops, save) if not s),
+        recompute_ms=math.fsum([op.runtime_ms for op, s in zip(m.ops, save) if not s] + [overhead]) * m.calls,
+        checkpoint_overhead_ms=overhead,
         save=save,
         op_names=[op.name for op in m.ops],
     )

@@ -15,16 +15,25 @@ from planner import GIB, Stats, memory_model
 __all__ = ["memory_profile_bytes", "plan_chart_png", "sweep_chart_png"]
 
 
-def memory_profile_bytes(stats: Stats, discarded_bytes: dict[str, float], world_size: int = 1) -> tuple[list[str], np.ndarray, np.ndarray]:
-    """Per-module memory m_n in forward post-order, without and with the discards.
+def memory_profile_bytes(stats: Stats, discarded_bytes: dict[str, float], world_size: int = 1,
+                         first_step_only: bool = False) -> tuple[list[tuple[str, str | None]], np.ndarray, np.ndarray]:
+    """The step's memory at its key moments (phase, module), in step order, without and with the discards.
 
-    The same model the planner's peak uses (``planner.memory_model``): a module's
-    discard frees memory at every module after it in forward post-order.
+    The same model the planner's peak uses (``planner.memory_model``); for plans
+    that carry their own ``timeline`` the chart reads that instead.
     """
-    model = memory_model(stats, world_size=world_size)
-    with_plan = model.profile_bytes(discarded_bytes)
-    order = np.argsort(model.post_pos)
-    return [model.fqns[i] for i in order], model.base_bytes[order], with_plan[order]
+    model = memory_model(stats, world_size=world_size, first_step_only=first_step_only)
+    return list(zip(model.phases, model.modules)), model.base_bytes, model.profile_bytes(discarded_bytes)
+
+
+def _moments(stats: Stats, plan: dict[str, Any]) -> tuple[list[tuple[str, str | None]], np.ndarray, np.ndarray]:
+    timeline = plan.get("timeline")
+    if timeline:
+        base = np.array([t["baseline_bytes"] for t in timeline], dtype=np.float64)
+        planned = np.array([t["planned_bytes"] if t.get("planned_bytes") is not None else np.nan for t in timeline])
+        return [(t["phase"], t.get("module")) for t in timeline], base, planned
+    discarded = {m["fqn"]: float(m["discarded_bytes"]) for m in plan.get("modules", [])}
+    return memory_profile_bytes(stats, discarded, plan.get("world_size", 1), plan.get("first_step_only", False))
 
 
 def _png(fig: Figure) -> bytes:
@@ -37,30 +46,59 @@ def _short(fqn: str, root: str) -> str:
     return fqn.removeprefix(root + ".") if fqn != root else fqn
 
 
+_PHASE_COLORS = {"forward": "tab:green", "backward": "tab:orange", "optimizer": "tab:purple"}
+
+
 def plan_chart_png(stats: Stats, plan: dict[str, Any]) -> bytes:
-    """Memory at each module across the step, with and without the plan, and the budget line."""
-    discarded = {m["fqn"]: float(m["discarded_bytes"]) for m in plan.get("modules", [])}
-    fqns, base, planned = memory_profile_bytes(stats, discarded, plan.get("world_size", 1))
-    x = np.arange(len(fqns))
+    """Memory across the step (forward, backward, optimizer step), with and without the plan, the budget and the peak."""
+    moments, base, planned = _moments(stats, plan)
+    x = np.arange(len(moments))
     fig = Figure(figsize=(10, 4.8), dpi=100, layout="constrained")
     ax = fig.add_subplot()
-    ax.plot(x, base / GIB, color="tab:gray", marker=".", label="no checkpointing")
-    if plan.get("status") in ("optimal", "feasible"):
-        ax.plot(x, planned / GIB, color="tab:blue", marker=".", label="with plan")
+    _phase_bands(ax, [phase for phase, _ in moments])
+    ax.plot(x, base / GIB, color="tab:gray", marker=".", markersize=3, label="no checkpointing")
+    shown = base
+    if plan.get("status") in ("optimal", "feasible") and not np.all(np.isnan(planned)):
+        ax.plot(x, planned / GIB, color="tab:blue", marker=".", markersize=3, label="with plan")
         ax.fill_between(x, planned / GIB, base / GIB, color="tab:blue", alpha=0.15, label="freed by recomputation")
+        shown = planned
     ax.axhline(plan["memory_budget_gib"], color="tab:red", linestyle="--",
                label=f"budget {plan['memory_budget_gib']:g} GiB")
-    if len(fqns) <= 48:
+    peak = int(np.nanargmax(shown))
+    ax.plot([peak], [shown[peak] / GIB], marker="v", color="black", linestyle="none",
+            label=f"peak: {plan.get('peak_at') or _where(moments[peak])}")
+    if len(moments) <= 48:
         root = stats.root.fqn
-        ax.set_xticks(x, [_short(f, root) for f in fqns], rotation=70, fontsize=7, ha="right")
-    ax.set_xlabel("module (forward post-order)")
+        ax.set_xticks(x, [_short(m or p, root) for p, m in moments], rotation=70, fontsize=7, ha="right")
+    else:
+        ax.set_xticks([])
+    ax.set_xlabel("the step, in order" if moments and moments[0][0] != "module" else "module (forward post-order)")
     ax.set_ylabel("memory, GiB")
     rec = plan.get("recompute_ms")
     extra = f", recompute {rec:.2f} ms" if rec is not None else ""
-    ax.set_title(f"{stats.metadata.model_name}: {plan['status']}{extra}")
+    model = plan.get("memory_model")
+    ax.set_title(f"{stats.metadata.model_name}: {plan['status']}{extra}" + (f" ({model} model)" if model else ""))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
     return _png(fig)
+
+
+def _where(moment: tuple[str, str | None]) -> str:
+    phase, module = moment
+    return f"{phase} of {module}" if module else phase
+
+
+def _phase_bands(ax: Any, phases: list[str]) -> None:
+    """A light band per phase of the step (none for PyTorch's per-module model)."""
+    start = 0
+    for k in range(1, len(phases) + 1):
+        if k == len(phases) or phases[k] != phases[start]:
+            color = _PHASE_COLORS.get(phases[start])
+            if color:
+                ax.axvspan(start - 0.5, k - 0.5, color=color, alpha=0.07, linewidth=0)
+                ax.text((start + k - 1) / 2, 1.0, phases[start], transform=ax.get_xaxis_transform(), ha="center",
+                        va="bottom", fontsize=8, color=color)
+            start = k
 
 
 def sweep_chart_png(model_name: str, plans: Sequence[dict[str, Any]], baseline_peak_bytes: int) -> bytes:

@@ -55,17 +55,19 @@ def for_budget(prob: Problem, fr: Frontiers, keyneed: np.ndarray) -> Frontiers |
         # Less than this discard leaves some key after i short whatever the others discard.
         least = float(np.max(after - most[a] - (most[i + 1:] - most[i + 1])))
         m = prob.stats.module(fqn)
+        ia = prob.candidates[i].act_saved_bytes  # what checkpointing it can free
         if least >= cap - NEED_TOL_BYTES:  # one useful point: the cheapest decision discarding at least cap
-            f = cheapest_discarding(prob.candidates[i].classes, m.act_saved_bytes, cap)
+            f = cheapest_discarding(prob.candidates[i].classes, ia, cap)
         else:
             try:
-                f = capped_frontier(m.ops, m.force_store_random, act_saved_bytes=m.act_saved_bytes,
+                f = capped_frontier(m.ops, m.force_store_random, act_saved_bytes=ia,
                                     max_discard_bytes=cap, max_points=FRONTIER_LIMIT)
             except FrontierTooLarge:
                 return None
-        d = m.act_saved_bytes - f.saved_bytes[::-1]
+        d = ia - f.saved_bytes[::-1]
         keep = d > 0
-        out.d[i], out.rc[i] = d[keep].astype(np.int64), (m.op_ms - f.saved_ms[::-1])[keep]
+        rc = prob.candidates[i].cost(m.op_ms - f.saved_ms[::-1])
+        out.d[i], out.rc[i] = d[keep].astype(np.int64), rc[keep]
         out.point[i] = np.arange(len(f))[::-1][keep]
         out.capped[i] = f
     return out

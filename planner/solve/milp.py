@@ -10,7 +10,7 @@ Variables, per candidate module c (non-leaf, has ops, allowed by the request):
 
 With ``D_c = (IA_c - ACM_c + R_c) y_c + sum_q w_q k_cq`` (memory discarded: what
 autograd would save minus what the policy keeps) and ``RC_c = V_c y_c +
-sum_q v_q k_cq`` (ms recomputed), the problem is
+sum_q v_q k_cq`` (ms recomputed; ``V_c`` includes checkpointing's own overhead), the problem is
 
     minimise   sum_c RC_c
     subject to S_{key(n)} >= base_n - budget    for every module n
@@ -73,20 +73,20 @@ class _Matrix:
             cl = cand.classes
             y = self.y0 + i
             integrality[y], ub[y] = 1, 1
-            cost[y] = cl.always_recomputed_ms
+            cost[y] = cand.cost(cl.always_recomputed_ms)
             d_entries = [(y, cand.y_bytes / prob.unit)]
             for q in range(len(cl.members)):
                 k = self.k0 + k_off[i] + q
                 integrality[k], ub[k] = 1, len(cl.members[q])
-                cost[k] = cl.class_ms[q]
+                cost[k] = cl.class_ms[q] * cand.calls
                 row([(k, 1.0), (y, -float(len(cl.members[q])))], -np.inf, 0.0)
                 d_entries.append((k, cl.class_bytes[q] / prob.unit))
             # S_i - S_{i-1} - D_c = 0 and D_c >= 0
             s_prev = [] if i == 0 else [(self.s0 + i - 1, 1.0)]
             row([(self.s0 + i, 1.0)] + [(c, -1.0 * v) for c, v in s_prev] + [(c, -v) for c, v in d_entries], 0.0, 0.0)
             row(d_entries, 0.0, np.inf)
-            rc_entries = [(y, cl.always_recomputed_ms)] + [
-                (self.k0 + k_off[i] + q, cl.class_ms[q]) for q in range(len(cl.members))]
+            rc_entries = [(y, cost[y])] + [(self.k0 + k_off[i] + q, cost[self.k0 + k_off[i] + q])
+                                           for q in range(len(cl.members))]
             for slope, intercept in prob.hull(cand):
                 # RC - slope * D - intercept * y >= 0, loosened by a hair for float safety
                 coef: dict[int, float] = {}

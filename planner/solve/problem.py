@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from planner.memory_model import MemoryModel, memory_model
+from planner.memory_model import MemoryModel, discardable_bytes, memory_model
 from planner.ops.frontier import Frontier, FrontierTooLarge, frontier_hull, module_frontier
 from planner.ops.groups import op_groups
 from planner.ops.knapsack import GroupClasses, group_classes
@@ -45,9 +45,15 @@ class Candidate:
 
     fqn: str
     post_pos: int
-    act_saved_bytes: int  # IA
+    act_saved_bytes: int  # IA less the inputs checkpointing holds (memory_model.discardable_bytes)
     classes: GroupClasses
     ops_key: tuple = ()
+    overhead_ms: float = 0.0  # checkpointing's own cost, paid whenever the module is checkpointed
+    calls: int = 1  # forward calls in the step: each is recomputed
+
+    def cost(self, recomputed_ms):
+        """What checkpointing the module costs when its ops recompute ``recomputed_ms`` per call."""
+        return (recomputed_ms + self.overhead_ms) * self.calls
 
     @property
     def op_bytes(self) -> int:  # ACM
@@ -129,13 +135,13 @@ class Problem:
         Every op decision lies on or above this hull, so the facets are valid
         cuts; they give the LP relaxation the exact multiple-choice bound.
         """
-        key = (cand.ops_key, cand.act_saved_bytes)
+        key = (cand.ops_key, cand.act_saved_bytes, cand.overhead_ms, cand.calls)
         if key not in self._hull_cache:
             f = self.frontier(cand.fqn)
             facets: tuple[tuple[float, float], ...] = ()
             if f is not None and len(f) >= 2:
                 d = (cand.act_saved_bytes - f.saved_bytes) / self.unit
-                hx, hy, slopes = lower_hull(d, f.recompute_ms)
+                hx, hy, slopes = lower_hull(d, cand.cost(f.recompute_ms))
                 facets = tuple((float(k), float(y - k * x)) for k, x, y in zip(slopes, hx[:-1], hy[:-1]))
             self._hull_cache[key] = facets
         return self._hull_cache[key]
@@ -169,12 +175,11 @@ def prepare(
     world_size: int = 1,
     ac_units: Sequence[str] | None = None,
     fsdp_units: Sequence[str] | None = None,
-    include_optimizer_state: bool = False,
+    first_step_only: bool = False,
     reserve_bytes: float = 0.0,
 ) -> Problem:
     """Build everything that does not depend on the budget."""
-    model = memory_model(stats, world_size=world_size, include_optimizer_state=include_optimizer_state,
-                         reserve_bytes=reserve_bytes)
+    model = memory_model(stats, world_size=world_size, first_step_only=first_step_only, reserve_bytes=reserve_bytes)
     allowed = _allowed(stats, ac_units, fsdp_units)
     unit = float(2 ** max(0, math.floor(math.log2(max(float(model.base_bytes.max()), 1.0)))))
     last_post = len(stats.fw_post_order) - 1
@@ -189,11 +194,12 @@ def prepare(
         key = ops_key(m)
         if key not in class_cache:
             class_cache[key] = group_classes(op_groups(m.ops, m.force_store_random))
-        cand = Candidate(fqn, post[fqn], m.act_saved_bytes, class_cache[key], key)
+        cand = Candidate(fqn, post[fqn], discardable_bytes(m), class_cache[key], key, m.checkpoint_overhead_ms or 0.0,
+                         m.calls)
         if cand.max_discard_bytes > 0:
             cands.append(cand)
     cand_post = np.array([c.post_pos for c in cands], dtype=np.int64)
-    node_key = np.searchsorted(cand_post, model.post_pos, side="left")
+    node_key = np.searchsorted(cand_post, model.keys, side="left")
     return Problem(stats, model, cands, node_key, _chains(stats, [c.fqn for c in cands]), unit)
 
 
@@ -270,7 +276,7 @@ def _build_frontiers(prob: Problem) -> Frontiers:
     memo: dict[tuple, tuple] = {}
     fids: dict[tuple, int] = {}
     for i, cand in enumerate(prob.candidates):
-        key = (cand.ops_key, cand.act_saved_bytes)
+        key = (cand.ops_key, cand.act_saved_bytes, cand.overhead_ms, cand.calls)
         if key not in memo:
             memo[key] = _points(prob, cand)
         out.fid.append(fids.setdefault(key, len(fids)))
@@ -289,8 +295,9 @@ def _points(prob: Problem, cand: Candidate) -> tuple:
         m = prob.stats.module(cand.fqn)
         hd, hrc = frontier_hull(m.ops, m.force_store_random, act_saved_bytes=cand.act_saved_bytes)
         none = np.zeros(0, np.int64)
-        return none, np.zeros(0), none, hull_vertices(hd, hrc), int(hd[-1]) if len(hd) else 0, True
+        hull = hull_vertices(hd, cand.cost(hrc))
+        return none, np.zeros(0), none, hull, int(hd[-1]) if len(hd) else 0, True
     d = cand.act_saved_bytes - f.saved_bytes[::-1]
     keep = d > 0  # a point that frees nothing is never part of a plan
-    d, rc = d[keep].astype(np.int64), f.recompute_ms[::-1][keep]
+    d, rc = d[keep].astype(np.int64), cand.cost(f.recompute_ms[::-1][keep])
     return d, rc, np.arange(len(f))[::-1][keep], hull_vertices(d, rc), int(d[-1]) if len(d) else 0, False

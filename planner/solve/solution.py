@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from planner.memory_model import discardable_bytes
 from planner.plan_format import PlanStatus
 from planner.solve.problem import Problem
 
@@ -34,9 +35,9 @@ class Solution:
     def planned(cls, prob: Problem, decisions: dict[str, Decision], status: PlanStatus, message: str,
                 gap: float, lower_bound: float | None = None) -> Solution:
         """A plan (``optimal`` or ``feasible``): its peak and recompute derived from the decisions."""
-        discarded = {f: prob.stats.module(f).act_saved_bytes - saved for f, (_, saved, _) in decisions.items()}
+        discarded = {f: discardable_bytes(prob.stats.module(f)) - saved for f, (_, saved, _) in decisions.items()}
         peak = prob.model.peak_bytes(discarded)
-        recompute = math.fsum(prob.stats.module(f).op_ms - saved_ms for f, (_, _, saved_ms) in decisions.items())
+        recompute = math.fsum(_module_recompute_ms(prob, f, saved_ms) for f, (_, _, saved_ms) in decisions.items())
         return cls(status, message, peak, recompute, gap, decisions, lower_bound)
 
     @classmethod
@@ -56,3 +57,9 @@ class Solution:
     def with_status(self, status: PlanStatus, message: str, gap: float | None) -> Solution:
         """The same plan, re-labelled (a MILP plan judged against an earlier bound)."""
         return Solution(status, message, self.peak_bytes, self.recompute_ms, gap, self.decisions, self.lower_bound)
+
+
+def _module_recompute_ms(prob: Problem, fqn: str, saved_ms: float) -> float:
+    """What checkpointing one module costs: its recomputed ops, plus checkpointing's own overhead."""
+    m = prob.stats.module(fqn)
+    return (m.op_ms - saved_ms + (m.checkpoint_overhead_ms or 0.0)) * m.calls

@@ -102,6 +102,12 @@ class ModuleStats(_Strict):
     fw_ms: Millis = 0.0
     bw_ms: Millis = 0.0
     force_store_random: bool = Field(False, description="Random ops of this module must be saved.")
+    held_input_bytes: Bytes = Field(0, description="Bytes of the module's inputs that checkpointing keeps alive "
+                                    "until its backward although the step without it frees them sooner (no op "
+                                    "saves them for backward): they offset what checkpointing the module frees.")
+    calls: int = Field(1, ge=1, le=2**31, description="Forward calls of the module in the step (a shared layer "
+                       "applied several times): checkpointing it recomputes every call. The other figures describe "
+                       "the first call.")
     checkpoint_overhead_ms: Millis | None = Field(
         None, description="What checkpointing the module costs beyond recomputing its ops: re-running its forward "
         "code and the policy for every op, saved or not. Measured by `sacplan collect --benchmark`, else estimated "

@@ -77,3 +77,43 @@ def live_activation_bytes(model: torch.nn.Module, call: Any) -> tuple[int, Any]:
     exclude = set(_storages(list(model.parameters()) + list(model.buffers()))) | set(_storages(out))
     total = sum(n for key, (ref, n) in watch.refs.items() if ref() is not None and key not in exclude)
     return total, out
+
+
+class StepMemory(TorchDispatchMode):
+    """Unique live storages of a real run, by data pointer and weak reference, and the peak per phase.
+
+    Storages made before the run (parameters, buffers, inputs) are given with
+    :meth:`register`; every op output is registered when it appears, and a
+    weak reference takes it off when it is freed. Peaks are sampled after
+    each new storage, where they occur (freeing only lowers the total).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refs: dict[int, weakref.ref] = {}
+        self.live_bytes = 0
+        self.phase: tuple = ("before",)  # set by the caller: the peaks are kept per phase
+        self.peak_bytes: dict[tuple, int] = {}
+
+    def register(self, tree: Any) -> None:
+        for st in _storages(tree).values():
+            self._add(st)
+
+    def _add(self, st: torch.UntypedStorage) -> None:
+        ptr, n = st.data_ptr(), st.nbytes()
+        if not ptr or ptr in self.refs:
+            return
+
+        def freed(ref: weakref.ref, ptr: int = ptr, n: int = n) -> None:
+            if self.refs.get(ptr) is ref:
+                del self.refs[ptr]
+                self.live_bytes -= n
+
+        self.refs[ptr] = weakref.ref(st, freed)
+        self.live_bytes += n
+        self.peak_bytes[self.phase] = max(self.peak_bytes.get(self.phase, 0), self.live_bytes)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.register(out)
+        return out

@@ -8,23 +8,33 @@ from planner import Stats
 # --- an evaluator written from docs/memory-model.md, independent of the planner ---
 
 def realize(stats: Stats, decisions: dict[str, list[int]], world_size: int = 1, *,
-            optimizer_state: bool = False, reserve_bytes: float = 0.0) -> tuple[float, float]:
-    """(peak bytes, recompute ms) of per-module save lists, from the raw stats."""
+            first_step_only: bool = False, reserve_bytes: float = 0.0) -> tuple[float, float]:
+    """(peak bytes, recompute ms) of per-module save lists, from the raw stats.
+
+    With a timeline: the step's moments; a discard counts at a moment when its module's
+    post-order position is below the moment's key. Without: PyTorch's per-module formula.
+    The optimizer state counts at every moment unless ``first_step_only`` (docs/memory-model.md).
+    """
     post = {f: k for k, f in enumerate(stats.fw_post_order)}
     mods = {m.fqn: m for m in stats.modules}
     root = mods[stats.fw_pre_order[0]]
-    sharded = root.param_bytes + (root.optimizer_state_bytes if optimizer_state else 0)
+    state = 0 if first_step_only else root.optimizer_state_bytes
     discard, recompute = {}, 0.0
     for fqn, save in decisions.items():
-        ops = mods[fqn].ops
-        assert len(save) == len(ops)
-        discard[fqn] = mods[fqn].act_saved_bytes - sum(op.output_bytes for op, s in zip(ops, save) if s)
-        recompute += sum(op.runtime_ms for op, s in zip(ops, save) if not s)
-    peak = max(
-        m.act_total_bytes + m.act_grad_bytes + (sharded + m.grad_total_bytes) / world_size + reserve_bytes
-        - sum(d for f, d in discard.items() if post[f] < post[m.fqn])
-        for m in stats.modules
-    )
+        m = mods[fqn]
+        assert len(save) == len(m.ops)
+        # checkpointing keeps the inputs it holds alive: they offset what it frees
+        discard[fqn] = m.act_saved_bytes - m.held_input_bytes - sum(op.output_bytes for op, s in zip(m.ops, save) if s)
+        per_call = sum(op.runtime_ms for op, s in zip(m.ops, save) if not s) + (m.checkpoint_overhead_ms or 0.0)
+        recompute += per_call * m.calls  # every call of a shared module is recomputed
+    if stats.timeline:
+        moments = [(t.activation_bytes + (root.param_bytes + t.grad_bytes
+                                          + (t.optimizer_bytes if t.phase == "optimizer" else state)) / world_size,
+                    t.key) for t in stats.timeline]
+    else:
+        moments = [(m.act_total_bytes + m.act_grad_bytes + (root.param_bytes + state + m.grad_total_bytes) / world_size,
+                    post[m.fqn]) for m in stats.modules]
+    peak = max(base + reserve_bytes - sum(d for f, d in discard.items() if post[f] < key) for base, key in moments)
     return peak, recompute
 
 
@@ -42,10 +52,10 @@ def check_plan(stats: Stats, p, world_size: int = 1, **terms) -> None:
         assert pm.op_names == [op.name for op in m.ops]
         saved = sum(op.output_bytes for op, s in zip(m.ops, pm.save) if s)
         assert pm.saved_bytes == saved
-        assert pm.discarded_bytes == m.act_saved_bytes - saved
+        assert pm.discarded_bytes == m.act_saved_bytes - m.held_input_bytes - saved
         total = sum(op.output_bytes for op in m.ops)
         assert abs(pm.discard_ratio - (1 - saved / total if total else 0.0)) <= 1e-12
-        rc = sum(op.runtime_ms for op, s in zip(m.ops, pm.save) if not s)
+        rc = (sum(op.runtime_ms for op, s in zip(m.ops, pm.save) if not s) + (m.checkpoint_overhead_ms or 0.0)) * m.calls
         assert abs(pm.recompute_ms - rc) <= 1e-9 * max(1.0, rc), pm.fqn
     peak, rc = realize(stats, {pm.fqn: pm.save for pm in p.modules}, world_size, **terms)
     assert peak - 1e-6 <= p.peak_bytes < peak + 1 + 1e-6  # the model's peak, rounded up to whole bytes
@@ -88,7 +98,7 @@ def module_options(m) -> list[tuple[int, float, list[int]]]:
             continue
         kept = sum(op.output_bytes for op, s in zip(m.ops, save) if s)
         rc = sum(op.runtime_ms for op, s in zip(m.ops, save) if not s)
-        found.append((m.act_saved_bytes - kept, rc, list(save)))
+        found.append((m.act_saved_bytes - m.held_input_bytes - kept, rc, list(save)))
     found.sort(key=lambda x: (-x[0], x[1]))
     out, cheapest = [], float("inf")
     for d, rc, save in found:  # by discard, most first: keep a list only if it is cheaper than every larger one
@@ -98,7 +108,7 @@ def module_options(m) -> list[tuple[int, float, list[int]]]:
     return out
 
 
-def brute_force(stats: Stats, budget_bytes: float, world_size: int = 1):
+def brute_force(stats: Stats, budget_bytes: float, world_size: int = 1, **terms):
     """Least recompute over every non-nested choice of valid save lists (None if infeasible)."""
     cands = [m for m in stats.modules if not m.is_leaf and m.ops]
     options = [[None] + [save for _, _, save in module_options(m)] for m in cands]
@@ -107,7 +117,7 @@ def brute_force(stats: Stats, budget_bytes: float, world_size: int = 1):
         chosen = {m.fqn: s for m, s in zip(cands, choice) if s is not None}
         if any(a != b and b.startswith(a + ".") for a in chosen for b in chosen):
             continue
-        peak, rc = realize(stats, chosen, world_size)
+        peak, rc = realize(stats, chosen, world_size, **terms)
         if peak <= budget_bytes and (best is None or rc < best - 1e-9):
             best = rc
     return best

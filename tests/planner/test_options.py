@@ -38,7 +38,7 @@ def test_an_unknown_option_is_named():
     ("time_limit_s", True, "time_limit_s must be a positive number of seconds, got True"),
     ("time_limit_s", float("inf"), "time_limit_s must be a positive number of seconds, got inf"),
     ("mip_rel_gap", "0.1", r"mip_rel_gap must be in \[0, 1\), got '0.1'"),
-    ("include_optimizer_state", 1, "include_optimizer_state must be true or false, got 1"),
+    ("first_step_only", 1, "first_step_only must be true or false, got 1"),
     ("fsdp_units", "Transformer", "fsdp_units must be a list of module fqns, got the string 'Transformer'"),
     ("ac_units", [3], r"ac_units\[0\] must be a module fqn \(a string\), got 3"),
 ])
@@ -62,7 +62,7 @@ def test_every_option_is_a_cli_flag():
     assert r.returncode == 0, r.stderr
     flags = {"world_size": "--world-size", "ac_units": "--ac-unit", "fsdp_units": "--fsdp-unit",
              "time_limit_s": "--time-limit", "mip_rel_gap": "--mip-rel-gap", "solver": "--solver",
-             "include_optimizer_state": "--include-optimizer-state", "reserve_gib": "--reserve-gib"}
+             "first_step_only": "--first-step-only", "reserve_gib": "--reserve-gib"}
     assert set(flags) == set(PlanOptions.model_fields)
     for flag in flags.values():
         assert flag in r.stdout

@@ -66,16 +66,85 @@ def test_plans_equal_brute_force_on_random_trees(solver, world_size):
             budget = math.floor(budget)  # a whole-byte budget the fractional peak may touch
         expected = brute_force(stats, budget, world_size)
         p = plan(stats, budget / GIB, solver=solver, world_size=world_size)
-        if expected is None:
-            assert p.status == "infeasible", f"trial {trial}"
+        if not _is_brute_force_optimum(stats, p, expected, trial, world_size):
             infeasible += 1
             continue
-        assert p.status == "optimal", f"trial {trial}: {p.status} {p.message}"
-        assert p.recompute_ms == pytest.approx(expected, abs=1e-6), f"trial {trial}"
-        check_plan(stats, p, world_size)
         assert p.peak_bytes <= math.floor(budget)
         compared += 1
     assert compared >= 25 and infeasible >= 1
+
+
+def _is_brute_force_optimum(stats, p, expected, trial, world_size=1, **terms) -> bool:
+    """False when brute force found no plan (then neither may the planner); else the plan is checked in full."""
+    if expected is None:
+        assert p.status == "infeasible", f"trial {trial}"
+        return False
+    assert p.status == "optimal", f"trial {trial}: {p.status} {p.message}"
+    assert p.recompute_ms == pytest.approx(expected, abs=1e-6), f"trial {trial}"
+    check_plan(stats, p, world_size, **terms)
+    return True
+
+
+def with_timeline(rng, stats: Stats) -> Stats:
+    """``stats`` with a random timeline (as the collector writes one), an optimizer state at the root and
+    checkpointing overheads on some modules."""
+    doc = stats.model_dump()
+    n = len(doc["modules"])
+    doc["modules"][0]["optimizer_state_bytes"] = rng.randrange(0, 1024)
+    for m in doc["modules"]:
+        if m["ops"] and rng.random() < 0.5:
+            m["checkpoint_overhead_ms"] = round(rng.uniform(0, 2), 3)
+        if m["ops"] and rng.random() < 0.2:
+            m["calls"] = rng.choice([2, 3])  # a shared layer: every call is recomputed
+        if m["ops"] and rng.random() < 0.3:
+            m["held_input_bytes"] = rng.randrange(0, 512)  # inputs checkpointing keeps alive
+    moments = [dict(phase="forward", key=k, activation_bytes=rng.randrange(0, 4096)) for k in range(n + 1)]
+    moments += [dict(phase="backward", key=k, activation_bytes=rng.randrange(0, 4096), grad_bytes=rng.randrange(0, 512))
+                for k in range(n, -1, -1) if rng.random() < 0.7]
+    moments.append(dict(phase="optimizer", key=0, activation_bytes=rng.randrange(0, 64),
+                        grad_bytes=512, optimizer_bytes=rng.randrange(0, 1024)))
+    doc["timeline"] = moments
+    return Stats.model_validate(doc)
+
+
+@pytest.mark.parametrize("solver,world_size,first", [("dp", 1, False), ("milp", 1, False), ("dp", 2, False),
+                                                     ("dp", 1, True)])
+def test_step_model_plans_equal_brute_force(solver, world_size, first):
+    # The step's own moments (a timeline): each discard counts where its module's post-order
+    # position is below the moment's key. The reference (plan_helpers.realize) evaluates the
+    # moments directly; brute force enumerates every valid plan.
+    rng = random.Random(91 + world_size + 10 * first)
+    compared = infeasible = 0
+    for trial in range(120):
+        stats = with_timeline(rng, random_stats(rng))
+        base = realize(stats, {}, world_size, first_step_only=first)[0]
+        budget = rng.uniform(0.7, 1.0) * base
+        p = plan(stats, budget / GIB, solver=solver, world_size=world_size, first_step_only=first)
+        assert p.memory_model == "step"
+        expected = brute_force(stats, budget, world_size, first_step_only=first)
+        if not _is_brute_force_optimum(stats, p, expected, trial, world_size, first_step_only=first):
+            infeasible += 1
+            continue
+        assert max(t.planned_bytes for t in p.timeline) == p.peak_bytes
+        compared += 1
+    assert compared >= 15 and infeasible >= 1
+
+
+def test_min_feasible_budget_under_the_step_model_is_exact():
+    # The smallest peak any plan reaches (min_peak's DP) against brute force, on the step's own moments.
+    rng = random.Random(33)
+    seen = 0
+    for _ in range(60):
+        stats = with_timeline(rng, random_stats(rng))
+        p = plan(stats, 1 / GIB)
+        if p.status != "infeasible":
+            continue
+        seen += 1
+        again = plan(stats, p.min_feasible_budget_gib)
+        assert again.status == "optimal"
+        check_plan(stats, again)
+        assert brute_force(stats, p.min_feasible_budget_gib * GIB * 0.999 - 1) is None
+    assert seen >= 20
 
 
 @pytest.mark.parametrize("solver,world_size", [("auto", 1), ("milp", 1), ("auto", 3)])
@@ -162,22 +231,25 @@ def test_fsdp_units_forbid_enclosing_checkpoints(l4):
     assert p.recompute_ms >= free.recompute_ms - 1e-9
 
 
-def test_optimizer_state_and_reserve_are_opt_in(l4):
-    # PyTorch-format stats carry no optimizer state: give the root some, as the collector does
+def test_optimizer_state_counts_unless_first_step_only_and_reserve_is_opt_in(l4):
+    # PyTorch-format stats carry no optimizer state: give the root some, as the collector does.
+    # A plan holds for every step by default: from the second step on the state is live throughout.
     doc = l4.model_dump()
     root = next(m for m in doc["modules"] if m["parent"] is None)
     root["optimizer_state_bytes"] = 2 * root["param_bytes"]
     stats = Stats.model_validate(doc)
-    base = plan(stats, 5.0, world_size=2)
-    assert base.baseline_peak_bytes == plan(l4, 5.0, world_size=2).baseline_peak_bytes  # off by default
-    check_plan(stats, base, 2)
-    reserved = plan(stats, 5.0, world_size=2, reserve_gib=0.5)
-    check_plan(stats, reserved, 2, reserve_bytes=GIB // 2)
-    assert reserved.recompute_ms >= base.recompute_ms
-    opt = plan(stats, 5.0, world_size=2, include_optimizer_state=True)
-    check_plan(stats, opt, 2, optimizer_state=True)
-    assert opt.baseline_peak_bytes == pytest.approx(base.baseline_peak_bytes + root["optimizer_state_bytes"] / 2, abs=1)
-    assert opt.recompute_ms > base.recompute_ms
+    first = plan(stats, 5.0, world_size=2, first_step_only=True)
+    assert first.baseline_peak_bytes == plan(l4, 5.0, world_size=2).baseline_peak_bytes  # no state in step 1
+    check_plan(stats, first, 2, first_step_only=True)
+    reserved = plan(stats, 5.0, world_size=2, reserve_gib=0.5, first_step_only=True)
+    check_plan(stats, reserved, 2, reserve_bytes=GIB // 2, first_step_only=True)
+    assert reserved.recompute_ms >= first.recompute_ms
+    steady = plan(stats, 5.0, world_size=2)
+    check_plan(stats, steady, 2)
+    assert steady.baseline_peak_bytes == pytest.approx(first.baseline_peak_bytes + root["optimizer_state_bytes"] / 2,
+                                                       abs=1)
+    assert steady.recompute_ms > first.recompute_ms
+    assert steady.first_step_only is False and first.first_step_only is True
 
 
 @pytest.mark.parametrize("kwargs,match", [

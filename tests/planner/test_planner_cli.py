@@ -168,12 +168,12 @@ def test_sweep_table_shows_the_gap_of_feasible_rows():
     assert "gap" not in rows[1]
 
 
-def test_include_optimizer_state_without_any_notes_it():
+def test_first_step_only_without_any_optimizer_state_notes_it():
     assert load_stats(L4).root.optimizer_state_bytes == 0  # PyTorch-format stats carry none
-    r = sacplan("plan", L4, "--budget-gib", "4", "--include-optimizer-state")
+    r = sacplan("plan", L4, "--budget-gib", "4", "--first-step-only")
     assert r.returncode == 0
-    assert "--include-optimizer-state changes nothing" in r.stderr
-    assert "--include-optimizer-state" not in sacplan("plan", L4, "--budget-gib", "4").stderr
+    assert "--first-step-only changes nothing" in r.stderr
+    assert "--first-step-only" not in sacplan("plan", L4, "--budget-gib", "4").stderr
 
 
 def test_bad_stats_file_names_the_field(tmp_path):

@@ -67,7 +67,7 @@ def test_every_planner_option_is_a_request_field(client, example_id, count_rows)
 
     base = {"time_limit_s": 30}
     first = _plan(client, example_id, 4.5, **base).json()
-    for change in ({"solver": "milp"}, {"include_optimizer_state": True}, {"reserve_gib": 0.25}):
+    for change in ({"solver": "milp"}, {"first_step_only": True}, {"reserve_gib": 0.25}):
         r = _plan(client, example_id, 4.5, **{**base, **change})
         assert r.status_code == 201, (change, r.text)
         assert r.json()["cached"] is False, change

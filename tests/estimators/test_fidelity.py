@@ -1,0 +1,169 @@
+"""Plans that hold in real runs (issue 16): a plan's budget against real CPU training steps.
+
+The reduced version of ``bench/bench_fidelity.py``: small models, memory only.
+Each model is collected, planned at 70% of the predicted no-checkpointing
+peak, applied to a copy of the model and trained for two real steps with
+AdamW (``estimators.real_step.measure_steps``); its real peak must stay
+within the budget at step 1 (no optimizer state yet) and step 2 (the steady
+state), and the steady-state peak must be the predicted one within 1%, with
+and without the plan. Run with ``-s`` to see real/predicted.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+
+import planner  # noqa: E402
+from estimators import RooflineCostModel, apply_plan, collect_stats, device_spec  # noqa: E402
+from estimators.fake_step import make_optimizer  # noqa: E402
+from estimators.real_step import measure_steps  # noqa: E402
+from estimators.models import build_from_hf_config  # noqa: E402
+from est_helpers import TINY_LLAMA  # noqa: E402
+
+BUDGET_FRACTION = 0.7  # the encoder has no plan at 60% once its optimizer state counts
+# The planner's defaults, as bench/bench_fidelity.py plans.
+PLAN_OPTIONS: dict[str, Any] = {}
+
+
+class ViT(nn.Module):
+    """``make_vit`` of ../shared/reference/fidelity/factories.py (64x64 images, 8-pixel patches)."""
+
+    def __init__(self, image: int = 64, patch: int = 8, dim: int = 128, depth: int = 4, heads: int = 4):
+        super().__init__()
+        self.patch_embed = nn.Conv2d(3, dim, patch, stride=patch)
+        self.cls = nn.Parameter(torch.zeros(1, 1, dim))
+        self.pos = nn.Parameter(torch.zeros(1, (image // patch) ** 2 + 1, dim))
+        self.drop = nn.Dropout(0.1)
+        layer = nn.TransformerEncoderLayer(dim, heads, 4 * dim, dropout=0.1, batch_first=True, norm_first=True,
+                                           activation="gelu")
+        self.encoder = nn.TransformerEncoder(layer, depth, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.patch_embed(x).flatten(2).transpose(1, 2)
+        x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], dim=1) + self.pos
+        return self.head(self.norm(self.encoder(self.drop(x))[:, 0]))
+
+
+class EncoderClassifier(nn.Module):
+    """``make_encoder`` of ../shared/reference/fidelity/factories.py, at the same width and depth."""
+
+    def __init__(self, vocab: int = 2048, dim: int = 128, depth: int = 4, heads: int = 4, mlp: int = 512):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        layer = nn.TransformerEncoderLayer(dim, heads, mlp, dropout=0.1, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, depth, enable_nested_tensor=False)
+        self.head = nn.Linear(dim, 10)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(self.embed(ids)).mean(1))
+
+
+def llama() -> tuple[nn.Module, dict, None]:
+    """The tiny Llama, on enough tokens that activations outweigh parameters and AdamW state."""
+    torch.manual_seed(0)
+    built = build_from_hf_config(TINY_LLAMA, batch_size=4, seq_len=64, dtype=torch.float32,
+                                 device=torch.device("cpu"))
+    return built.model, built.inputs, None
+
+
+def _cross_entropy(out: torch.Tensor) -> torch.Tensor:
+    return nn.functional.cross_entropy(out, torch.arange(out.shape[0]) % out.shape[1])
+
+
+def encoder() -> tuple[nn.Module, tuple, Any]:
+    torch.manual_seed(0)
+    return EncoderClassifier().train(), (torch.randint(0, 2048, (2, 128)),), _cross_entropy
+
+
+def vit() -> tuple[nn.Module, tuple, Any]:
+    """The fidelity set's ViT at its settings (batch 8, 64 patches)."""
+    torch.manual_seed(0)
+    return ViT().train(), (torch.randn(8, 3, 64, 64),), _cross_entropy
+
+
+MODELS = {"llama": llama, "encoder": encoder, "vit": vit}
+
+
+@dataclass
+class Run:
+    name: str
+    budget_bytes: int
+    predicted_bytes: int
+    baseline_predicted_bytes: int
+    peaks: list[int]
+    baseline_peaks: list[int]
+
+
+def _run(name: str) -> Run:
+    model, inputs, loss_fn = MODELS[name]()
+    stats = collect_stats(model, inputs, loss_fn=loss_fn, optimizer="adamw", device="cpu",
+                          cost_model=RooflineCostModel(device_spec("cpu")))
+    baseline = planner.baseline_peak_bytes(stats, **PLAN_OPTIONS)
+    plan = planner.plan(stats, BUDGET_FRACTION * baseline / planner.GIB, **PLAN_OPTIONS)
+    assert plan.status == "optimal" and plan.modules, (plan.status, plan.message)
+    peaks = {}
+    for label, p in (("base", None), ("plan", plan)):
+        m = copy.deepcopy(model)
+        if p is not None:
+            apply_plan(m, p, stats=stats)
+        opt = make_optimizer("adamw", list(m.parameters()))
+        peaks[label] = [s.peak_bytes for s in measure_steps(m, inputs, loss_fn, opt, steps=2)]
+    run = Run(name, int(plan.memory_budget_gib * planner.GIB), plan.peak_bytes, baseline, peaks["plan"],
+              peaks["base"])
+    print(f"\n{name}: budget {run.budget_bytes}, plan peak {run.predicted_bytes}, real {run.peaks} "
+          f"(real/predicted {[round(x / run.predicted_bytes, 3) for x in run.peaks]}, "
+          f"real/budget {[round(x / run.budget_bytes, 3) for x in run.peaks]}); baseline predicted "
+          f"{baseline}, real {run.baseline_peaks} "
+          f"(real/predicted {[round(x / baseline, 3) for x in run.baseline_peaks]})")
+    return run
+
+
+@pytest.fixture(scope="module")
+def runs() -> Any:
+    """Each model's run, made once on first use; on one thread (a second one mostly spins on a shared machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield {}
+    torch.set_num_threads(threads)
+
+
+def _get(runs: dict[str, Run], name: str) -> Run:
+    if name not in runs:
+        runs[name] = _run(name)
+    return runs[name]
+
+
+# planner 0.4.1 (PyTorch's model, no optimizer state) missed these: real peak / budget was 1.07 for llama
+# at step 2, 1.10 and 1.42 for the encoder at steps 1 and 2, 1.08 for the ViT at step 2.
+WITHIN_BUDGET = [(name, step) for name in ("llama", "encoder", "vit") for step in (1, 2)]
+
+
+@pytest.mark.parametrize("name, step", WITHIN_BUDGET)
+def test_real_peak_within_budget(runs: dict[str, Run], name: str, step: int):
+    run = _get(runs, name)
+    assert run.peaks[step - 1] <= run.budget_bytes, (name, step, run.peaks[step - 1] / run.budget_bytes)
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_plan_lowers_the_real_peak(runs: dict[str, Run], name: str):
+    run = _get(runs, name)
+    assert all(p < b for p, b in zip(run.peaks, run.baseline_peaks)), (run.peaks, run.baseline_peaks)
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_steady_state_peak_is_predicted_within_one_percent(runs: dict[str, Run], name: str):
+    # The plan's peak_bytes and baseline_peak_bytes hold for every step (steady state by default):
+    # step 2, with AdamW's state live throughout, is where they are exact.
+    run = _get(runs, name)
+    assert abs(run.peaks[1] / run.predicted_bytes - 1) <= 0.01, (run.peaks, run.predicted_bytes)
+    assert abs(run.baseline_peaks[1] / run.baseline_predicted_bytes - 1) <= 0.01, (run.baseline_peaks,
+                                                                          run.baseline_predicted_bytes)
