@@ -69,10 +69,6 @@ class MemoryModel:
         """The step's peak with ``discarded[fqn]`` bytes freed by each checkpointed module."""
         return float(self.profile_bytes(discarded).max())
 
-    def peak_moment(self, discarded: Mapping[str, float] | None = None) -> int:
-        """Index of the moment where that peak is (the first, if several)."""
-        return int(np.argmax(self.profile_bytes(discarded)))
-
     def describe(self, t: int) -> str:
         """Moment t in words: 'backward of Model.layers.3', 'optimizer step', 'forward'."""
         phase, module = self.phases[t], self.modules[t]

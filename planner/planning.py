@@ -89,11 +89,12 @@ def _plans(stats: Stats, budgets: list[float], opts: PlanOptions,
            progress: Callable[[int, int, Plan], None] | None) -> list[Plan]:
     prob = prepare(stats, world_size=opts.world_size, ac_units=opts.ac_units, fsdp_units=opts.fsdp_units,
                    first_step_only=opts.first_step_only, reserve_bytes=opts.reserve_gib * GIB)
-    baseline = int(math.ceil(prob.model.peak_bytes()))
+    baseline_bytes = prob.model.peak_bytes()
+    baseline = int(math.ceil(baseline_bytes))
     plans = []
     for i, budget in enumerate(budgets):
         started = time.perf_counter()
-        sol = _solve(prob, budget * GIB, opts, started)
+        sol = _solve(prob, budget * GIB, baseline_bytes, opts, started)
         min_budget = _min_feasible(prob) if sol.status == "infeasible" else None
         p = _to_plan(prob, sol, budget, opts, baseline, time.perf_counter() - started, min_budget)
         plans.append(p)
@@ -102,10 +103,10 @@ def _plans(stats: Stats, budgets: list[float], opts: PlanOptions,
     return plans
 
 
-def _solve(prob: Problem, budget_bytes: float, opts: PlanOptions, started: float) -> Solution:
+def _solve(prob: Problem, budget_bytes: float, baseline_bytes: float, opts: PlanOptions, started: float) -> Solution:
     """One budget: answered at once when trivial, else by the engine the options ask for."""
     gap = opts.effective_rel_gap
-    if prob.model.peak_bytes() <= budget_bytes:  # nothing to plan: no checkpointing fits, and nothing costs less
+    if baseline_bytes <= budget_bytes:  # nothing to plan: no checkpointing fits, and nothing costs less
         return Solution.unplanned(prob, "no checkpointing needed: the step's peak fits the budget as it is")
     sol = None
     if opts.solver in ("auto", "dp"):

@@ -12,28 +12,23 @@ from matplotlib.figure import Figure
 
 from planner import GIB, Stats, memory_model
 
-__all__ = ["memory_profile_bytes", "plan_chart_png", "sweep_chart_png"]
+__all__ = ["plan_chart_png", "sweep_chart_png"]
 
 
-def memory_profile_bytes(stats: Stats, discarded_bytes: dict[str, float], world_size: int = 1,
-                         first_step_only: bool = False) -> tuple[list[tuple[str, str | None]], np.ndarray, np.ndarray]:
-    """The step's memory at its key moments (phase, module), in step order, without and with the discards.
-
-    The same model the planner's peak uses (``planner.memory_model``); for plans
-    that carry their own ``timeline`` the chart reads that instead.
-    """
-    model = memory_model(stats, world_size=world_size, first_step_only=first_step_only)
-    return list(zip(model.phases, model.modules)), model.base_bytes, model.profile_bytes(discarded_bytes)
-
-
-def _moments(stats: Stats, plan: dict[str, Any]) -> tuple[list[tuple[str, str | None]], np.ndarray, np.ndarray]:
+def _moments(stats: Stats, plan: dict[str, Any]) -> tuple[list[tuple[str, str | None]], np.ndarray, np.ndarray, str]:
+    """The plan's moments, their memory without and with it, and where its peak is."""
     timeline = plan.get("timeline")
     if timeline:
         base = np.array([t["baseline_bytes"] for t in timeline], dtype=np.float64)
         planned = np.array([t["planned_bytes"] if t.get("planned_bytes") is not None else np.nan for t in timeline])
-        return [(t["phase"], t.get("module")) for t in timeline], base, planned
-    discarded = {m["fqn"]: float(m["discarded_bytes"]) for m in plan.get("modules", [])}
-    return memory_profile_bytes(stats, discarded, plan.get("world_size", 1), plan.get("first_step_only", False))
+        return [(t["phase"], t.get("module")) for t in timeline], base, planned, plan["peak_at"]
+    # a plan stored by an older planner: its moments re-derived, and described, by the memory model
+    model = memory_model(stats, world_size=plan.get("world_size", 1),
+                         first_step_only=plan.get("first_step_only", False))
+    planned = model.profile_bytes({m["fqn"]: float(m["discarded_bytes"]) for m in plan.get("modules", [])})
+    shown = planned if plan.get("status") in ("optimal", "feasible") else model.base_bytes
+    return (list(zip(model.phases, model.modules)), model.base_bytes, planned,
+            model.describe(int(np.argmax(shown))))
 
 
 def _png(fig: Figure) -> bytes:
@@ -51,7 +46,7 @@ _PHASE_COLORS = {"forward": "tab:green", "backward": "tab:orange", "optimizer": 
 
 def plan_chart_png(stats: Stats, plan: dict[str, Any]) -> bytes:
     """Memory across the step (forward, backward, optimizer step), with and without the plan, the budget and the peak."""
-    moments, base, planned = _moments(stats, plan)
+    moments, base, planned, peak_at = _moments(stats, plan)
     x = np.arange(len(moments))
     fig = Figure(figsize=(10, 4.8), dpi=100, layout="constrained")
     ax = fig.add_subplot()
@@ -66,7 +61,7 @@ def plan_chart_png(stats: Stats, plan: dict[str, Any]) -> bytes:
                label=f"budget {plan['memory_budget_gib']:g} GiB")
     peak = int(np.nanargmax(shown))
     ax.plot([peak], [shown[peak] / GIB], marker="v", color="black", linestyle="none",
-            label=f"peak: {plan.get('peak_at') or _where(moments[peak])}")
+            label=f"peak: {peak_at}")
     if len(moments) <= 48:
         root = stats.root.fqn
         ax.set_xticks(x, [_short(m or p, root) for p, m in moments], rotation=70, fontsize=7, ha="right")
@@ -81,11 +76,6 @@ def plan_chart_png(stats: Stats, plan: dict[str, Any]) -> bytes:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
     return _png(fig)
-
-
-def _where(moment: tuple[str, str | None]) -> str:
-    phase, module = moment
-    return f"{phase} of {module}" if module else phase
 
 
 def _phase_bands(ax: Any, phases: list[str]) -> None:
