@@ -62,6 +62,9 @@ Bytes = Annotated[int, BeforeValidator(_a_number), Field(ge=0, le=MAX_BYTES)]
 Millis = Annotated[float, BeforeValidator(_a_number), Field(ge=0.0, le=1e12, allow_inf_nan=False)]
 
 
+SettingValue = Annotated[str, Field(max_length=256)] | bool | int | float | None
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=False)
 
@@ -163,6 +166,14 @@ class StatsMetadata(_Strict):
     collector_version: Text | None = Field(None, max_length=64)
     tags: dict[Annotated[Text, Field(max_length=128)], Annotated[Text, Field(max_length=1024)]] = Field(
         default_factory=dict, max_length=64
+    )
+    model_settings: dict[Annotated[Text, Field(max_length=64)], SettingValue] = Field(
+        default_factory=dict,
+        max_length=32,
+        description="Settings of the model the collector ran that decide which ops run, so a plan can be applied to "
+        "the same model: use_cache, attn_implementation, experts_implementation, moe_routing, moe_capacity_factor, "
+        "training.",
+        examples=[{"use_cache": False, "attn_implementation": "sdpa"}],
     )
 
 
