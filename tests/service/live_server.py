@@ -28,10 +28,12 @@ def serve_command() -> list[str]:
 
 
 class Server:
-    """``sacplan serve`` over ``data_dir``, its output in ``data_dir/server.log``."""
+    """``sacplan serve`` over ``data_dir`` (or ``database_url``), its output in ``data_dir/server.log``."""
 
-    def __init__(self, data_dir: Path):
+    def __init__(self, data_dir: Path, *, database_url: str | None = None, env: dict[str, str] | None = None):
         self.data_dir = data_dir
+        self.database_url = database_url
+        self.extra_env = dict(env or {})
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
@@ -40,6 +42,9 @@ class Server:
     def start(self) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SACPLAN_")}
         env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+        if self.database_url:
+            env["SACPLAN_DATABASE_URL"] = self.database_url
+        env.update(self.extra_env)
         cmd = serve_command() + ["serve", "--host", "127.0.0.1", "--port", str(self.port),
                             "--data-dir", str(self.data_dir)]
         # Its own process group: a signal to the group (a terminal's Ctrl-C) reaches only it and its workers.
