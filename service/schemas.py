@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, Strict, model_validator
 import planner
 from planner import Plan
 from service.examples import EXAMPLE_PLAN_REQUEST, EXAMPLE_SWEEP_REQUEST
+from service.ids import EXAMPLE_IDS
 from service.times import UtcTime
 
 __all__ = [
@@ -19,8 +20,8 @@ __all__ = [
 ]
 
 # Numbers are strict: JSON true, "5" or 1.0 for an integer is refused (422 naming the field), never coerced.
-# Ids are database integers (32-bit on PostgreSQL): bounded so no request overflows a column.
-Id = Annotated[int, Strict(), Field(ge=1, le=2**31 - 1)]
+# Ids are opaque strings (service.ids); one that is no id of the project's names nothing: 404, as an unknown id.
+Id = Annotated[str, Strict(), Field(min_length=1, max_length=256, examples=[EXAMPLE_IDS["stats"]])]
 # Budgets are positive here, so a bad one is named as the client sent it (the planner sees them sorted).
 Gib = Annotated[float, Strict(), Field(gt=0.0, le=1e9, allow_inf_nan=False)]
 MAX_UNITS = 100_000
@@ -58,7 +59,7 @@ class ReadyOut(BaseModel):
 
 
 class StatsSummary(BaseModel):
-    id: int
+    id: str = Field(description="The upload's opaque id.")
     model_name: str
     content_hash: str = Field(description="SHA-256 of the canonical stats v1 document: its identity.")
     source_format: str = Field(description="'v1' (sacplan.stats/v1) or 'torch' (PyTorch's module_info + sac_stats).")
@@ -141,16 +142,16 @@ class PlanRequest(StatsSource):
 class PlanOut(Plan):
     """A plan with its id; ``cached`` says it came from the store without a solve."""
 
-    id: int | None = Field(description="null only for status 'error' (not stored).")
-    stats_id: int
+    id: str | None = Field(description="The plan's opaque id; null only for status 'error' (not stored).")
+    stats_id: str
     cached: bool = Field(description="True: served from the plan cache; no solver ran for this request.")
     created_at: UtcTime | None
     request: dict[str, Any] = Field(description="The normalised request fields the plan was cached under.")
 
 
 class PlanSummary(BaseModel):
-    id: int
-    stats_id: int
+    id: str
+    stats_id: str
     memory_budget_gib: float
     world_size: int
     status: str
@@ -202,7 +203,7 @@ class SweepRequest(StatsSource):
 
 
 class SweepPoint(BaseModel):
-    plan_id: int | None
+    plan_id: str | None
     memory_budget_gib: float
     status: str
     peak_bytes: int | None
@@ -212,8 +213,9 @@ class SweepPoint(BaseModel):
 
 
 class SweepOut(BaseModel):
-    id: int | None = Field(description="null only when a point failed with status 'error' (nothing stored).")
-    stats_id: int
+    id: str | None = Field(description="The sweep's opaque id; null only when a point failed with status 'error' "
+                                       "(nothing stored).")
+    stats_id: str
     cached: bool = Field(description="True when every point came from the plan cache.")
     created_at: UtcTime
     baseline_peak_bytes: int

@@ -61,12 +61,12 @@ def store_stats(session: Session, project: str, doc: dict[str, Any], *,
     return insert_or_get(session, row, same_document)
 
 
-async def stats_id_of(factory: sessionmaker[Session], project: str, request: StatsSource) -> int:
+async def stats_id_of(factory: sessionmaker[Session], project: str, request: StatsSource) -> str:
     """The ``stats_id`` a plan or sweep request names, storing its inline ``stats`` first if it has them."""
     if request.stats is None:
         return request.stats_id
 
-    def store() -> int:
+    def store() -> str:
         with factory() as session:
             row, _ = store_stats(session, project, request.stats, loc=("body", "stats"))
             session.commit()

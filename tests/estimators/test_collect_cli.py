@@ -150,6 +150,9 @@ def test_upload_to_service(tmp_path, hf_config, service_url, capsys):
     text = capsys.readouterr().out
     assert "stats id" in text and f"{service_url}/docs" in text
     stats_id = text.split("stats id ")[1].split()[0]
+    from service.ids import is_id
+
+    assert is_id(stats_id), text  # the opaque id the service gave, as it gave it
 
     import urllib.request
 

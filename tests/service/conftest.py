@@ -137,7 +137,7 @@ def store_as_older_planner():
     added (its plans stay, as an older planner stored them). Returns the id.
     """
 
-    def store(url: str, corrupt, *, stats_id: int | None = None, project: str = "default") -> int:
+    def store(url: str, corrupt, *, stats_id: str | None = None, project: str = "default") -> str:
         stats = planner.parse_stats(EXAMPLE_STATS)
         doc = stats.model_dump(mode="json")
         corrupt(doc)
@@ -184,7 +184,7 @@ def example_doc() -> dict:
 
 
 @pytest.fixture
-def example_id(client: TestClient, example_doc: dict) -> int:
+def example_id(client: TestClient, example_doc: dict) -> str:
     r = client.post("/v1/stats", json=example_doc)
     assert r.status_code == 201, r.text
     return r.json()["id"]

@@ -83,5 +83,5 @@ def test_sweep_fields_named_as_sent_and_not_coerced(client, example_id, count_ro
 
 
 def test_sweep_stats_id_is_not_coerced(client, example_id):
-    r = client.post("/v1/sweeps", json={"stats_id": str(example_id), "budgets_gib": [4.5]})
+    r = client.post("/v1/sweeps", json={"stats_id": [example_id], "budgets_gib": [4.5]})
     assert r.status_code == 422 and r.json()["errors"][0]["loc"] == ["body", "stats_id"]

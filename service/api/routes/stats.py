@@ -68,7 +68,8 @@ def list_stats(
             cond = cond & (StatsTag.value == value)
         query = query.where(StatsRecord.id.in_(select(StatsTag.stats_id).where(cond)))
     total = session.execute(select(func.count()).select_from(query.subquery())).scalar_one()
-    rows = session.execute(query.order_by(StatsRecord.id.desc()).limit(limit).offset(offset)).scalars()
+    newest_first = (StatsRecord.created_at.desc(), StatsRecord.id.desc())  # ids are random: time orders
+    rows = session.execute(query.order_by(*newest_first).limit(limit).offset(offset)).scalars()
     return StatsPage(items=[stats_summary(r) for r in rows], total=total, limit=limit, offset=offset)
 
 
@@ -104,6 +105,6 @@ def list_stats_plans(
     query = select(PlanRecord).where(PlanRecord.stats_id == stats_id)
     total = session.execute(select(func.count()).select_from(query.subquery())).scalar_one()
     rows = session.execute(
-        query.order_by(PlanRecord.memory_budget_gib, PlanRecord.id).limit(limit).offset(offset)
+        query.order_by(PlanRecord.memory_budget_gib, PlanRecord.created_at, PlanRecord.id).limit(limit).offset(offset)
     ).scalars()
     return PlanPage(items=[plan_summary(r) for r in rows], total=total, limit=limit, offset=offset)

@@ -16,6 +16,7 @@ from service.cache import CachedPlan, get_stats, plans_for
 from service.charts import sweep_chart_png
 from service.db import insert_or_get
 from service.errors import NotFound
+from service.ids import is_id
 from service.limits import check_time_limit
 from service.models import PlanRecord, StatsRecord, SweepRecord
 from service.schemas import SweepOut, SweepRequest
@@ -25,7 +26,7 @@ from service.views import sweep_out, sweep_point
 router = APIRouter(prefix="/v1/sweeps", tags=["sweeps"])
 
 
-def _record(factory: sessionmaker[Session], project: str, stats_id: int, request: dict[str, Any],
+def _record(factory: sessionmaker[Session], project: str, stats_id: str, request: dict[str, Any],
             plans: list[CachedPlan]) -> tuple[SweepRecord, StatsRecord, bool]:
     """The sweep of these plans, stored now unless it already was; and whether this call stored it."""
     plan_ids = [p.id for p in plans]
@@ -69,15 +70,15 @@ async def create_sweep(
     return sweep_out(row, stats, points, cached=all(p.cached for p in plans))
 
 
-def _stats_row(factory: sessionmaker[Session], project: str, stats_id: int) -> StatsRecord:
+def _stats_row(factory: sessionmaker[Session], project: str, stats_id: str) -> StatsRecord:
     with factory() as session:
         return get_stats(session, project, stats_id)
 
 
-def _load(session: Session, project: str, sweep_id: int) -> tuple[SweepRecord, StatsRecord, list[CachedPlan]]:
+def _load(session: Session, project: str, sweep_id: str) -> tuple[SweepRecord, StatsRecord, list[CachedPlan]]:
     row = session.execute(
         select(SweepRecord).join(StatsRecord).where(SweepRecord.id == sweep_id, StatsRecord.project == project)
-    ).scalar_one_or_none()
+    ).scalar_one_or_none() if is_id(sweep_id) else None
     if row is None:
         raise NotFound(f"sweep id {sweep_id} does not exist")
     stats = get_stats(session, project, row.stats_id)
