@@ -157,4 +157,6 @@ def install_error_handlers(app: FastAPI) -> None:
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         # A bug, not bad input: log it (never the headers: they may hold keys).
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return _error(500, f"internal error: {type(exc).__name__}")
+        # The server drops the connection after an exception (Starlette re-raises it once answered):
+        # say so, so a keep-alive client does not send its next request into a closing socket.
+        return _error(500, f"internal error: {type(exc).__name__}", headers={"Connection": "close"})

@@ -23,7 +23,7 @@ from service.models import SweepRecord
 from service.schemas import PlanRequest, StatsDetail, SweepRequest
 from service.solver import solve_job
 from service.uploads import new_stats_record
-from service.views import module_tree, stats_summary, sweep_out, sweep_point
+from service.views import module_tree_json, stats_summary, sweep_out, sweep_point
 
 __all__ = ["response_examples", "as_stored"]
 
@@ -46,7 +46,8 @@ def response_examples() -> dict[str, dict[str, Any]]:
     sweep = SweepRecord(id=EXAMPLE_IDS["sweep"], stats_id=row.id, created_at=now)
     return {
         "StatsSummary": summary.model_dump(mode="json"),
-        "StatsDetail": StatsDetail(**summary.model_dump(), module_tree=module_tree(stats)).model_dump(mode="json"),
+        "StatsDetail": StatsDetail(**summary.model_dump(),
+                                   module_tree=json.loads(module_tree_json(stats))).model_dump(mode="json"),
         "PlanOut": json.loads(plan_json(plan)),
         "SweepOut": sweep_out(sweep, row, points, cached=all(p.cached for p in points)).model_dump(mode="json"),
     }

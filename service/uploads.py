@@ -21,6 +21,7 @@ from service.db import insert_or_get
 from service.errors import InvalidInput
 from service.models import StatsRecord, StatsTag
 from service.schemas import StatsSource
+from service.text import check_storable
 
 __all__ = ["new_stats_record", "store_stats", "stats_id_of"]
 
@@ -33,6 +34,11 @@ def new_stats_record(project: str, doc: dict[str, Any], *, loc: Sequence[str] = 
         where = f" ({'.'.join(loc)})" if loc else ""
         errors = [{**e, "loc": [*loc, *e.get("loc", ())]} for e in exc.errors]
         raise InvalidInput(f"invalid stats{where}: {exc}", errors=errors) from None
+    # The columns the document's text goes to as such (the document itself is stored as escaped JSON).
+    check_storable(stats.metadata.model_name, [*loc, "metadata", "model_name"])
+    for key, value in stats.metadata.tags.items():
+        check_storable(key, [*loc, "metadata", "tags", key])
+        check_storable(value, [*loc, "metadata", "tags", key])
     source = "v1" if doc.get("format") else "torch"
     row = StatsRecord(
         project=project, content_hash=planner.stats_hash(stats), model_name=stats.metadata.model_name,
