@@ -223,7 +223,7 @@ def test_full_solver_queue_is_503_with_retry_after(settings, example_doc, count_
      ({"memory_budget_gib": "5"}, "memory_budget_gib", '"5"'),
      ({"stats_id": 1}, "stats_id", "1"), ({"stats_id": True}, "stats_id", "true"),
      ({"world_size": True}, "world_size", "true"), ({"world_size": "2"}, "world_size", '"2"'),
-     ({"world_size": 2.0}, "world_size", "2.0"), ({"world_size": 2**20 + 1}, "world_size", "1048577"),
+     ({"world_size": 2.5}, "world_size", "2.5"), ({"world_size": 2**20 + 1}, "world_size", "1048577"),
      ({"time_limit_s": "30"}, "time_limit_s", '"30"'), ({"time_limit_s": True}, "time_limit_s", "true"),
      ({"mip_rel_gap": "0.01"}, "mip_rel_gap", '"0.01"'), ({"mip_rel_gap": False}, "mip_rel_gap", "false")],
 )

@@ -49,9 +49,12 @@ def upload_stats(doc: StatsBody, project: ProjectDep, session: SessionDep, respo
 def list_stats(
     project: ProjectDep,
     session: SessionDep,
-    model_name: Annotated[str | None, Query(max_length=256, description="Exact model name.")] = None,
-    tag: Annotated[str | None, Query(max_length=1200,
-                                     description="'key' (uploads having that tag) or 'key=value'.")] = None,
+    # The patterns are the document's account of what is refused below (no NUL: no database stores it;
+    # a tag starts with its key); the checks themselves are ours, to name the field and the character.
+    model_name: Annotated[str | None, Query(max_length=256, description="Exact model name.",
+                                            json_schema_extra={"pattern": "^[^\\x00]*$"})] = None,
+    tag: Annotated[str | None, Query(max_length=1200, description="'key' (uploads having that tag) or 'key=value'.",
+                                     json_schema_extra={"pattern": "^[^=\\x00][^\\x00]*$"})] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     offset: Annotated[int, Query(ge=0, le=2**62)] = 0,
 ) -> StatsPage:
