@@ -79,10 +79,12 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from service.db import upgrade
+    from service.transport import install_log_redaction, uvicorn_options
 
     settings = _settings(args)
     level = args.log_level or settings.log_level
     configure_logging(level)
+    install_log_redaction(settings)
     # a new or old database is brought to head before serving
     logging.getLogger("service").info("%s", describe_upgrade(upgrade(settings.sqlalchemy_url)))
     uvicorn.run(
@@ -93,5 +95,6 @@ def _serve(args: argparse.Namespace) -> int:
         workers=args.workers,
         log_level=level.lower(),
         access_log=not args.no_access_log,
+        **uvicorn_options(settings),
     )
     return 0

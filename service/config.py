@@ -47,6 +47,15 @@ class Settings(BaseSettings):
     )
     plan_response_cache_mib: int = Field(64, ge=1, description="Memory bound of those responses, MiB.")
     log_level: str = "info"
+    # Transport (service/transport.py): uvicorn itself bounds only the idle time between requests.
+    header_timeout_s: float = Field(10.0, gt=0, description="A request's headers must arrive within this many "
+                                                            "seconds (of the connection or of the last answer).")
+    body_timeout_s: float = Field(120.0, gt=0, description="A request's body must arrive within this many seconds "
+                                                           "of its headers.")
+    keep_alive_timeout_s: float = Field(5.0, gt=0, description="An idle keep-alive connection is closed after this.")
+    trusted_proxies: str = Field(
+        "", description="Comma-separated addresses or networks whose X-Forwarded-For / X-Forwarded-Proto are "
+                        "believed; empty: nobody's (the peer address is the client).")
 
     @property
     def sqlalchemy_url(self) -> str:

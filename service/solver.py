@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing
+import os
 import signal
 import threading
 from collections.abc import Awaitable, Callable
@@ -20,6 +21,7 @@ from functools import lru_cache
 from typing import Any, TypeVar
 
 from service.errors import SolverBusy, SolverFailed
+from service.lifeline import die_with_parent
 
 __all__ = ["SolverPool", "solve_job"]
 
@@ -42,7 +44,8 @@ class SolverPool:
     def _pool(self) -> Executor:
         if self._executor is None:
             self._executor = ProcessPoolExecutor(
-                max_workers=self.workers, mp_context=multiprocessing.get_context("spawn"), initializer=_warm_up
+                max_workers=self.workers, mp_context=multiprocessing.get_context("spawn"), initializer=_warm_up,
+                initargs=(os.getpid(),),
             )
         return self._executor
 
@@ -117,11 +120,12 @@ class SolverPool:
 # --- runs in the worker processes --------------------------------------------------------------
 
 
-def _warm_up() -> None:
+def _warm_up(service_pid: int) -> None:
     # A Ctrl-C reaches the whole process group: the service stops the workers itself
     # (no traceback per worker). SIGTERM still ends a worker: the pool's own cleanup of
     # a broken pool and an operator's kill of orphans both rely on it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    die_with_parent(service_pid)  # a killed service leaves no solver (nor resource tracker) behind
     import planner  # noqa: F401  (pay numpy/scipy import once per worker, not per solve)
 
 
