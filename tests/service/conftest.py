@@ -173,6 +173,17 @@ def server(tmp_path: Path) -> Iterator[Server]:
     srv.stop()
 
 
+@pytest.fixture
+def pg_server(tmp_path: Path, postgres: PostgresServer) -> Iterator[Server]:
+    """A real ``sacplan serve`` on 127.0.0.1 over a fresh PostgreSQL database (``server.start()`` runs it)."""
+    url = postgres.create_database(template=HEAD_TEMPLATE)
+    srv = Server(tmp_path / "data", database_url=url)
+    srv.data_dir.mkdir()
+    yield srv
+    srv.stop()
+    postgres.drop_database(url)
+
+
 @pytest.fixture(scope="session")
 def l4_doc() -> dict:
     return json.loads(L4_PATH.read_text())
