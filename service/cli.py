@@ -12,6 +12,8 @@ if TYPE_CHECKING:  # the service's dependencies load only when a service command
 
 __all__ = ["register", "describe_upgrade", "configure_logging"]
 
+TRACE = 5  # uvicorn's "trace" log level
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     serve = subparsers.add_parser("serve", help="run the HTTP service (Swagger UI at /docs)")
@@ -69,9 +71,10 @@ def describe_upgrade(done: Upgraded) -> str:
 
 
 def configure_logging(level: str) -> None:
-    """The console log at ``level``; alembic's INFO lines (library chatter) only at debug."""
+    """The console log at ``level``; alembic's INFO lines (library chatter) only at debug (and trace)."""
+    logging.addLevelName(TRACE, "TRACE")  # uvicorn's level below DEBUG; named before uvicorn registers it
     logging.basicConfig(level=level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    quiet = logging.getLevelName(level.upper()) != logging.DEBUG
+    quiet = logging.getLevelName(level.upper()) > logging.DEBUG
     logging.getLogger("alembic").setLevel(logging.WARNING if quiet else logging.NOTSET)
 
 

@@ -100,8 +100,10 @@ def _peer(client: tuple[str, int] | None) -> str:
 
 
 # Query parameters whose values are secrets, whatever a client thought it was doing.
-_SECRET_PARAMS = re.compile(r"(?i)([?&](?:api[_-]?key|key|token|access[_-]?token|auth|authorization|password|"
-                            r"secret)=)[^&#\s\"]*")
+_SECRET_PARAMS = re.compile(r"(?i)((?<![\w-])(?:api[_-]?key|key|token|access[_-]?token|auth|authorization|"
+                            r"password|secret)=)[^&#\s\"']*")
+# A credential in a rendered header (uvicorn's trace log writes ASGI scopes, headers included).
+_CREDENTIALS = re.compile(r"(?i)\b((?:bearer|basic)\s+)[^\s'\",)]+")
 
 
 class RedactSecrets(logging.Filter):
@@ -117,23 +119,28 @@ class RedactSecrets(logging.Filter):
             if secrets else None
 
     def redact(self, text: str) -> str:
-        text = _SECRET_PARAMS.sub(r"\1***", text)
+        text = _CREDENTIALS.sub(r"\1***", _SECRET_PARAMS.sub(r"\1***", text))
         return self._secrets.sub("***", text) if self._secrets else text
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if isinstance(record.args, tuple):
-            record.args = tuple(self.redact(a) if isinstance(a, str) else a for a in record.args)
-        elif isinstance(record.args, dict):
-            record.args = {k: self.redact(v) if isinstance(v, str) else v for k, v in record.args.items()}
-        if isinstance(record.msg, str):
-            record.msg = self.redact(record.msg)
+        args = record.args
+        if isinstance(args, tuple) and all(isinstance(a, (str, int, float)) for a in args):
+            # Argument by argument: uvicorn's access formatter unpacks them (client, method, path, ...).
+            record.args = tuple(self.redact(a) if isinstance(a, str) else a for a in args)
+            if isinstance(record.msg, str):
+                record.msg = self.redact(record.msg)
+            return True
+        message = record.getMessage()  # anything else (a scope, a dict): redact what it renders to
+        redacted = self.redact(message)
+        if redacted != message:
+            record.msg, record.args = redacted, ()
         return True
 
 
 def install_log_redaction(settings: Settings) -> RedactSecrets:
     """Put :class:`RedactSecrets` on the loggers requests are written to (uvicorn's and the service's)."""
     redactor = RedactSecrets([k.get_secret_value() for k, _ in settings.api_key_secrets()])
-    for name in ("uvicorn.access", "uvicorn.error", "service"):
+    for name in ("uvicorn.access", "uvicorn.error", "uvicorn.asgi", "service"):
         logger = logging.getLogger(name)
         for old in [f for f in logger.filters if isinstance(f, RedactSecrets)]:
             logger.removeFilter(old)

@@ -105,7 +105,8 @@ def test_forwarded_for_believed_only_from_trusted_proxies(tmp_path):
 
 
 def test_keys_never_reach_the_log(tmp_path):
-    server = _serve(tmp_path, SACPLAN_API_KEYS=f'{{"{KEY}": "alpha"}}')
+    # At trace level uvicorn also writes each ASGI scope, query string included (headers it hides itself).
+    server = _serve(tmp_path, SACPLAN_API_KEYS=f'{{"{KEY}": "alpha"}}', SACPLAN_LOG_LEVEL="trace")
     try:
         auth = {"Authorization": f"Bearer {KEY}"}
         assert httpx.get(f"{server.url}/v1/stats?api_key={KEY}&limit=5", headers=auth).status_code == 200
@@ -116,6 +117,7 @@ def test_keys_never_reach_the_log(tmp_path):
     log = server.log.read_text()
     assert KEY not in log and "abc123" not in log, log[-3000:]
     assert "api_key=***&limit=5" in log and "/v1/stats/***" in log  # the requests are still logged
+    assert "'query_string': b'api_key=***&limit=5'" in log  # and so are the scopes, their keys hidden
 
 
 def test_redaction_of_log_records():
@@ -124,6 +126,10 @@ def test_redaction_of_log_records():
                                "/x?Authorization=Bearer%20abc&password=pw&q=s3cret-key&ok=1"), None)
     redact.filter(record)
     assert record.getMessage() == '1.2.3.4 - "GET /x?Authorization=***&password=***&q=***&ok=1"'
+    scope = {"headers": [(b"authorization", b"Bearer typo-of-a-key")], "path": "/v1/stats"}
+    record = logging.LogRecord("uvicorn.asgi", 5, __file__, 1, "ASGI [%d] Started scope=%s", (1, scope), None)
+    redact.filter(record)
+    assert "typo-of-a-key" not in record.getMessage() and "Bearer ***" in record.getMessage()
 
 
 def _children(pid: int) -> list[int]:
