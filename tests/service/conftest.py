@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 from live_server import Server
-from pg import PostgresServer
+from pg import HEAD_TEMPLATE, PostgresServer
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
@@ -46,7 +46,6 @@ def solver() -> Iterator[SolverPool]:
 
 
 BACKENDS = ["sqlite", "postgresql"]
-HEAD_TEMPLATE = "sacplan_head"  # a PostgreSQL database migrated to head, copied for each test
 
 
 @pytest.fixture(scope="session")

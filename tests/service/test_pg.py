@@ -7,7 +7,7 @@ from pathlib import Path
 
 import psycopg
 
-from pg import find_binaries
+from pg import HEAD_TEMPLATE, find_binaries
 
 
 def test_the_server_is_the_suites_own(postgres):
@@ -23,8 +23,6 @@ def test_the_server_is_the_suites_own(postgres):
 
 
 def test_databases_copied_from_head_are_migrated_and_independent(postgres):
-    from conftest import HEAD_TEMPLATE
-
     empty, migrated = postgres.create_database(), postgres.create_database(template=HEAD_TEMPLATE)
     try:
         assert empty != migrated
