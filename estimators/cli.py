@@ -54,6 +54,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--checkpoint-overhead-us-per-op", type=_non_negative, metavar="US",
                    help="checkpoint overhead per op in microseconds, beyond recomputing it (default: the target's "
                    "table figure; with --benchmark only for modules that cannot be measured)")
+    p.add_argument("--moe-routing", metavar="ROUTING", default="balanced",
+                   help="routing assumed for mixture-of-experts layers, whose shapes depend on it: balanced (each "
+                   "expert gets tokens x top-k / experts), capacity:C (the busiest expert gets C times that, C >= 1) "
+                   "or worst (the busiest expert gets every token); recorded in the stats (default balanced)")
     p.add_argument("--name", help="model name in the stats (default: the model's class or config)")
     p.add_argument("--out", default="stats.json", help="output file (default stats.json)")
     p.add_argument("--upload", metavar="URL", help="also POST the stats to a sacplan service at URL")

@@ -35,6 +35,7 @@ from estimators.aten_ops import SAC_IGNORED_OPS, is_inplace_op, is_random_op, is
 from estimators.assemble import build_stats
 from estimators.fake_step import call_model, default_loss, fake_inputs, fakeify, make_optimizer, optimizer_bytes
 from estimators.models import hf_fake_as_real
+from estimators.moe import MoeRouting, RoutingMode
 from estimators.overhead import call_spec, fill_checkpoint_overheads
 from estimators.timeline import BACKWARD, OPTIMIZER, TimelineRecorder
 from estimators.tracking import ACT, BUFFER, GRAD, INPUT, OPT, PARAM, TEMP, StorageBook, storages_of, tensors_in
@@ -290,6 +291,7 @@ def collect_stats(
     checkpoint_overhead_us_per_op: float | None = None,
     measure_checkpoint_overhead: bool = False,
     metadata: StatsMetadata | None = None,
+    moe_routing: MoeRouting | None = None,
     progress: Progress | None = None,
 ) -> Stats:
     """Stats v1 of one training step of ``model`` on ``inputs``, collected under FakeTensorMode.
@@ -306,7 +308,10 @@ def collect_stats(
     ``checkpoint_overhead_ms`` is its op count times
     ``checkpoint_overhead_us_per_op``, or, with ``measure_checkpoint_overhead``,
     measured on real tensors on ``device`` (see :mod:`estimators.overhead`);
-    null with neither.
+    null with neither. ``moe_routing`` is the routing assumed for
+    mixture-of-experts layers (default balanced, see :mod:`estimators.moe`);
+    when the model routed tokens it is recorded in the metadata's
+    ``model_settings``.
     """
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
@@ -332,7 +337,9 @@ def collect_stats(
             p.register_post_accumulate_grad_hook(lambda q: book.recategorize(q.grad.untyped_storage(), GRAD))
         col = _Collector(book, cost_model, mods)
         emulation = _emulation(emulate_cuda_attention)
-        with fake, col, _ModuleHooks(col, book, mods, progress, capture_calls=measure_checkpoint_overhead) as hooks:
+        routing = RoutingMode(moe_routing or MoeRouting())
+        hooks = _ModuleHooks(col, book, mods, progress, capture_calls=measure_checkpoint_overhead)
+        with fake, routing, col, hooks:
             with torch.autograd.graph.saved_tensors_hooks(col.pack, lambda t: t), emulation, hf_fake_as_real(model):
                 output = call_model(model, fake_in)
                 loss = (loss_fn or default_loss)(output)
@@ -354,6 +361,7 @@ def collect_stats(
                     progress("optimizer", 1, 1)
             opt_bytes = optimizer_bytes(opt, book)
         stats = build_stats(model, mods, col, hooks, opt_bytes, book, metadata)
+        stats.metadata.model_settings.update(routing.settings(model))
     finally:
         restore()
     if checkpoint_overhead_us_per_op is not None or measure_checkpoint_overhead:

@@ -11,6 +11,7 @@ import torch
 from estimators.collector import collect_stats
 from estimators.cost_model import BenchmarkCostModel, RooflineCostModel
 from estimators.devices import DeviceSpec, device_spec
+from estimators.moe import parse_moe_routing
 from estimators.models import DTYPES, BuiltModel, build_from_factory, build_from_hf_config, load_factory
 from planner import PLANNER_VERSION, Stats, StatsMetadata, baseline_peak_bytes
 
@@ -38,6 +39,7 @@ class CollectRequest:
     allow_tf32: bool = False
     benchmark: bool = False
     checkpoint_overhead_us_per_op: float | None = None
+    moe_routing: str = "balanced"
     name: str | None = None
 
     @classmethod
@@ -100,6 +102,7 @@ def run_collection(req: CollectRequest, *, progress: Any = None) -> CollectResul
     if req.device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("--device cuda: torch.cuda.is_available() is False; use --device cpu "
                            "with --target-device NAME to plan for a GPU from this machine")
+    routing = parse_moe_routing(req.moe_routing)
     target = _target(req)
     cost = RooflineCostModel(target, allow_tf32=req.allow_tf32)
     if req.benchmark:
@@ -140,6 +143,7 @@ def run_collection(req: CollectRequest, *, progress: Any = None) -> CollectResul
         checkpoint_overhead_us_per_op=target.checkpoint_overhead_us_per_op,
         measure_checkpoint_overhead=req.benchmark,
         metadata=meta,
+        moe_routing=routing,
         progress=progress,
     )
     seconds = time.perf_counter() - t0
