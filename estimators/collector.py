@@ -33,9 +33,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from estimators.aten_ops import SAC_IGNORED_OPS, is_inplace_op, is_random_op, is_view_op, op_name
 from estimators.assemble import build_stats
-from estimators.fake_step import call_model, default_loss, fake_inputs, fakeify, make_optimizer, optimizer_bytes
+from estimators.fake_step import (FakeConverter, fake_loss_fn, fakeify, forward_and_loss, make_optimizer,
+                                  optimizer_bytes)
 from estimators.models import hf_fake_as_real
-from estimators.moe import MoeRouting, RoutingMode
+from estimators.moe import MoeRouting, RoutingMode, one_hot_as_on_device
 from estimators.overhead import call_spec, fill_checkpoint_overheads
 from estimators.timeline import BACKWARD, OPTIMIZER, TimelineRecorder
 from estimators.tracking import ACT, BUFFER, GRAD, INPUT, OPT, PARAM, TEMP, StorageBook, storages_of, tensors_in
@@ -325,14 +326,17 @@ def collect_stats(
 
     fake = FakeTensorMode(allow_non_fake_inputs=False)
     book = StorageBook(round_bytes_to)
-    restore = fakeify(model, fake, device, dtype)
+    convert = FakeConverter(fake, device, dtype)
+    restores = [fakeify(model, convert)]
     try:
         params = [p for p in model.parameters() if p.requires_grad]
-        fake_in = fake_inputs(inputs, fake, device, dtype)
+        fake_in = convert.tree(inputs)
+        fake_loss, restore_loss = fake_loss_fn(loss_fn, convert)
+        restores.append(restore_loss)
         for p in model.parameters():
             book.add_tensors([p], PARAM)
         book.add_tensors(model.buffers(), BUFFER)
-        book.add_tensors(tensors_in(fake_in), INPUT)
+        book.add_tensors(tensors_in(fake_in) + list(convert.memo.values()), INPUT)  # with what loss_fn captured
         for p in params:
             p.register_post_accumulate_grad_hook(lambda q: book.recategorize(q.grad.untyped_storage(), GRAD))
         col = _Collector(book, cost_model, mods)
@@ -340,9 +344,9 @@ def collect_stats(
         routing = RoutingMode(moe_routing or MoeRouting())
         hooks = _ModuleHooks(col, book, mods, progress, capture_calls=measure_checkpoint_overhead)
         with fake, routing, col, hooks:
-            with torch.autograd.graph.saved_tensors_hooks(col.pack, lambda t: t), emulation, hf_fake_as_real(model):
-                output = call_model(model, fake_in)
-                loss = (loss_fn or default_loss)(output)
+            with (torch.autograd.graph.saved_tensors_hooks(col.pack, lambda t: t), emulation,
+                  hf_fake_as_real(model), one_hot_as_on_device()):
+                output, loss = forward_and_loss(model, fake_in, fake_loss, loss_fn)
             del output  # as a training loop does: `loss = model(**batch).loss; loss.backward()`
             col.phase = TEMP
             col.timeline.enter(BACKWARD)
@@ -363,7 +367,8 @@ def collect_stats(
         stats = build_stats(model, mods, col, hooks, opt_bytes, book, metadata)
         stats.metadata.model_settings.update(routing.settings(model))
     finally:
-        restore()
+        for restore in reversed(restores):
+            restore()
     if checkpoint_overhead_us_per_op is not None or measure_checkpoint_overhead:
         fill_checkpoint_overheads(stats, {m.fqn: mod for mod, m in mods.items()},
                                   {m.fqn: m.call for m in mods.values() if m.call is not None},

@@ -40,7 +40,8 @@ from torch.utils.weak import WeakIdKeyDictionary
 __all__ = ["MoeRouting", "parse_moe_routing", "RoutingMode", "experts_implementation", "DataDependentOpError"]
 
 ROUTING_KINDS = ("balanced", "capacity", "worst")
-_aten = torch.ops.aten
+aten = torch.ops.aten
+_GROUPED_MM = aten._grouped_mm.default  # layout: allow-private (ATen's own name for the op)
 _SHADOW_LIMIT = 1 << 22  # elements: routing tensors are tokens x top-k (x experts) at most
 
 
@@ -142,7 +143,7 @@ class RoutingMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is _aten._grouped_mm.default and args[0].dtype != torch.bfloat16:
+        if func is _GROUPED_MM and args[0].dtype != torch.bfloat16:
             return self._grouped_mm(*args, **kwargs)
         flat = [x for x in _flat_tensors((args, kwargs))]
         shadowed = bool(flat) and all(x in self.shadows for x in flat)
@@ -158,7 +159,7 @@ class RoutingMode(TorchDispatchMode):
                 f"only for MoE routing (the indices of aten.topk and what is computed from them alone); "
                 f"make the shape independent of the data, or collect a variant that is (e.g. another "
                 f"experts_implementation)") from exc
-        if func is _aten.topk.default:
+        if func is aten.topk.default:
             self._shadow_topk(args, kwargs, out)
         elif (shadowed or (not flat and _small_integers(out))) and torch.Tag.nondeterministic_seeded not in func.tags:
             self._propagate(func, args, kwargs, out)  # routing tensors, and the aranges they meet
@@ -231,3 +232,39 @@ def _small_integers(out: Any) -> bool:
 
 def _cpu(x: Any) -> Any:
     return torch.device("cpu") if isinstance(x, torch.device) else x
+
+
+# Devices whose one_hot kernel checks the class range on the host (aminmax, then two reads);
+# CUDA, MPS, XLA and PrivateUse1 leave it to a device assert in the scatter.
+_ONE_HOT_HOST_CHECK = ("cpu",)
+
+
+def one_hot_as_on_device() -> Any:
+    """A context under which ``F.one_hot`` on fake tensors runs the ops the real kernel runs.
+
+    On a fake (or traced) tensor PyTorch's ``one_hot`` compares with an
+    ``arange`` (it cannot read the values); on a real CPU tensor it checks the
+    class range (``aminmax`` and two reads), then scatters into zeros. A plan
+    matches ops by position, so the collector must see the real sequence;
+    under :class:`RoutingMode` the routing's values answer the reads.
+    """
+    from unittest import mock
+
+    from torch._subclasses.fake_tensor import is_fake
+
+    original = torch.nn.functional.one_hot
+
+    def one_hot(tensor: torch.Tensor, num_classes: int = -1) -> torch.Tensor:
+        if not is_fake(tensor) or tensor.numel() == 0:
+            return original(tensor, num_classes)
+        if tensor.device.type in _ONE_HOT_HOST_CHECK:
+            low, high = (int(x) for x in torch.aminmax(tensor))
+            if low < 0 or (num_classes != -1 and high >= num_classes):
+                raise RuntimeError(f"one_hot: class values must lie in [0, {num_classes}), got {low}..{high}")
+        elif num_classes == -1:
+            high = int(tensor.max())
+        classes = high + 1 if num_classes == -1 else num_classes
+        out = torch.zeros(*tensor.shape, classes, dtype=torch.long, device=tensor.device)
+        return out.scatter_(-1, tensor.unsqueeze(-1), 1)
+
+    return mock.patch.object(torch.nn.functional, "one_hot", one_hot)
