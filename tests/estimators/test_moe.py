@@ -26,14 +26,12 @@ from estimators.models import build_from_hf_config  # noqa: E402
 from estimators.moe import MoeRouting, parse_moe_routing  # noqa: E402
 from planner import optimal_op_policy  # noqa: E402
 from planner.cli import main  # noqa: E402
+from est_helpers import TINY_MIXTRAL  # noqa: E402
 
-EXPERTS, TOP_K, HIDDEN, INTERMEDIATE = 4, 2, 64, 128
-BASE = {"vocab_size": 256, "hidden_size": HIDDEN, "intermediate_size": INTERMEDIATE, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128,
-        "num_experts_per_tok": TOP_K}
-TINY_MIXTRAL = {**BASE, "model_type": "mixtral", "num_local_experts": EXPERTS}
-TINY_QWEN2_MOE = {**BASE, "model_type": "qwen2_moe", "num_experts": EXPERTS, "moe_intermediate_size": INTERMEDIATE,
-                  "shared_expert_intermediate_size": 128}
+EXPERTS, TOP_K = TINY_MIXTRAL["num_local_experts"], TINY_MIXTRAL["num_experts_per_tok"]
+INTERMEDIATE = TINY_MIXTRAL["intermediate_size"]
+TINY_QWEN2_MOE = {**{k: v for k, v in TINY_MIXTRAL.items() if k != "num_local_experts"}, "model_type": "qwen2_moe",
+                  "num_experts": EXPERTS, "moe_intermediate_size": INTERMEDIATE, "shared_expert_intermediate_size": 128}
 BATCH, SEQ = 2, 32
 TOKENS = BATCH * SEQ
 EXPERTS_FQN = "MixtralForCausalLM.model.layers.0.mlp.experts"
