@@ -30,39 +30,23 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from bench.bench_fidelity import FRACTIONS, REFERENCE, machine_line  # noqa: E402
 from bench.bench_planner import write_results  # noqa: E402
 from bench.fidelity import DEFAULT_PLAN_OPTIONS, ModelResult, ModelSpec, build_real, run_model  # noqa: E402
+from estimators.moe import TopKRecorder  # noqa: E402
 
 SECTION = "## MoE routing"
 KIB = 2**10
 
 
-class _Loads(TorchDispatchMode):
-    """The busiest expert's load over the balanced share, for every top-k of the forward."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ratios: list[float] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if func is torch.ops.aten.topk.default:
-            experts, idx = args[0].shape[-1], out[1]
-            loads = torch.bincount(idx.flatten(), minlength=experts)
-            self.ratios.append(float(loads.max()) / (idx.numel() / experts))
-        return out
-
-
 def real_imbalance(spec: ModelSpec) -> float:
     """The largest busiest-expert / balanced-share ratio of one real forward of the random-weight model."""
     built = build_real(spec, REFERENCE)
-    watch = _Loads()
+    watch = TopKRecorder()
     with torch.no_grad(), watch:
         built.model(**built.inputs)
-    return max(watch.ratios)
+    return max(watch.busiest_over_share())
 
 
 def _worst_over_budget(r: ModelResult, label: str) -> str:

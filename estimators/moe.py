@@ -37,7 +37,8 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from torch.utils._pytree import tree_map
 from torch.utils.weak import WeakIdKeyDictionary
 
-__all__ = ["MoeRouting", "parse_moe_routing", "RoutingMode", "experts_implementation", "DataDependentOpError"]
+__all__ = ["MoeRouting", "parse_moe_routing", "RoutingMode", "experts_implementation", "DataDependentOpError",
+           "one_hot_as_on_device", "TopKRecorder"]
 
 ROUTING_KINDS = ("balanced", "capacity", "worst")
 aten = torch.ops.aten
@@ -268,3 +269,24 @@ def one_hot_as_on_device() -> Any:
         return out.scatter_(-1, tensor.unsqueeze(-1), 1)
 
     return mock.patch.object(torch.nn.functional, "one_hot", one_hot)
+
+
+class TopKRecorder(TorchDispatchMode):
+    """On real tensors: the indices of every ``aten.topk`` (the routers' choices), forward and recompute alike."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.indices: list[torch.Tensor] = []
+        self.choices_of: list[int] = []  # how many it chose among (the number of experts)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func is aten.topk.default:
+            self.indices.append(out[1].detach().clone())
+            self.choices_of.append(args[0].shape[-1])
+        return out
+
+    def busiest_over_share(self) -> list[float]:
+        """Per top-k: the busiest expert's token choices over the balanced share (tokens x top-k / experts)."""
+        return [float(torch.bincount(idx.flatten(), minlength=n).max()) * n / idx.numel()
+                for idx, n in zip(self.indices, self.choices_of)]

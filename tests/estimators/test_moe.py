@@ -18,12 +18,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 import planner  # noqa: E402
 from estimators import RooflineCostModel, apply_plan, collect_stats, device_spec  # noqa: E402
 from estimators.models import build_from_hf_config  # noqa: E402
-from estimators.moe import MoeRouting, parse_moe_routing  # noqa: E402
+from estimators.moe import MoeRouting, TopKRecorder, parse_moe_routing  # noqa: E402
 from planner import optimal_op_policy  # noqa: E402
 from planner.cli import main  # noqa: E402
 from est_helpers import TINY_MIXTRAL  # noqa: E402
@@ -123,20 +122,6 @@ def test_plan_applies_to_the_default_model_with_equal_gradients(implementation):
         torch.testing.assert_close(got[name], g, rtol=1e-5, atol=1e-6, msg=name)
 
 
-class _TopK(TorchDispatchMode):
-    """Every aten.topk result, forward and recompute alike."""
-
-    def __init__(self):
-        super().__init__()
-        self.indices: list[torch.Tensor] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if func is torch.ops.aten.topk.default:
-            self.indices.append(out[1].clone())
-        return out
-
-
 def test_recomputed_router_replays_the_forward_routing():
     """The whole MoE block (router included) checkpointed with every op recomputed: the recompute's top-k
     equals the forward's (deterministic kernels on the same inputs) and gradients equal the unplanned ones."""
@@ -150,7 +135,7 @@ def test_recomputed_router_replays_the_forward_routing():
                                               "save": optimal_op_policy(ops, 0.0)}]}
     assert plan["modules"][0]["save"][[op.name for op in ops].index("aten.topk")] == 0  # recomputed
     planned = apply_plan(copy.deepcopy(built.model), plan, stats=stats)
-    watch = _TopK()
+    watch = TopKRecorder()
     with watch:
         got = _grads(planned, built.inputs)
     assert len(watch.indices) == 3  # layer 0 forward, layer 1 forward, layer 0 recompute
