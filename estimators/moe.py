@@ -33,12 +33,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_map
 from torch.utils.weak import WeakIdKeyDictionary
 
+from estimators.tracking import tensors_in
+
 __all__ = ["MoeRouting", "parse_moe_routing", "RoutingMode", "experts_implementation", "DataDependentOpError",
-           "one_hot_as_on_device", "TopKRecorder"]
+           "one_hot_as_on_device", "TopKRecorder", "experts_mismatch"]
 
 ROUTING_KINDS = ("balanced", "capacity", "worst")
 aten = torch.ops.aten
@@ -122,6 +125,22 @@ def experts_implementation(model: torch.nn.Module) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def experts_mismatch(model: torch.nn.Module, model_settings: dict[str, Any]) -> str | None:
+    """Why a plan made from stats with these ``model_settings`` cannot apply to ``model``'s experts, or None.
+
+    The experts implementations run different op sequences, so a plan's
+    decisions only fit the implementation the stats were collected with. For
+    :func:`estimators.apply_plan` to call before the first step.
+    """
+    wanted = model_settings.get("experts_implementation")
+    running = experts_implementation(model)
+    if wanted is None or running is None or wanted == running:
+        return None
+    return (f"the stats were collected with experts_implementation {wanted!r} but {type(model).__name__} runs "
+            f"{running!r}: call model.set_experts_implementation({wanted!r}) before applying the plan, or collect "
+            f"the model as it is built")
+
+
 def _grouped_mm_shape(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None) -> list[int]:
     # 2-D operands are jagged along the offsets; a 3-D one lists the groups (experts).
     if a.dim() == 2 and b.dim() == 2:  # weight gradients: one (K, N) block per group
@@ -146,15 +165,14 @@ class RoutingMode(TorchDispatchMode):
         kwargs = kwargs or {}
         if func is _GROUPED_MM and args[0].dtype != torch.bfloat16:
             return self._grouped_mm(*args, **kwargs)
-        flat = [x for x in _flat_tensors((args, kwargs))]
+        flat = tensors_in((args, kwargs))
         shadowed = bool(flat) and all(x in self.shadows for x in flat)
         dynamic = torch.Tag.dynamic_output_shape in func.tags or torch.Tag.data_dependent_output in func.tags
         if dynamic and shadowed:
             return self._from_shadows(func, args, kwargs)
         try:
             out = func(*args, **kwargs)
-        except (torch._subclasses.fake_tensor.DynamicOutputShapeException,  # layout: allow-private (fake mode's errors)
-                torch._subclasses.fake_tensor.DataDependentOutputException) as exc:  # layout: allow-private
+        except (DynamicOutputShapeException, DataDependentOutputException) as exc:
             raise DataDependentOpError(
                 f"{func.overloadpacket} needs tensor values that a fake run does not have: sacplan assumes values "
                 f"only for MoE routing (the indices of aten.topk and what is computed from them alone); "
@@ -202,11 +220,11 @@ class RoutingMode(TorchDispatchMode):
             return func(*self._real(args), **self._real(kwargs))
 
     def _propagate(self, func, args, kwargs, out) -> None:
-        outs = _flat_tensors(out)
+        outs = tensors_in(out)
         if not outs or sum(t.numel() for t in outs) > _SHADOW_LIMIT:
             return
         real = self._run_real(func, args, kwargs)
-        for fake_t, real_t in zip(outs, _flat_tensors(real)):
+        for fake_t, real_t in zip(outs, tensors_in(real)):
             if tuple(fake_t.shape) == tuple(real_t.shape):
                 self.shadows[fake_t] = real_t
 
@@ -214,16 +232,10 @@ class RoutingMode(TorchDispatchMode):
         real = self._run_real(func, args, kwargs)
         if not isinstance(real, torch.Tensor):
             return real  # a scalar (`_local_scalar_dense`): the routing's own value
-        device = _flat_tensors(args)[0].device
+        device = tensors_in(args)[0].device
         fake_out = torch.empty_strided(real.shape, real.stride(), dtype=real.dtype, device=device)
         self.shadows[fake_out] = real
         return fake_out
-
-
-def _flat_tensors(tree: Any) -> list[torch.Tensor]:
-    from torch.utils._pytree import tree_flatten
-
-    return [x for x in tree_flatten(tree)[0] if isinstance(x, torch.Tensor)]
 
 
 def _small_integers(out: Any) -> bool:

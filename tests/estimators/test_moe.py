@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 
 import pytest
 
@@ -22,7 +23,7 @@ pytest.importorskip("transformers")
 import planner  # noqa: E402
 from estimators import RooflineCostModel, apply_plan, collect_stats, device_spec  # noqa: E402
 from estimators.models import build_from_hf_config  # noqa: E402
-from estimators.moe import MoeRouting, TopKRecorder, parse_moe_routing  # noqa: E402
+from estimators.moe import MoeRouting, TopKRecorder, experts_mismatch, parse_moe_routing  # noqa: E402
 from planner import optimal_op_policy  # noqa: E402
 from planner.cli import main  # noqa: E402
 from est_helpers import TINY_MIXTRAL  # noqa: E402
@@ -143,3 +144,15 @@ def test_recomputed_router_replays_the_forward_routing():
     assert torch.equal(forward, recompute)
     for name, g in _grads(copy.deepcopy(built.model), built.inputs).items():
         torch.testing.assert_close(got[name], g, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_stats_of_another_experts_implementation_are_named_with_the_fix():
+    stats = _collect(_build({**TINY_MIXTRAL, "experts_implementation": "batched_mm"}, "meta"))
+    model = _build(TINY_MIXTRAL).model  # built as users do: the default experts
+    settings = stats.metadata.model_settings
+    assert settings["experts_implementation"] == "batched_mm"
+    assert re.fullmatch(r"the stats were collected with experts_implementation 'batched_mm' but MixtralForCausalLM "
+                        r"runs 'grouped_mm': call model\.set_experts_implementation\('batched_mm'\) .*",
+                        experts_mismatch(model, settings))
+    model.set_experts_implementation("batched_mm")
+    assert experts_mismatch(model, settings) is None
