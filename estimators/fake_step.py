@@ -13,7 +13,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from estimators.tracking import StorageBook, storages_of, tensors_in
 
-__all__ = ["fakeify", "fake_inputs", "FakeConverter", "fake_loss_fn", "unconverted_tensor_error", "default_loss",
+__all__ = ["fakeify", "FakeConverter", "fake_loss_fn", "unconverted_tensor_error", "default_loss",
            "call_model", "forward_and_loss", "make_optimizer", "optimizer_bytes"]
 
 
@@ -61,11 +61,6 @@ def fakeify(module: nn.Module, convert: FakeConverter):
             table[name] = t
 
     return restore
-
-
-def fake_inputs(inputs: Any, fake: FakeTensorMode, device: torch.device, dtype: torch.dtype | None) -> Any:
-    """Fake tensors like the inputs; a tensor given twice (``input_ids`` as ``labels``) is one fake tensor."""
-    return FakeConverter(fake, device, dtype).tree(inputs)
 
 
 def fake_loss_fn(loss_fn: Callable[[Any], torch.Tensor] | None, convert: FakeConverter):

@@ -59,6 +59,22 @@ def test_default_experts_collect_in_fp32_and_bf16(config, dtype):
     assert grouped[0].output_bytes == TOKENS * TOP_K * 2 * INTERMEDIATE * dtype.itemsize
 
 
+# Other Hugging Face MoE families, small, from AutoConfig.for_model's defaults otherwise.
+OTHER_MOE = {
+    "olmoe": {"num_experts": EXPERTS, "eos_token_id": 1, "pad_token_id": 0},
+    "granitemoe": {"num_local_experts": EXPERTS},
+    "qwen3_moe": {"num_experts": EXPERTS, "moe_intermediate_size": INTERMEDIATE, "head_dim": 16},
+}
+
+
+@pytest.mark.parametrize("model_type", list(OTHER_MOE))
+def test_other_moe_families_collect_with_default_experts(model_type):
+    base = {k: v for k, v in TINY_MIXTRAL.items() if k != "num_local_experts"}
+    stats = _collect(_build({**base, **OTHER_MOE[model_type], "model_type": model_type}, "meta"))
+    assert stats.metadata.model_settings == {"experts_implementation": "grouped_mm", "moe_routing": "balanced"}
+    assert sum(op.name == "aten._grouped_mm" for m in stats.modules for op in (m.ops or [])) > 0
+
+
 def _rows(stats, fqn: str) -> list[int]:
     """Rows each expert's up projection got (the eager experts' aten.mm outputs, every other one)."""
     mms = [op.output_bytes for op in stats.module(fqn).ops if op.name == "aten.mm"]
