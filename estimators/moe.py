@@ -10,8 +10,8 @@ The collector therefore *assumes* the routing, and says which in the stats:
   experts (token ``t``'s ``j``-th choice is expert ``(t * k + j) mod E``);
 * ``capacity:C``: expert 0 gets ``ceil(C x`` its share ``)`` token choices (at
   most one per token), the others share the rest evenly; ``C = 1`` is balanced;
-* ``worst``: expert 0 gets every token, the others share the rest evenly
-  (the largest load an expert can have without dropping any expert).
+* ``worst``: expert 0 gets every token (leaving one choice to each other
+  expert), the others share the rest evenly.
 
 How: the indices ``aten.topk`` returns under fake tensors get *shadow values*
 (a small real tensor with the assumed routing). Any op whose tensor arguments
@@ -78,13 +78,16 @@ class MoeRouting:
         return out
 
     def top_load(self, tokens: int, top_k: int, experts: int) -> int:
-        """Token choices expert 0 gets out of ``tokens x top_k``."""
+        """Token choices expert 0 gets out of ``tokens x top_k`` (at most one per token).
+
+        Every other expert keeps at least one choice where there are enough,
+        so the same experts run (the same loop iterations) as in a balanced step.
+        """
         share = math.ceil(tokens * top_k / experts)
         if self.kind == "balanced":
             return share
-        if self.kind == "worst":
-            return tokens
-        return min(tokens, math.ceil(self.capacity_factor * tokens * top_k / experts))
+        wanted = tokens if self.kind == "worst" else math.ceil(self.capacity_factor * tokens * top_k / experts)
+        return max(share, min(wanted, tokens, tokens * top_k - (experts - 1)))
 
     def expert_indices(self, tokens: int, top_k: int, experts: int) -> torch.Tensor:
         """(tokens, top_k) expert ids, distinct per token, spread as the assumption says."""
