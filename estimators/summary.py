@@ -105,7 +105,8 @@ def _suggestion_text(p: Plan) -> str:
     if not p.modules:
         return f"{head}: no checkpointing needed"
     share = f" ({p.recompute_ms / p.compute_ms:.1%} of the step)" if p.compute_ms else ""
-    return (f"{head}: recompute {p.recompute_ms:.1f} ms{share}, {len(p.modules)} modules checkpointed"
+    n = len(p.modules)
+    return (f"{head}: recompute {p.recompute_ms:.1f} ms{share}, {n} module{'s' if n != 1 else ''} checkpointed"
             + (f" ({p.status})" if p.status != "optimal" else ""))
 
 

@@ -109,4 +109,10 @@ _SHOWN_MODULES = 4
 
 
 def _gib(n: int | None) -> str:
-    return "-" if n is None else f"{n / 2**30:.4g} GiB"
+    """Bytes in the largest binary unit that keeps the figure at least 1 (GiB, MiB, KiB)."""
+    if n is None:
+        return "-"
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= scale:
+            return f"{n / scale:.4g} {unit}"
+    return f"{n} B"
