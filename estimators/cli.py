@@ -41,7 +41,8 @@ def register(subparsers: Any) -> None:
                    help="device the fake tensors live on (default cpu; no real memory is used)")
     p.add_argument("--target-device", metavar="NAME",
                    help="device to cost and emulate: A100-40GB, A100-80GB, H100-SXM, H100-PCIe, H200, L40S, "
-                   "MI300X or cpu (case-insensitive; default: the CUDA device's name with --device cuda, else cpu)")
+                   "MI300X or cpu, exactly (case-insensitive; h100 is refused, not guessed; default: the CUDA device with "
+                   "--device cuda, else cpu)")
     p.add_argument("--peak-tflops", type=float, help="override the target's peak TFLOP/s (every dtype)")
     p.add_argument("--mem-bandwidth-gbps", type=float, help="override the target's memory bandwidth in GB/s")
     p.add_argument("--compute-efficiency", type=float, help="fraction of peak FLOP/s reached (default 1.0)")
