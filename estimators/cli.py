@@ -113,7 +113,11 @@ def run_collect(args: argparse.Namespace) -> int:
     progress.note(f"  collected in {result.seconds:.1f} s; planning a few budgets")
     out = Path(args.out)
     out.write_text(json.dumps(result.stats.model_dump(mode="json"), indent=1))
-    guidance = guide(result.stats, args.out, target.name, target.memory_bytes)
+    try:
+        guidance = guide(result.stats, args.out, target.name, target.memory_bytes)
+    except (ValueError, RuntimeError) as exc:  # the stats are written: say why there is no advice, and go on
+        progress.note(f"note: no budgets suggested: planning failed: {exc}")
+        guidance = None
     progress.close()
     print(collect_summary(result, str(out), guidance))
     if args.upload:

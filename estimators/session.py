@@ -64,6 +64,9 @@ class CollectResult:
 
 def target_spec(req: CollectRequest) -> DeviceSpec:
     """The device the request costs and plans for: ``--target-device``, else the CUDA device or cpu."""
+    if req.device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("--device cuda: torch.cuda.is_available() is False; use --device cpu "
+                           "with --target-device NAME to plan for a GPU from this machine")
     name = req.target_device
     if name is None:
         name = cuda_device_entry(torch.cuda.get_device_name()) if req.device == "cuda" else "cpu"
@@ -120,9 +123,6 @@ def run_collection(req: CollectRequest, *, progress: Any = None) -> CollectResul
     """Build the requested model and collect its stats."""
     if req.dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {req.dtype!r}")
-    if req.device == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("--device cuda: torch.cuda.is_available() is False; use --device cpu "
-                           "with --target-device NAME to plan for a GPU from this machine")
     target = target_spec(req)
     cost = RooflineCostModel(target, allow_tf32=req.allow_tf32)
     if req.benchmark:
