@@ -67,7 +67,8 @@ class CollectProgress:
         self.counts[self.phase] = self.done
         ran = self.counts.get("forward", 0)
         if self.phase == "backward" and self.done < ran:  # e.g. rotary embeddings: their outputs need no gradient
-            label += f" ({ran - self.done} of the {ran} modules have no gradient to compute)"
+            none = ran - self.done
+            label += f" ({none} of the {ran} modules {'has' if none == 1 else 'have'} no gradient to compute)"
         if self.bar is not None:
             self.bar.total = self.done  # modules that never run (containers) or have no backward are not waited for
             self.bar.set_description(f"  {label}", refresh=True)

@@ -23,7 +23,7 @@ def test_log_gets_one_line_per_phase():
     _feed(CollectProgress(stream=stream, terminal=False))
     lines = [line.rsplit(" (", 1)[0] for line in stream.getvalue().splitlines()]
     assert lines == ["  building the model: 5 modules", "  forward: 4 modules",
-                     "  backward (1 of the 4 modules have no gradient to compute): 3 modules", "  optimizer step"]
+                     "  backward (1 of the 4 modules has no gradient to compute): 3 modules", "  optimizer step"]
     assert "\r" not in stream.getvalue()
 
 
