@@ -179,6 +179,8 @@ class _ModuleHooks:
         self._repeat: list[bool] = []
         self._seen: set[str] = set()
         self._handles: list[Any] = []
+        # what progress counts toward: containers (ModuleList, ModuleDict) have no forward of their own and never run
+        self.runnable = sum(type(mod).forward is not nn.Module.forward for mod in mods)
 
     def __enter__(self) -> _ModuleHooks:
         from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
@@ -252,7 +254,7 @@ class _ModuleHooks:
         if outs:
             torch.autograd.graph.register_multi_grad_hook(outs, lambda _g, m=m: self._bw_pre(m), mode="any")
         if self.progress:
-            self.progress("forward", len(self.post_order), len(self.mods))
+            self.progress("forward", len(self.post_order), self.runnable)
 
     def _bw_pre(self, m: _Mod) -> None:
         if m.bw_state != "none":
@@ -274,7 +276,7 @@ class _ModuleHooks:
         if m in self.col.bw_open:
             self.col.bw_open.remove(m)
         if self.progress:
-            self.progress("backward", sum(x.bw_state == "closed" for x in self.mods.values()), len(self.mods))
+            self.progress("backward", sum(x.bw_state == "closed" for x in self.mods.values()), self.runnable)
 
 
 def collect_stats(
