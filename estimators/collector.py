@@ -89,6 +89,7 @@ class _Mod:
     done_fw: bool = False
     ran_inside: tuple[str, ...] = ()  # fqns of the modules running when its first call began
     call: tuple | None = None  # its first call's arguments (tensors as TensorSpecs), when asked for
+    recompute_stop: int = 0  # its ops recorded when autograd last saved a tensor in its forward
 
 
 class _Collector(TorchDispatchMode):
@@ -154,6 +155,13 @@ class _Collector(TorchDispatchMode):
                 m.ops.append(idx)
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
+        if self.phase == ACT:
+            # Checkpointing stops its recompute at the last tensor autograd saved in the forward. A saved
+            # input is packed before the dispatch mode sees its op (autograd runs above it), an output
+            # after: the ops recorded so far are exactly the ops a recompute of each running module runs.
+            for m in self.fw_stack:
+                if not m.done_fw:
+                    m.recompute_stop = len(m.ops)
         if self.phase == ACT and t.layout == torch.strided:
             serial = self.book.serial(t.untyped_storage())
             if serial is not None:

@@ -236,7 +236,8 @@ def _planned_module(prob: Problem, fqn: str, decision) -> PlannedModule:
         discarded_bytes=discardable_bytes(m) - saved_bytes,
         saved_bytes=saved_bytes,
         # summed from the save list itself (not total - saved: that leaves float noise where nothing is recomputed)
-        recompute_ms=math.fsum([op.runtime_ms for op, s in zip(m.ops, save) if not s] + [overhead]) * m.calls,
+        recompute_ms=math.fsum([op.runtime_ms for op, s in zip(m.recompute_ops, save) if not s] + [overhead])
+        * m.calls,
         checkpoint_overhead_ms=overhead,
         save=save,
         op_names=[op.name for op in m.ops],
