@@ -66,6 +66,8 @@ MODELS = [
     ModelSpec("vit", "factories.py:make_vit", batch=8, seq=64),
     ModelSpec("encoder", "factories.py:make_encoder"),
     ModelSpec("llama_wide", "llama_wide.json", batch=1),
+    # not in the reference set: a layer applied several times (modules called more than once)
+    ModelSpec("shared_encoder", f"{REPO / 'bench' / 'fidelity_factories.py'}:make_shared_encoder"),
 ]
 
 

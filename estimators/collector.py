@@ -90,6 +90,7 @@ class _Mod:
     ran_inside: tuple[str, ...] = ()  # fqns of the modules running when its first call began
     call: tuple | None = None  # its first call's arguments (tensors as TensorSpecs), when asked for
     recompute_stop: int = 0  # its ops recorded when autograd last saved a tensor in its forward
+    calls: int = 0  # forward calls in the step (a shared layer is called once per use)
 
 
 class _Collector(TorchDispatchMode):
@@ -226,6 +227,7 @@ class _ModuleHooks:
         if m is None or self.col.phase != ACT:
             return
         first = m.fqn not in self._seen
+        m.calls += 1
         self._repeat.append(not first)
         if first:
             self._seen.add(m.fqn)

@@ -36,7 +36,7 @@ from scipy.sparse import coo_array
 from planner.ops.knapsack import best_saved_within
 from planner.plan_format import PlanStatus
 from planner.solve.problem import Candidate, Problem, need_rows
-from planner.solve.solution import Decision, Solution
+from planner.solve.solution import Decision, Solution, needs_peak_bytes
 
 __all__ = ["solve_budget", "solve_min_peak"]
 
@@ -145,9 +145,10 @@ def solve_budget(prob: Problem, budget_bytes: float, *, time_limit_s: float, mip
             if attempt == 0:
                 return sol  # infeasible even relaxed, or stopped before any plan
             return Solution.without_plan("error", _MISSED)
-        if sol.peak_bytes <= budget_bytes:
+        peak = needs_peak_bytes(prob, sol)  # the held inputs are planning.plan's to settle
+        if peak <= budget_bytes:
             return sol if attempt == 0 else _against(sol, bound, mip_rel_gap)
-        margin = max(margin, 0.0) + 2 * (sol.peak_bytes - budget_bytes) + 1
+        margin = max(margin, 0.0) + 2 * (peak - budget_bytes) + 1
     return Solution.without_plan("error", _MISSED)
 
 

@@ -109,7 +109,7 @@ def _run(name: str) -> Run:
                           cost_model=RooflineCostModel(device_spec("cpu")))
     baseline = planner.baseline_peak_bytes(stats, **PLAN_OPTIONS)
     plan = planner.plan(stats, BUDGET_FRACTION * baseline / planner.GIB, **PLAN_OPTIONS)
-    assert plan.status == "optimal" and plan.modules, (plan.status, plan.message)
+    assert plan.status in ("optimal", "feasible") and plan.modules, (plan.status, plan.message)
     peaks = {}
     for label, p in (("base", None), ("plan", plan)):
         m = copy.deepcopy(model)
@@ -143,7 +143,9 @@ def _get(runs: dict[str, Run], name: str) -> Run:
 
 
 # planner 0.4.1 (PyTorch's model, no optimizer state) missed these: real peak / budget was 1.07 for llama
-# at step 2, 1.10 and 1.42 for the encoder at steps 1 and 2, 1.08 for the ViT at step 2.
+# at step 2, 1.10 and 1.42 for the encoder at steps 1 and 2, 1.08 for the ViT at step 2. Planner 0.6.0
+# without the held inputs at a module's own backward: 1.003 for the encoder at step 2 (its plan checkpointed
+# the last layer's attention, whose input the step without checkpointing frees during the forward).
 WITHIN_BUDGET = [(name, step) for name in ("llama", "encoder", "vit") for step in (1, 2)]
 
 
@@ -167,3 +169,19 @@ def test_steady_state_peak_is_predicted_within_one_percent(runs: dict[str, Run],
     assert abs(run.peaks[1] / run.predicted_bytes - 1) <= 0.01, (run.peaks, run.predicted_bytes)
     assert abs(run.baseline_peaks[1] / run.baseline_predicted_bytes - 1) <= 0.01, (run.baseline_peaks,
                                                                           run.baseline_predicted_bytes)
+
+
+@pytest.mark.parametrize("name", ["llama", "encoder"])
+def test_first_step_only_plan_holds_its_first_step(runs: dict[str, Run], name: str):
+    """Planned with first_step_only=True: step 1, before any optimizer state, within budget and within 1%."""
+    model, inputs, loss_fn = MODELS[name]()
+    stats = collect_stats(model, inputs, loss_fn=loss_fn, optimizer="adamw", device="cpu",
+                          cost_model=RooflineCostModel(device_spec("cpu")))
+    baseline = planner.baseline_peak_bytes(stats, first_step_only=True)
+    assert baseline < planner.baseline_peak_bytes(stats)  # the steady state holds AdamW's state on top
+    plan = planner.plan(stats, 0.8 * baseline / planner.GIB, first_step_only=True)  # the encoder: none at 70%
+    assert plan.status in ("optimal", "feasible") and plan.modules and plan.first_step_only, plan.message
+    apply_plan(model, plan, stats=stats)
+    (step1,) = measure_steps(model, inputs, loss_fn, make_optimizer("adamw", list(model.parameters())), steps=1)
+    assert step1.peak_bytes <= plan.memory_budget_gib * planner.GIB, (step1.peak_bytes, plan.memory_budget_gib)
+    assert abs(step1.peak_bytes / plan.peak_bytes - 1) <= 0.01, (step1.peak_bytes, plan.peak_bytes)
