@@ -2,9 +2,12 @@
 
 Checkpointing a module costs more than recomputing its ops: ``torch.utils.checkpoint``
 re-runs the module's Python forward and calls the selective policy for every op,
-saved or not. ``estimators.overhead.measure_checkpoint_overhead_ms`` measures it
-as the module's forward+backward under a policy saving every op (nothing is
-recomputed) minus the plain forward+backward, on real tensors. This script
+saved or not. ``estimators.overhead.measure_checkpoint_overhead`` measures it
+(``every_saved_ms``) as the module's forward+backward under a policy saving every
+op but views (nothing is recomputed) minus the plain forward+backward, on real
+tensors; since planner 0.6 that policy does ``apply_plan``'s per-op work and the
+figures are medians of CPU time (the earlier figures in ``bench/RESULTS.md``
+were taken with a constant policy, fastest of 7 wall-clock runs). This script
 collects small models with ``measure_checkpoint_overhead=True`` (what
 ``sacplan collect --benchmark`` does) and divides each distinct module's
 overhead by its op count.

@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -42,11 +43,14 @@ import torch  # noqa: E402
 import planner  # noqa: E402
 from bench._machine import cpu_model  # noqa: E402
 from bench.bench_planner import write_results  # noqa: E402
-from bench.fidelity import DEFAULT_PLAN_OPTIONS, MODELS, ModelResult, Variant, run_model  # noqa: E402
+from bench.fidelity import (DEFAULT_PLAN_OPTIONS, MODELS, ModelResult, Variant, measured_recompute_ms,  # noqa: E402
+                           run_model)
 
 SECTION = "## Fidelity"
 REFERENCE = Path("../shared/reference/fidelity")  # relative to the repo root, as the project refers to it
 FRACTIONS = [0.5, 0.75, 0.9]
+FIRST_STEP_FRACTIONS = [0.75]  # first-step-only plans (of the first step's own baseline)
+SIGNIFICANT = 0.05  # recompute time is judged on plans predicted to add at least this much of the step
 MIB = 2**20
 
 
@@ -71,36 +75,61 @@ def _s1_steady(v: Variant | None, ref_of: str, *, flag: bool = False) -> str:
     return first if later is None else f"{first} / {_ratio(later, ref, flag_above_one=flag)}"
 
 
-def _recompute(v: Variant, base: Variant | None, compute_ms: float | None) -> tuple[str, str]:
-    """(predicted, measured) recompute / compute."""
-    rc = getattr(v.plan, "recompute_ms", None) if v.plan is not None else None
-    pred = f"{rc / compute_ms:.2f}" if rc is not None and compute_ms else "-"
-    meas = "-"
-    if v is not base and base is not None and base.fwbw_seconds and v.fwbw_seconds is not None:
-        meas = f"{(v.fwbw_seconds - base.fwbw_seconds) / base.fwbw_seconds:.2f}"
+def _recompute_ms(v: Variant, base: Variant | None) -> tuple[float | None, float | None]:
+    """(predicted, measured) ms the plan adds to forward + backward."""
+    pred = getattr(v.plan, "recompute_ms", None) if v.plan is not None else None
+    meas = measured_recompute_ms(v, base) if base is not None and v is not base else None
     return pred, meas
+
+
+def _recompute(v: Variant, base: Variant | None) -> str:
+    pred, meas = _recompute_ms(v, base)
+    if pred is None:
+        return "-"
+    return f"{pred:.1f} / " + ("-" if meas is None else f"{meas:.1f} ({meas / pred:.2f})" if pred else f"{meas:.1f}")
+
+
+def recompute_ratios(results: list[ModelResult]) -> list[tuple[str, float]]:
+    """measured / predicted recompute ms of every timed plan predicted to add at least SIGNIFICANT of the step."""
+    out = []
+    for r in results:
+        base = next((v for v in r.variants if v.label == "base"), None)
+        for v in r.variants:
+            pred, meas = _recompute_ms(v, base)
+            if v is not base and pred and meas is not None and r.compute_ms and pred >= SIGNIFICANT * r.compute_ms:
+                out.append((f"{r.spec.name} {v.label}", meas / pred))
+    return out
 
 
 def summary_row(r: ModelResult) -> str:
     if r.error:
-        return f"| {r.spec.name} | {r.error} |" + " |" * 6
+        return f"| {r.spec.name} | {r.error} |" + " |" * (6 + len(FIRST_STEP_FRACTIONS))
     by = {v.label: v for v in r.variants}
     base = by.get("base")
     p50 = by.get("p50")
     cells = [r.spec.name, _s1_steady(base, "pred"), _s1_steady(p50, "pred")]
     cells += [_s1_steady(by.get(f"p{round(f * 100)}"), "budget", flag=True) for f in FRACTIONS]
-    pred, meas = _recompute(p50, base, r.compute_ms) if p50 is not None else ("-", "-")
-    cells.append(f"{pred} / {meas}")
+    for f in FIRST_STEP_FRACTIONS:
+        v = by.get(f"f{round(f * 100)}")
+        cells.append("-" if v is None else f"{_first(v, v.predicted_bytes)} / {_first(v, v.budget_bytes, flag=True)}"
+                     if v.steps else _s1_steady(v, "pred"))
+    cells.append(_recompute(p50, base) if p50 is not None else "-")
     return "| " + " | ".join(cells) + " |"
 
 
+def _first(v: Variant, ref: float | None, *, flag: bool = False) -> str:
+    return _ratio(v.steps[0].peak_bytes, ref, flag_above_one=flag) if v.steps else "-"
+
+
 SUMMARY_HEADER = ("| model | base real/pred s1 / s2+ | p50 real/pred s1 / s2+ | "
-                  + " | ".join(f"p{round(f * 100)} real/budget s1 / s2+" for f in FRACTIONS)
-                  + " | p50 recompute/compute predicted / measured |")
+                  + " | ".join(f"p{round(f * 100)} real/budget s1 / s2+" for f in FRACTIONS) + " | "
+                  + " | ".join(f"f{round(f * 100)} (first step only) real/pred / real/budget s1" for f in
+                               FIRST_STEP_FRACTIONS)
+                  + " | p50 recompute ms predicted / measured (ratio) |")
 
 DETAIL_HEADER = ("| model | plan | status, modules | budget MiB | predicted peak MiB | real peak MiB by step | "
-                 "real/predicted by step | real/budget by step | peak phase by step | recompute/compute pred / "
-                 "meas | step CPU s (fw+bw) | same losses as base |")
+                 "real/predicted by step | real/budget by step | peak phase by step | recompute ms pred / "
+                 "meas (ratio) | step CPU s (fw+bw) | same losses as base |")
 
 
 def _plan_cell(v: Variant) -> str:
@@ -124,15 +153,14 @@ def detail_rows(r: ModelResult) -> list[str]:
         pred = v.predicted_bytes
         peaks = " / ".join(f"{m.peak_bytes / MIB:.1f}" for m in v.steps) or "-"
         phases = " / ".join(m.peak_phase for m in v.steps) or "-"
-        rc_pred, rc_meas = _recompute(v, base, r.compute_ms)
         secs = f"{v.step_seconds:.3f} ({v.fwbw_seconds:.3f})" if v.step_seconds is not None else "-"
         same = "-" if v.label == "base" or not v.steps else (
             "yes" if [m.loss for m in v.steps] == base_losses else "**no**")
         budget = "-" if v.label == "base" else f"{v.budget_bytes / MIB:.1f}"
         cells = [r.spec.name, v.label, v.error or _plan_cell(v), budget,
                  f"{pred / MIB:.1f}" if pred else "-", peaks, _per_step(v, pred),
-                 "-" if v.label == "base" else _per_step(v, v.budget_bytes, flag=True), phases,
-                 f"{rc_pred} / {rc_meas}", secs, same]
+                 "-" if v.label == "base" else _per_step(v, v.budget_bytes, flag=not v.first_step_only), phases,
+                 _recompute(v, base), secs, same]
         rows.append("| " + " | ".join(cells) + " |")
     return rows
 
@@ -158,6 +186,19 @@ def _option(text: str) -> tuple[str, object]:
         return key, value
 
 
+def recompute_summary(results: list[ModelResult], reps: int) -> list[str]:
+    """The recompute-time verdict: measured / predicted over the plans that recompute a significant share."""
+    ratios = recompute_ratios(results)
+    if not reps or not ratios:
+        return []
+    values = sorted(x for _, x in ratios)
+    inside = sum(0.75 <= x <= 1.33 for x in values)
+    return [f"Recompute time, measured / predicted ms, over the {len(values)} plans predicted to add at least "
+            f"{SIGNIFICANT:.0%} of the step: median {statistics.median(values):.2f}, range {values[0]:.2f}-"
+            f"{values[-1]:.2f}, {inside} of {len(values)} within 0.75-1.33 ("
+            + ", ".join(f"{name} {x:.2f}" for name, x in ratios) + ").", ""]
+
+
 def report(results: list[ModelResult], *, command: str, header: str, options: dict, reps: int, minutes: float) -> str:
     """The markdown section: setup, summary table, every run, notes."""
     out = [SECTION, "", f"Machine: {header}", "",
@@ -166,9 +207,14 @@ def report(results: list[ModelResult], *, command: str, header: str, options: di
            "predicted no-checkpointing peak. Real peaks are exact (every distinct live storage once, see "
            "`estimators.real_step.measure_steps`); 's2+' is the worst of steps 2 on (the steady state, with AdamW "
            "state); bold: over the budget. "
-           + (f"Times: process CPU seconds, 1 thread, medians of {reps} interleaved steps; they are provisional on "
-              "a shared machine, the memory figures are not." if reps else "Not timed (--reps 0)."), "",
-           SUMMARY_HEADER, "|" + "---|" * (SUMMARY_HEADER.count("|") - 1),
+           + ", ".join(f"f{round(f * 100)}" for f in FIRST_STEP_FRACTIONS)
+           + ": planned with `first_step_only=True` at that fraction of the first step's own predicted peak, "
+           "held to it on step 1 (later steps hold AdamW's state, which such a plan leaves out). "
+           + (f"Times: process CPU seconds, 1 thread, {reps} rounds of interleaved steps (the baseline and every "
+              "plan); a plan's measured recompute is the median over rounds of (its forward+backward - the "
+              "baseline's in the same round). The memory figures are exact whatever the load; the times are not."
+              if reps else "Not timed (--reps 0)."), "",
+           *recompute_summary(results, reps), SUMMARY_HEADER, "|" + "---|" * (SUMMARY_HEADER.count("|") - 1),
            *[summary_row(r) for r in results], "", "### Every run", "",
            DETAIL_HEADER, "|" + "---|" * (DETAIL_HEADER.count("|") - 1)]
     for r in results:
@@ -210,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     for spec in [m for m in MODELS if not args.only or m.name in args.only]:
         t = time.time()
         results.append(run_model(spec, args.reference, fractions=FRACTIONS, steps=args.steps, reps=reps,
+                                 first_step_fractions=FIRST_STEP_FRACTIONS,
                                  options=options, benchmark=args.benchmark))
         print(f"{spec.name}: {time.time() - t:.0f} s", file=sys.stderr, flush=True)
     command = "python bench/bench_fidelity.py" + " ".join(["", *(argv if argv is not None else sys.argv[1:])])

@@ -75,6 +75,8 @@ MODELS = [
     ModelSpec("vit", "factories.py:make_vit", batch=8, seq=64),
     ModelSpec("encoder", "factories.py:make_encoder"),
     ModelSpec("llama_wide", "llama_wide.json", batch=1),
+    # not in the reference set: a layer applied several times (modules called more than once)
+    ModelSpec("shared_encoder", f"{REPO / 'bench' / 'fidelity_factories.py'}:make_shared_encoder"),
 ]
 
 
@@ -82,13 +84,15 @@ MODELS = [
 class Variant:
     """The baseline (no plan) or one plan, and what its real runs measured."""
 
-    label: str  # "base" or "p50", "p75", ...
+    label: str  # "base" or "p50", "p75", ...; "f75": planned for the first step only
     fraction: float | None = None
+    first_step_only: bool = False
     plan: Any = None
     budget_bytes: int | None = None
     predicted_bytes: int | None = None  # the plan's peak_bytes; the baseline's: the predicted no-checkpointing peak
     steps: list[StepMeasure] = field(default_factory=list)
     fwbw_seconds: float | None = None  # median CPU seconds of forward + backward
+    fwbw_runs: list[float] = field(default_factory=list)  # CPU seconds of forward + backward, round by round
     step_seconds: float | None = None  # median CPU seconds of the whole step
     error: str | None = None
 
@@ -133,15 +137,22 @@ def _fresh(spec: ModelSpec, reference: Path, variant: Variant, stats: Any) -> tu
     return built, make_optimizer("adamw", [p for p in built.model.parameters() if p.requires_grad])
 
 
-def plan_variants(stats: Any, fractions: list[float], options: dict[str, Any]) -> tuple[int, float, list[Variant]]:
-    """The baseline the plans predict, the step's compute ms and one planned variant per budget fraction."""
+def plan_variants(stats: Any, fractions: list[float], options: dict[str, Any],
+                  first_step_fractions: list[float] = ()) -> tuple[int, float, list[Variant]]:
+    """The baseline the plans predict, the step's compute ms and one planned variant per budget fraction
+    (of the steady state's baseline), then one first-step-only plan per ``first_step_fractions`` (of the
+    first step's)."""
     empty = planner.plan(stats, 1024.0, **options)  # far above these models' peaks: the empty plan
     baseline = int(empty.baseline_peak_bytes)
     out = [Variant("base", predicted_bytes=baseline)]
-    for f in fractions:
-        v = Variant(f"p{round(f * 100)}", f, budget_bytes=int(f * baseline))
+    first = {**options, "first_step_only": True}
+    first_baseline = int(planner.plan(stats, 1024.0, **first).baseline_peak_bytes) if first_step_fractions else 0
+    wanted = [(f"p{round(f * 100)}", f, baseline, options) for f in fractions]
+    wanted += [(f"f{round(f * 100)}", f, first_baseline, first) for f in first_step_fractions]
+    for label, f, base_bytes, opts in wanted:
+        v = Variant(label, f, first_step_only=opts is first, budget_bytes=int(f * base_bytes))
         try:
-            v.plan = planner.plan(stats, f * baseline / planner.GIB, **options)
+            v.plan = planner.plan(stats, f * base_bytes / planner.GIB, **opts)
             v.predicted_bytes = getattr(v.plan, "peak_bytes", None)
         except Exception as exc:  # noqa: BLE001 (a planner failure is a row of the table)
             v.error = describe_error(exc)
@@ -165,7 +176,7 @@ def measure_time(spec: ModelSpec, reference: Path, stats: Any, variants: list[Va
     """Untracked steps, interleaved across variants (one warm-up step each): median CPU seconds."""
     runs = []
     for v in variants:
-        if v.applicable and not v.error:
+        if v.applicable and not v.error and not v.first_step_only:
             built, opt = _fresh(spec, reference, v, stats)
             measure_steps(built.model, built.inputs, built.loss_fn, opt, steps=1, track_memory=False,
                           seed=TIMING_SEED)
@@ -177,11 +188,23 @@ def measure_time(spec: ModelSpec, reference: Path, stats: Any, variants: list[Va
             fwbw.append(m.phase_cpu_seconds[FORWARD] + m.phase_cpu_seconds[BACKWARD])
             whole.append(m.cpu_seconds)
     for v, _, _, fwbw, whole in runs:
-        v.fwbw_seconds, v.step_seconds = statistics.median(fwbw), statistics.median(whole)
+        v.fwbw_seconds, v.step_seconds, v.fwbw_runs = statistics.median(fwbw), statistics.median(whole), fwbw
+
+
+def measured_recompute_ms(v: Variant, base: Variant) -> float | None:
+    """What the plan adds to forward + backward: the median over rounds of (planned - base) in the same round.
+
+    Paired by round, so a drift of the shared machine's load between rounds
+    cancels, which a difference of two medians does not.
+    """
+    if not v.fwbw_runs or len(v.fwbw_runs) != len(base.fwbw_runs):
+        return None
+    return statistics.median(1e3 * (a - b) for a, b in zip(v.fwbw_runs, base.fwbw_runs))
 
 
 def run_model(spec: ModelSpec, reference: Path, *, fractions: list[float], steps: int, reps: int,
-              options: dict[str, Any], benchmark: bool = False) -> ModelResult:
+              options: dict[str, Any], benchmark: bool = False, first_step_fractions: list[float] = ()
+              ) -> ModelResult:
     """Collect, plan at each fraction of the predicted baseline, run and time every variant."""
     result = ModelResult(spec)
     try:
@@ -192,7 +215,8 @@ def run_model(spec: ModelSpec, reference: Path, *, fractions: list[float], steps
         result.error = f"collect: {describe_error(exc)}"
         return result
     try:
-        result.baseline_bytes, result.compute_ms, result.variants = plan_variants(stats, fractions, options)
+        result.baseline_bytes, result.compute_ms, result.variants = plan_variants(stats, fractions, options,
+                                                                                  first_step_fractions)
     except Exception as exc:  # noqa: BLE001
         result.error = f"plan: {describe_error(exc)}"
         return result

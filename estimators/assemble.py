@@ -56,6 +56,8 @@ def build_stats(model: nn.Module, mods: dict, col: Any, hooks: Any, opt_bytes: d
                 optimizer_state_bytes=obytes,
                 fw_ms=m.fw_ms,
                 bw_ms=m.bw_ms,
+                recompute_op_count=None if ops is None else m.recompute_stop,
+                calls=max(1, m.calls),
                 ops=ops,
             )
         )

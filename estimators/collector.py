@@ -91,6 +91,8 @@ class _Mod:
     done_fw: bool = False
     ran_inside: tuple[str, ...] = ()  # fqns of the modules running when its first call began
     call: tuple | None = None  # its first call's arguments (tensors as TensorSpecs), when asked for
+    recompute_stop: int = 0  # its ops recorded when autograd last saved a tensor in its forward
+    calls: int = 0  # forward calls in the step (a shared layer is called once per use)
 
 
 class _Collector(TorchDispatchMode):
@@ -156,6 +158,13 @@ class _Collector(TorchDispatchMode):
                 m.ops.append(idx)
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
+        if self.phase == ACT:
+            # Checkpointing stops its recompute at the last tensor autograd saved in the forward. A saved
+            # input is packed before the dispatch mode sees its op (autograd runs above it), an output
+            # after: the ops recorded so far are exactly the ops a recompute of each running module runs.
+            for m in self.fw_stack:
+                if not m.done_fw:
+                    m.recompute_stop = len(m.ops)
         if self.phase == ACT and t.layout == torch.strided:
             serial = self.book.serial(t.untyped_storage())
             if serial is not None:
@@ -222,6 +231,7 @@ class _ModuleHooks:
         if m is None or self.col.phase != ACT:
             return
         first = m.fqn not in self._seen
+        m.calls += 1
         self._repeat.append(not first)
         if first:
             self._seen.add(m.fqn)

@@ -142,10 +142,14 @@ def real_tensor(shape: Sequence[int], stride: Sequence[int], dtype: torch.dtype,
 
 
 def elapsed_ms(run: Callable[[], Any], device: torch.device) -> float:
-    """Milliseconds of one ``run()``: ``time.perf_counter`` on a CPU, CUDA events around the work on CUDA.
+    """Milliseconds of one ``run()``: CUDA events around the work on CUDA; on a CPU, process CPU time when
+    torch runs on one thread, else ``time.perf_counter``.
 
     The clock is the only part that depends on the device: a CUDA run is
-    asynchronous, so its events time the device's work, not the launch.
+    asynchronous, so its events time the device's work, not the launch. On
+    one thread the CPU time is the work's own, whatever else the machine runs
+    meanwhile (a shared machine's other processes inflate wall time); on
+    several it would add the threads up, so wall time it is.
     """
     if device.type == "cuda":
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -154,9 +158,10 @@ def elapsed_ms(run: Callable[[], Any], device: torch.device) -> float:
         end.record()
         end.synchronize()
         return start.elapsed_time(end)
-    start_s = time.perf_counter()
+    clock = time.process_time if torch.get_num_threads() == 1 else time.perf_counter
+    start_s = clock()
     run()
-    return (time.perf_counter() - start_s) * 1e3
+    return (clock() - start_s) * 1e3
 
 
 def _signature(tree: Any) -> tuple:

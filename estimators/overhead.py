@@ -1,22 +1,27 @@
 """What checkpointing a module costs beyond recomputing its ops.
 
 ``torch.utils.checkpoint`` re-runs a checkpointed module's Python forward in
-backward, and under a selective policy it calls the policy for every op,
-saved or not, and caches what the policy saves. None of that is an op's
-runtime, so the planner's recompute time (the runtimes of the recomputed ops)
-does not hold it: the stats carry it per module (``checkpoint_overhead_ms``).
+backward, and under a selective policy it calls the policy for every op in
+forward and caches what the policy saves, handing it back in the recompute.
+None of that is an op's runtime, so the planner's recompute time (the
+runtimes of the recomputed ops) does not hold it: the stats carry it per
+module, ``checkpoint_overhead_ms`` (the cost with every op saved) and
+``saved_op_overhead_ms`` (what saving an op costs over recomputing it,
+beyond its runtime: a recomputed op costs its runtime less this).
 
 Measured: the module's forward+backward on real tensors of the collected
-shapes, plain and under a policy that saves every op (so nothing is
-recomputed and the difference is that cost alone), runs interleaved, the
-fastest of each subtracted (the run least disturbed by other work: medians
-of a few runs swing by the whole figure on a shared machine), floored at 0. Estimated: the module's op count times a per-op
-figure of the device table (:class:`estimators.devices.DeviceSpec`).
+shapes, plain, with every op saved and with every op recomputed, runs
+interleaved, medians of process CPU time on one thread (see
+:func:`estimators.cost_model.elapsed_ms`). Estimated: the module's op count
+times a per-op figure of the device table
+(:class:`estimators.devices.DeviceSpec`), and nothing per saved op.
 """
 
 from __future__ import annotations
 
 import copy
+import math
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -27,10 +32,11 @@ from torch import nn
 from torch.utils._pytree import tree_map
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
+from estimators.aten_ops import is_random_op, op_name
 from estimators.cost_model import elapsed_ms, real_tensor
 from estimators.tracking import tensors_in
 
-__all__ = ["TensorSpec", "call_spec", "measure_checkpoint_overhead_ms", "fill_checkpoint_overheads"]
+__all__ = ["TensorSpec", "call_spec", "Overhead", "measure_checkpoint_overhead", "fill_checkpoint_overheads"]
 
 # Argument values a replayed call keeps; any other object (a KV cache, a mask object) is replayed as None,
 # since keeping it would keep the fake step's tensors alive and replaying it may carry state between runs.
@@ -83,23 +89,55 @@ def _materialize(module: nn.Module, device: torch.device, dtype: torch.dtype | N
     return real
 
 
-def _save_every_op(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
-    return CheckpointPolicy.MUST_SAVE
+@dataclass(frozen=True)
+class Overhead:
+    """What checkpointing one module costs beyond its ops' runtimes (ms, see :func:`measure_checkpoint_overhead`)."""
+
+    every_saved_ms: float  # checkpointed with every op but views saved, less plain: nothing is recomputed
+    per_saved_op_ms: float  # what saving an op costs over recomputing it, beyond its runtime
 
 
-def measure_checkpoint_overhead_ms(module: nn.Module, args: tuple, kwargs: dict, *, device: torch.device,
-                                   warmup: int = 1, repeat: int = 7) -> float:
-    """Fastest ms of ``module``'s forward+backward under checkpointing (every op saved) minus plain; at least 0."""
+class _ListPolicy:
+    """A save list applied op by op, doing per op what :func:`estimators.apply_plan`'s policy does (it looks
+    up the op's name and whether it draws random numbers), so the measured cost includes that work."""
+
+    def __init__(self, save: list[int]):
+        self.save, self.count = save, 0
+
+    def __call__(self, ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        k = self.count
+        self.count += 1
+        op_name(func), is_random_op(func, args, kwargs)
+        saved = self.save[k] if k < len(self.save) else 0
+        return CheckpointPolicy.MUST_SAVE if saved else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def measure_checkpoint_overhead(module: nn.Module, args: tuple, kwargs: dict, ops: list[Any],
+                                recompute_op_count: int | None = None, *, device: torch.device, warmup: int = 1,
+                                repeat: int = 7) -> Overhead:
+    """``module``'s forward+backward plain, checkpointed saving every op but views, and recomputing every op.
+
+    Runs interleaved (a shared machine's drift hits all three alike), each
+    timed by :func:`estimators.cost_model.elapsed_ms`, medians. ``ops``: the
+    module's ops in the stats (``view_like``, ``runtime_ms``), of which a
+    recompute re-runs the first ``recompute_op_count`` (None: all).
+    Recomputing every op costs ``every_saved_ms`` plus the runtimes of the
+    ops re-run less one ``per_saved_op_ms`` per op not saved: that gives the
+    latter (at least 0).
+    """
     leaves = [p for p in module.parameters() if p.requires_grad] + [t for t in tensors_in((args, kwargs))
                                                                     if t.requires_grad]
-    # as apply_plan runs a plan: an in-place op may mutate a saved output
-    context = partial(create_selective_checkpoint_contexts, _save_every_op, allow_cache_entry_mutation=True)
+    every = [0 if op.view_like else 1 for op in ops]
 
     def plain() -> Any:
         return module(*args, **kwargs)
 
-    def checkpointed() -> Any:
-        return checkpoint(module, *args, use_reentrant=False, context_fn=context, **kwargs)
+    def checkpointed(save: list[int]) -> Callable[[], Any]:
+        def run() -> Any:
+            # as apply_plan runs a plan: an in-place op may mutate a saved output
+            context = partial(create_selective_checkpoint_contexts, _ListPolicy(save), allow_cache_entry_mutation=True)
+            return checkpoint(module, *args, use_reentrant=False, context_fn=context, **kwargs)
+        return run
 
     def step(forward: Callable[[], Any]) -> None:
         outs = [t for t in tensors_in(forward()) if t.requires_grad]
@@ -108,13 +146,19 @@ def measure_checkpoint_overhead_ms(module: nn.Module, args: tuple, kwargs: dict,
         for t in leaves:
             t.grad = None
 
-    times: dict[Any, list[float]] = {plain: [], checkpointed: []}
+    runs = {"plain": plain, "saved": checkpointed(every), "recomputed": checkpointed([0] * len(ops))}
+    times: dict[str, list[float]] = {k: [] for k in runs}
     for k in range(warmup + repeat):
-        for forward, runs in times.items():  # interleaved: a shared machine's drift hits both alike
+        for name, forward in runs.items():
             ms = elapsed_ms(partial(step, forward), device)
             if k >= warmup:
-                runs.append(ms)
-    return max(0.0, min(times[checkpointed]) - min(times[plain]))
+                times[name].append(ms)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    every_saved = max(0.0, med["saved"] - med["plain"])
+    recompute_ms = math.fsum(op.runtime_ms for op in ops[:recompute_op_count])
+    n = sum(every)
+    per_op = (every_saved + recompute_ms - (med["recomputed"] - med["plain"])) / n if n else 0.0
+    return Overhead(every_saved, max(0.0, per_op))
 
 
 def fill_checkpoint_overheads(stats: Any, modules: dict[str, nn.Module], calls: dict[str, tuple], *,
@@ -130,34 +174,36 @@ def fill_checkpoint_overheads(stats: Any, modules: dict[str, nn.Module], calls: 
     figures were made goes to ``stats.metadata.tags['checkpoint_overhead']``.
     ``progress(phase, done, total)`` is told of each module measured.
     """
-    seen: dict[Any, float | None] = {}
+    seen: dict[Any, Overhead | None] = {}
     measured = estimated = 0
     with_ops = [m for m in stats.modules if m.ops is not None]
     for done, m in enumerate(with_ops, 1):
-        ms, spec = None, calls.get(m.fqn)
+        got, spec = None, calls.get(m.fqn)
         if measure and spec is not None:
-            key = (type(modules[m.fqn]), tuple(op.name for op in m.ops), repr(spec))
+            key = (type(modules[m.fqn]), tuple(op.name for op in m.ops), m.recompute_op_count, repr(spec))
             if key not in seen:
-                seen[key] = _try_measure(modules[m.fqn], spec, device, dtype)
+                seen[key] = _try_measure(modules[m.fqn], spec, m, device, dtype)
                 if progress:
                     progress("overhead", done, len(with_ops))
-            ms = seen[key]
-            measured += ms is not None
-        if ms is None and us_per_op is not None:
-            ms = len(m.ops) * us_per_op / 1e3
+            got = seen[key]
+            measured += got is not None
+        if got is not None:
+            m.checkpoint_overhead_ms, m.saved_op_overhead_ms = got.every_saved_ms, got.per_saved_op_ms
+        elif us_per_op is not None:
+            m.checkpoint_overhead_ms = len(m.ops) * us_per_op / 1e3
             estimated += 1
-        m.checkpoint_overhead_ms = ms
-    distinct = sum(ms is not None for ms in seen.values())
+    distinct = sum(got is not None for got in seen.values())
     how = [f"measured on {device.type}: {measured} modules ({distinct} distinct)"] if measure else []
     if estimated:
         how.append(f"estimated: {estimated} modules at {us_per_op:g} us per op")
     stats.metadata.tags["checkpoint_overhead"] = "; ".join(how) or "not known"
 
 
-def _try_measure(module: nn.Module, spec: tuple, device: torch.device, dtype: torch.dtype | None) -> float | None:
+def _try_measure(module: nn.Module, spec: tuple, stats: Any, device: torch.device,
+                 dtype: torch.dtype | None) -> Overhead | None:
     try:
         real = _materialize(module, device, dtype)
         args, kwargs = _real_call(spec, device)
-        return measure_checkpoint_overhead_ms(real, args, kwargs, device=device)
+        return measure_checkpoint_overhead(real, args, kwargs, stats.ops, stats.recompute_op_count, device=device)
     except Exception:  # noqa: BLE001 - a module that cannot run alone keeps the estimate
         return None

@@ -26,7 +26,7 @@ and the step's peak is the largest ``m_t``. Two sets of moments:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import numpy as np
@@ -57,17 +57,33 @@ class MemoryModel:
     phases: tuple[str, ...]  # per moment: forward, backward or optimizer
     modules: tuple[str | None, ...]  # per moment: the module running, if any
     post_pos: Mapping[str, int]  # module fqn -> its position in forward post-order
+    # step model: fqn -> inputs a checkpointed module holds until its backward ends (held_input_bytes), and
+    # the first post-order position of its subtree: backward moments keyed inside it are in its backward
+    held_bytes: Mapping[str, float] = field(default_factory=dict)
+    first_pos: Mapping[str, int] = field(default_factory=dict)
 
-    def profile_bytes(self, discarded: Mapping[str, float] | None = None) -> np.ndarray:
-        """m_t per moment (in step order) with ``discarded[fqn]`` bytes freed by each checkpointed module."""
+    def profile_bytes(self, discarded: Mapping[str, float] | None = None, *, held: bool = True) -> np.ndarray:
+        """m_t per moment (in step order) with ``discarded[fqn]`` bytes freed by each checkpointed module.
+
+        A checkpointed module's discard counts from the end of its forward
+        until its backward starts; its held inputs (step model) count on
+        through its own backward, which the discard no longer offsets
+        (``held=False``: not, as the engines' needs have it).
+        """
         m = self.base_bytes.copy()
+        backward = None
         for fqn, d in (discarded or {}).items():
-            m[self.keys > self.post_pos[fqn]] -= d
+            post = self.post_pos[fqn]
+            m[self.keys > post] -= d
+            if held and self.held_bytes.get(fqn):
+                if backward is None:
+                    backward = np.array([p == "backward" for p in self.phases], dtype=bool)
+                m[backward & (self.keys <= post) & (self.keys >= self.first_pos[fqn])] += self.held_bytes[fqn]
         return m
 
-    def peak_bytes(self, discarded: Mapping[str, float] | None = None) -> float:
+    def peak_bytes(self, discarded: Mapping[str, float] | None = None, *, held: bool = True) -> float:
         """The step's peak with ``discarded[fqn]`` bytes freed by each checkpointed module."""
-        return float(self.profile_bytes(discarded).max())
+        return float(self.profile_bytes(discarded, held=held).max())
 
     def describe(self, t: int) -> str:
         """Moment t in words: 'backward of Model.layers.3', 'optimizer step', 'forward'."""
@@ -88,8 +104,7 @@ def memory_model(stats: Stats, *, world_size: int = 1, first_step_only: bool = F
     model = _step(stats, post, world_size, first_step_only) if stats.timeline else \
         _torch(stats, post, world_size, first_step_only)
     if reserve_bytes:
-        model = MemoryModel(model.kind, model.note, model.keys, model.base_bytes + reserve_bytes, model.phases,
-                            model.modules, model.post_pos)
+        model = replace(model, base_bytes=model.base_bytes + reserve_bytes)
     return model
 
 
@@ -102,8 +117,15 @@ def _step(stats: Stats, post: dict[str, int], world_size: int, first_step_only: 
                      for t in moments], dtype=np.float64)
     when = "the first step (no optimizer state before the optimizer step)" if first_step_only else \
         "the steady state (optimizer state live throughout)"
+    first = dict(post)
+    for m in stats.modules:  # every module lowers the first position of each of its ancestors' subtrees
+        parent = m.parent
+        while parent is not None and m.fqn in post:
+            first[parent] = min(first.get(parent, post[m.fqn]), post[m.fqn])
+            parent = stats.module(parent).parent
+    held = {m.fqn: float(m.held_input_bytes) for m in stats.modules if m.held_input_bytes}
     return MemoryModel("step", f"the collected step's timeline, {when}", np.array([t.key for t in moments]), base,
-                       tuple(t.phase for t in moments), tuple(t.module for t in moments), post)
+                       tuple(t.phase for t in moments), tuple(t.module for t in moments), post, held, first)
 
 
 def _torch(stats: Stats, post: dict[str, int], world_size: int, first_step_only: bool) -> MemoryModel:

@@ -16,14 +16,14 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from planner.memory_model import GIB, compute_ms, discardable_bytes
+from planner.memory_model import GIB, NEED_TOL_BYTES, compute_ms, discardable_bytes
 from planner.options import PlanOptions, plan_options
 from planner.plan_format import Plan, PlanMoment, PlannedModule
 from planner.solve.dp import solve_dp
 from planner.solve.milp import solve_budget
 from planner.solve.min_peak import solve_min_peak_dp
 from planner.solve.problem import Problem, prepare
-from planner.solve.solution import Solution
+from planner.solve.solution import Solution, needs_peak_bytes
 from planner.stats.format import Stats
 from planner.stats.loader import load_stats, parse_stats
 from planner.version import PLANNER_VERSION
@@ -116,13 +116,46 @@ def _plans(stats: Stats, budgets: list[float], opts: PlanOptions,
 
 
 def _solve(prob: Problem, budget_bytes: float, baseline_bytes: float, opts: PlanOptions, started: float) -> Solution:
+    """One budget, by the engines; a plan the inputs its modules hold put over the budget is solved again.
+
+    The engines' needs leave out what a checkpointed module holds through its
+    own backward (``held_input_bytes``: it depends on which modules are
+    checkpointed, not only on how much is discarded before each moment);
+    every plan's peak counts it (:meth:`MemoryModel.profile_bytes`). A plan
+    it puts over the budget is solved again under the budget lowered by the
+    excess: a plan that fits, ``feasible`` (not proven optimal).
+    """
+    target = budget_bytes
+    for _ in range(_HELD_RETRIES):
+        sol = _solve_once(prob, target, baseline_bytes, opts, started)
+        if sol.peak_bytes is None and target != budget_bytes:
+            break
+        if sol.peak_bytes is None or sol.peak_bytes <= budget_bytes + NEED_TOL_BYTES:
+            if target == budget_bytes:
+                return sol
+            return sol.with_status("feasible", f"{sol.message}; solved under a budget lowered by "
+                                   f"{budget_bytes - target:.0f} bytes for the inputs checkpointed modules hold "
+                                   "through their own backward (not proven optimal)", sol.mip_gap)
+        target -= sol.peak_bytes - budget_bytes + 1
+    least = _smallest_peak(prob)  # the plan of least peak may still fit
+    if least.peak_bytes is not None and least.peak_bytes <= budget_bytes + NEED_TOL_BYTES:
+        return least.with_status("feasible", "the plan of least peak: plans solved under lowered budgets for the "
+                                 "inputs checkpointed modules hold through their own backward did not fit", None)
+    return Solution.infeasible("no plan found whose held module inputs stay within the budget")
+
+
+_HELD_RETRIES = 8
+
+
+def _solve_once(prob: Problem, budget_bytes: float, baseline_bytes: float, opts: PlanOptions,
+                started: float) -> Solution:
     """One budget: answered at once when trivial, else by the engine the options ask for."""
     gap = opts.effective_rel_gap
     if baseline_bytes <= budget_bytes:  # nothing to plan: no checkpointing fits, and nothing costs less
         return Solution.unplanned(prob, "no checkpointing needed: the step's peak fits the budget as it is")
     sol = None
     if opts.solver in ("auto", "dp"):
-        if _smallest_peak(prob).peak_bytes > budget_bytes:  # exact and cheap; once per problem
+        if needs_peak_bytes(prob, _smallest_peak(prob)) > budget_bytes:  # exact and cheap; once per problem
             return Solution.infeasible()
         sol = solve_dp(prob, budget_bytes, time_limit_s=opts.time_limit_s, mip_rel_gap=gap)
         if sol is None and opts.solver == "dp":
@@ -170,8 +203,9 @@ def _budgets(budgets_gib: Any, name: str) -> list[float]:
 
 
 def _min_feasible(prob: Problem) -> float:
-    """The smallest budget with a plan (exact, rounded up to a readable figure that still fits)."""
-    return _round_up(_smallest_peak(prob).peak_bytes / GIB)
+    """The smallest budget with a plan, rounded up to a readable figure that still fits: exact unless the inputs
+    checkpointed modules hold through their own backward count (then no plan at all may beat the least-peak one)."""
+    return _round_up(min(_smallest_peak(prob).peak_bytes, prob.model.peak_bytes()) / GIB)
 
 
 def _round_up(gib: float, digits: int = 6) -> float:
@@ -248,7 +282,8 @@ def _planned_module(prob: Problem, fqn: str, decision) -> PlannedModule:
         discarded_bytes=discardable_bytes(m) - saved_bytes,
         saved_bytes=saved_bytes,
         # summed from the save list itself (not total - saved: that leaves float noise where nothing is recomputed)
-        recompute_ms=math.fsum([op.runtime_ms for op, s in zip(m.ops, save) if not s] + [overhead]) * m.calls,
+        recompute_ms=math.fsum([op.runtime_ms for op, s in zip(m.recompute_ops, save) if not s] + [overhead])
+        * m.calls,
         checkpoint_overhead_ms=overhead,
         save=save,
         op_names=[op.name for op in m.ops],

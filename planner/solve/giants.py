@@ -60,7 +60,7 @@ def for_budget(prob: Problem, fr: Frontiers, keyneed: np.ndarray) -> Frontiers |
             f = cheapest_discarding(prob.candidates[i].classes, ia, cap)
         else:
             try:
-                f = capped_frontier(m.ops, m.force_store_random, act_saved_bytes=ia,
+                f = capped_frontier(m.recompute_ops, m.force_store_random, act_saved_bytes=ia,
                                     max_discard_bytes=cap, max_points=FRONTIER_LIMIT)
             except FrontierTooLarge:
                 return None

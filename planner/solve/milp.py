@@ -37,7 +37,7 @@ from planner.highs import quiet_milp
 from planner.ops.knapsack import best_saved_within
 from planner.plan_format import PlanStatus
 from planner.solve.problem import Candidate, Problem, need_rows
-from planner.solve.solution import Decision, Solution
+from planner.solve.solution import Decision, Solution, needs_peak_bytes
 
 __all__ = ["solve_budget", "solve_min_peak"]
 
@@ -146,9 +146,10 @@ def solve_budget(prob: Problem, budget_bytes: float, *, time_limit_s: float, mip
             if attempt == 0:
                 return sol  # infeasible even relaxed, or stopped before any plan
             return Solution.without_plan("error", _MISSED)
-        if sol.peak_bytes <= budget_bytes:
+        peak = needs_peak_bytes(prob, sol)  # the held inputs are planning.plan's to settle
+        if peak <= budget_bytes:
             return sol if attempt == 0 else _against(sol, bound, mip_rel_gap)
-        margin = max(margin, 0.0) + 2 * (sol.peak_bytes - budget_bytes) + 1
+        margin = max(margin, 0.0) + 2 * (peak - budget_bytes) + 1
     return Solution.without_plan("error", _MISSED)
 
 
@@ -241,5 +242,5 @@ def _best_decision(prob: Problem, cand: Candidate, max_saved_bytes: int) -> Deci
     counts = best_saved_within(cl, max_saved_bytes)
     save = cl.save_list(counts)
     saved_bytes = sum(op.output_bytes for op, s in zip(m.ops, save) if s)
-    saved_ms = math.fsum(op.runtime_ms for op, s in zip(m.ops, save) if s)
+    saved_ms = math.fsum(op.runtime_ms for op, s in zip(m.recompute_ops, save) if s)
     return save, saved_bytes, saved_ms

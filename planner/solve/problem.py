@@ -123,8 +123,8 @@ class Problem:
         key = ops_key(m)
         if key not in self._frontier_cache:
             try:
-                self._frontier_cache[key] = module_frontier(m.ops, m.force_store_random, max_points=FRONTIER_LIMIT,
-                                                            max_items=FRONTIER_ITEMS)
+                self._frontier_cache[key] = module_frontier(m.recompute_ops, m.force_store_random,
+                                                            max_points=FRONTIER_LIMIT, max_items=FRONTIER_ITEMS)
             except FrontierTooLarge:
                 self._frontier_cache[key] = None
         return self._frontier_cache[key]
@@ -193,7 +193,7 @@ def prepare(
             continue
         key = ops_key(m)
         if key not in class_cache:
-            class_cache[key] = group_classes(op_groups(m.ops, m.force_store_random))
+            class_cache[key] = group_classes(op_groups(m.recompute_ops, m.force_store_random))
         cand = Candidate(fqn, post[fqn], discardable_bytes(m), class_cache[key], key, m.checkpoint_overhead_ms or 0.0,
                          m.calls)
         if cand.max_discard_bytes > 0:
@@ -206,7 +206,8 @@ def prepare(
 def ops_key(m: ModuleStats) -> tuple:
     """Modules with equal op lists (repeated layers) share derived work."""
     return (m.force_store_random, tuple(
-        (op.name, op.output_bytes, op.runtime_ms, op.view_like, op.random, op.inplace_parent) for op in m.ops
+        (op.name, op.output_bytes, op.runtime_ms, op.view_like, op.random, op.inplace_parent)
+        for op in m.recompute_ops  # priced as plans are: modules that recompute alike share work
     ))
 
 
@@ -293,7 +294,7 @@ def _points(prob: Problem, cand: Candidate) -> tuple:
     f = prob.frontier(cand.fqn)
     if f is None:  # too long to list: points per budget (planner.solve.giants), the hull from the knapsack's greedy
         m = prob.stats.module(cand.fqn)
-        hd, hrc = frontier_hull(m.ops, m.force_store_random, act_saved_bytes=cand.act_saved_bytes)
+        hd, hrc = frontier_hull(m.recompute_ops, m.force_store_random, act_saved_bytes=cand.act_saved_bytes)
         none = np.zeros(0, np.int64)
         hull = hull_vertices(hd, cand.cost(hrc))
         return none, np.zeros(0), none, hull, int(hd[-1]) if len(hd) else 0, True

@@ -14,7 +14,7 @@ from planner.memory_model import discardable_bytes
 from planner.plan_format import PlanStatus
 from planner.solve.problem import Problem
 
-__all__ = ["Decision", "Solution"]
+__all__ = ["Decision", "Solution", "discards", "needs_peak_bytes"]
 
 Decision = tuple[list[int], int, float]  # (save list, saved bytes, saved ms) of one checkpointed module
 
@@ -35,8 +35,7 @@ class Solution:
     def planned(cls, prob: Problem, decisions: dict[str, Decision], status: PlanStatus, message: str,
                 gap: float, lower_bound: float | None = None) -> Solution:
         """A plan (``optimal`` or ``feasible``): its peak and recompute derived from the decisions."""
-        discarded = {f: discardable_bytes(prob.stats.module(f)) - saved for f, (_, saved, _) in decisions.items()}
-        peak = prob.model.peak_bytes(discarded)
+        peak = prob.model.peak_bytes(discards(prob, decisions))
         recompute = math.fsum(_module_recompute_ms(prob, f, saved_ms) for f, (_, _, saved_ms) in decisions.items())
         return cls(status, message, peak, recompute, gap, decisions, lower_bound)
 
@@ -57,6 +56,17 @@ class Solution:
     def with_status(self, status: PlanStatus, message: str, gap: float | None) -> Solution:
         """The same plan, re-labelled (a MILP plan judged against an earlier bound)."""
         return Solution(status, message, self.peak_bytes, self.recompute_ms, gap, self.decisions, self.lower_bound)
+
+
+def discards(prob: Problem, decisions: dict[str, Decision]) -> dict[str, float]:
+    """fqn -> bytes each checkpointed module frees."""
+    return {f: discardable_bytes(prob.stats.module(f)) - saved for f, (_, saved, _) in decisions.items()}
+
+
+def needs_peak_bytes(prob: Problem, sol: Solution) -> float:
+    """A plan's peak as the engines' needs see it: without the inputs checkpointed modules hold through their
+    own backward (which depend on which modules are checkpointed; ``planning.plan`` settles them)."""
+    return prob.model.peak_bytes(discards(prob, sol.decisions or {}), held=False)
 
 
 def _module_recompute_ms(prob: Problem, fqn: str, saved_ms: float) -> float:

@@ -114,10 +114,15 @@ class ModuleStats(_Strict):
     checkpoint_overhead_ms: Millis | None = Field(
         None, description="What checkpointing the module costs beyond recomputing its ops: re-running its forward "
         "code and the policy for every op, saved or not. Measured by `sacplan collect --benchmark`, else estimated "
-        "from the op count; null: not known (counted as 0).")
+        "from the op count; null: not known (counted as 0). Measured: with every op but views saved.")
+    recompute_op_count: int | None = Field(None, ge=0, le=2**31, description="How many of its first ops a "
+        "recompute re-runs (torch.utils.checkpoint stops once it has every tensor autograd saved); null: all.")
+    saved_op_overhead_ms: Millis | None = Field(None, description="What saving an op costs over recomputing it "
+        "(caching its output), measured by --benchmark: a recomputed op costs its runtime less this, at least 0.")
     ops: list[OpStats] | None = Field(
         None, description="Forward ops of a non-leaf module in execution order; null when not collected."
     )
+    _recompute_cache: tuple | None = PrivateAttr(default=None)
 
     @property
     def op_bytes(self) -> int:
@@ -126,8 +131,23 @@ class ModuleStats(_Strict):
 
     @property
     def op_ms(self) -> float:
-        """ACT: runtime of every op in the module."""
-        return sum(op.runtime_ms for op in self.ops or ())
+        """Recompute time of every op in the module (their runtimes, see :attr:`recompute_ops`)."""
+        return sum(op.runtime_ms for op in self.recompute_ops or ())
+
+    @property
+    def recompute_ops(self) -> list[OpStats] | None:
+        """``ops`` priced as plans are: ``runtime_ms`` what recomputing each costs (0 past ``recompute_op_count``,
+        else the runtime less ``saved_op_overhead_ms``, at least 0; views keep theirs)."""
+        if self.ops is None or (self.recompute_op_count is None and not self.saved_op_overhead_ms):
+            return self.ops
+        key = (id(self.ops), len(self.ops), self.recompute_op_count, self.saved_op_overhead_ms)
+        if self._recompute_cache is None or self._recompute_cache[0] != key:
+            stop = len(self.ops) if self.recompute_op_count is None else self.recompute_op_count
+            less = self.saved_op_overhead_ms or 0.0
+            self._recompute_cache = (key, [op if op.view_like else op.model_copy(
+                update={"runtime_ms": max(0.0, (op.runtime_ms if i < stop else 0.0) - less)})
+                for i, op in enumerate(self.ops)])
+        return self._recompute_cache[1]
 
 
 class Moment(_Strict):
@@ -362,6 +382,8 @@ def _check_order(field: str, order: list[str], index: dict[str, int]) -> None:
 def _check_ops(where: str, m: ModuleStats) -> None:
     ops = m.ops or []
     n = len(ops)
+    if (m.recompute_op_count or 0) > n:
+        raise ValueError(f"{where}.recompute_op_count {m.recompute_op_count} is more than its {n} ops")
     for k, op in enumerate(ops):
         p = op.inplace_parent
         if p is not None and p >= n:

@@ -119,7 +119,7 @@ def _run(name: str, fraction: float = BUDGET_FRACTION) -> Run:
                           cost_model=RooflineCostModel(device_spec("cpu")))
     baseline = planner.baseline_peak_bytes(stats, **PLAN_OPTIONS)
     plan = planner.plan(stats, fraction * baseline / planner.GIB, **PLAN_OPTIONS)
-    assert plan.status == "optimal" and plan.modules, (plan.status, plan.message)
+    assert plan.status in ("optimal", "feasible") and plan.modules, (plan.status, plan.message)
     peaks = {}
     for label, p in (("base", None), ("plan", plan)):
         m = copy.deepcopy(model)
@@ -153,7 +153,9 @@ def _get(runs: dict[str, Run], name: str) -> Run:
 
 
 # planner 0.4.1 (PyTorch's model, no optimizer state) missed these: real peak / budget was 1.07 for llama
-# at step 2, 1.10 and 1.42 for the encoder at steps 1 and 2, 1.08 for the ViT at step 2.
+# at step 2, 1.10 and 1.42 for the encoder at steps 1 and 2, 1.08 for the ViT at step 2. Planner 0.6.0
+# without the held inputs at a module's own backward: 1.003 for the encoder at step 2 (its plan checkpointed
+# the last layer's attention, whose input the step without checkpointing frees during the forward).
 WITHIN_BUDGET = [(name, step) for name in ("llama", "encoder", "vit") for step in (1, 2)]
 
 
@@ -200,3 +202,19 @@ def test_moe_budget_holds_under_the_real_routing_not_the_assumed_one(runs: dict[
         runs[("mixtral", fraction)] = _run("mixtral", fraction)
     run = runs[("mixtral", fraction)]
     assert all(peak <= run.budget_bytes for peak in run.peaks), (run.peaks, run.budget_bytes)
+
+
+@pytest.mark.parametrize("name", ["llama", "encoder"])
+def test_first_step_only_plan_holds_its_first_step(runs: dict[str, Run], name: str):
+    """Planned with first_step_only=True: step 1, before any optimizer state, within budget and within 1%."""
+    model, inputs, loss_fn = MODELS[name]()
+    stats = collect_stats(model, inputs, loss_fn=loss_fn, optimizer="adamw", device="cpu",
+                          cost_model=RooflineCostModel(device_spec("cpu")))
+    baseline = planner.baseline_peak_bytes(stats, first_step_only=True)
+    assert baseline < planner.baseline_peak_bytes(stats)  # the steady state holds AdamW's state on top
+    plan = planner.plan(stats, 0.8 * baseline / planner.GIB, first_step_only=True)  # the encoder: none at 70%
+    assert plan.status in ("optimal", "feasible") and plan.modules and plan.first_step_only, plan.message
+    apply_plan(model, plan, stats=stats)
+    (step1,) = measure_steps(model, inputs, loss_fn, make_optimizer("adamw", list(model.parameters())), steps=1)
+    assert step1.peak_bytes <= plan.memory_budget_gib * planner.GIB, (step1.peak_bytes, plan.memory_budget_gib)
+    assert abs(step1.peak_bytes / plan.peak_bytes - 1) <= 0.01, (step1.peak_bytes, plan.peak_bytes)

@@ -30,11 +30,18 @@ def realize(stats: Stats, decisions: dict[str, list[int]], world_size: int = 1, 
     if stats.timeline:
         moments = [(t.activation_bytes + (root.param_bytes + t.grad_bytes
                                           + (t.optimizer_bytes if t.phase == "optimizer" else state)) / world_size,
-                    t.key) for t in stats.timeline]
+                    t.key, t.phase) for t in stats.timeline]
     else:
         moments = [(m.act_total_bytes + m.act_grad_bytes + (root.param_bytes + state + m.grad_total_bytes) / world_size,
-                    post[m.fqn]) for m in stats.modules]
-    peak = max(base + reserve_bytes - sum(d for f, d in discard.items() if post[f] < key) for base, key in moments)
+                    post[m.fqn], "module") for m in stats.modules]
+
+    def held(fqn: str, key: int, phase: str) -> int:
+        # the inputs a checkpointed module holds, through its own backward: keys of its subtree's positions
+        inside = [post[f] for f in post if f == fqn or f.startswith(fqn + ".")]
+        return mods[fqn].held_input_bytes if phase == "backward" and min(inside) <= key <= post[fqn] else 0
+
+    peak = max(base + reserve_bytes - sum(d for f, d in discard.items() if post[f] < key)
+               + sum(held(f, key, phase) for f in discard) for base, key, phase in moments)
     return peak, recompute
 
 
