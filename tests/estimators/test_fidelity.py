@@ -181,13 +181,13 @@ def test_steady_state_peak_is_predicted_within_one_percent(runs: dict[str, Run],
                                                                           run.baseline_predicted_bytes)
 
 
-# At 70% the plan recomputes layer 1's experts (grouped_mm) and the real steady-state peak is 4.4% over the
-# budget (9333452 vs 8937014 bytes): the plan saves the module's last two ops (index, sum: 393216 bytes), which
-# autograd does not need, and selective checkpointing keeps them cached through the module's backward because its
-# early-stopped recompute never reaches them; the planner counts nothing for them there (docs/moe.md). Routing is
-# not the cause: every shape of the grouped_mm experts is tokens x top-k whatever the router does.
-MOE_FRACTIONS = [pytest.param(0.7, marks=pytest.mark.xfail(strict=True, reason="saved tail ops cached through the "
-                                                                              "module's backward, see above")), 0.9]
+# At 70% the plan recomputes layer 1's experts (grouped_mm). Before recompute_op_count the plan could save the
+# module's last two ops (index, sum: 393216 bytes), which autograd does not need: selective checkpointing keeps them
+# cached through the module's backward because its early-stopped recompute never reaches them, and the real
+# steady-state peak was 4.4% over the budget (9333452 vs 8937014 bytes). Ops past the stop point now cost nothing to
+# recompute, so no plan saves them. Routing is not the cause: every shape of the grouped_mm experts is tokens x
+# top-k whatever the router does.
+MOE_FRACTIONS = [0.7, 0.9]
 
 
 @pytest.mark.parametrize("fraction", MOE_FRACTIONS)
