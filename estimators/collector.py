@@ -34,6 +34,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from estimators.aten_ops import SAC_IGNORED_OPS, is_inplace_op, is_random_op, is_view_op, op_name
 from estimators.assemble import build_stats
 from estimators.fake_step import call_model, default_loss, fake_inputs, fakeify, make_optimizer, optimizer_bytes
+from estimators.model_settings import model_settings_of
 from estimators.models import hf_fake_as_real
 from estimators.overhead import call_spec, fill_checkpoint_overheads
 from estimators.timeline import BACKWARD, OPTIMIZER, TimelineRecorder
@@ -318,6 +319,7 @@ def collect_stats(
             parents.setdefault(fqns[child], fqn)
     mods = {mod: _Mod(fqn, parents.get(fqn), not any(True for _ in mod.children())) for mod, fqn in fqns.items()}
 
+    training = model.training  # before the step: what the forward ran in
     fake = FakeTensorMode(allow_non_fake_inputs=False)
     book = StorageBook(round_bytes_to)
     restore = fakeify(model, fake, device, dtype)
@@ -353,7 +355,7 @@ def collect_stats(
                 if progress:
                     progress("optimizer", 1, 1)
             opt_bytes = optimizer_bytes(opt, book)
-        stats = build_stats(model, mods, col, hooks, opt_bytes, book, metadata)
+        stats = build_stats(model, mods, col, hooks, opt_bytes, book, _with_settings(metadata, model, training))
     finally:
         restore()
     if checkpoint_overhead_us_per_op is not None or measure_checkpoint_overhead:
@@ -364,6 +366,13 @@ def collect_stats(
     if emulate_cuda_attention:
         stats.metadata.tags["attention_kernels"] = ",".join(f"{k}:{v}" for k, v in sorted(emulation.kernels.items()))
     return stats
+
+
+def _with_settings(metadata: StatsMetadata | None, model: nn.Module, training: bool) -> StatsMetadata:
+    """The metadata with the model's op-deciding settings; settings the caller recorded take precedence."""
+    meta = metadata or StatsMetadata(model_name=type(model).__name__)
+    found = {**model_settings_of(model), "training": training}
+    return meta.model_copy(update={"model_settings": {**found, **meta.model_settings}})
 
 
 def _emulation(enabled: bool) -> Any:
