@@ -34,7 +34,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from estimators.aten_ops import SAC_IGNORED_OPS, is_inplace_op, is_random_op, is_view_op, op_name
 from estimators.assemble import build_stats
 from estimators.fake_step import call_model, default_loss, fake_inputs, fakeify, make_optimizer, optimizer_bytes
-from estimators.model_settings import model_settings_of
+from estimators.model_settings import model_dtype_name, model_settings_of
 from estimators.models import hf_fake_as_real
 from estimators.overhead import call_spec, fill_checkpoint_overheads
 from estimators.timeline import BACKWARD, OPTIMIZER, TimelineRecorder
@@ -355,7 +355,8 @@ def collect_stats(
                 if progress:
                     progress("optimizer", 1, 1)
             opt_bytes = optimizer_bytes(opt, book)
-        stats = build_stats(model, mods, col, hooks, opt_bytes, book, _with_settings(metadata, model, training))
+        meta = _with_settings(metadata, model, training)  # while the parameters are fake, in the dtype they ran
+        stats = build_stats(model, mods, col, hooks, opt_bytes, book, meta)
     finally:
         restore()
     if checkpoint_overhead_us_per_op is not None or measure_checkpoint_overhead:
@@ -372,7 +373,10 @@ def _with_settings(metadata: StatsMetadata | None, model: nn.Module, training: b
     """The metadata with the model's op-deciding settings; settings the caller recorded take precedence."""
     meta = metadata or StatsMetadata(model_name=type(model).__name__)
     found = {**model_settings_of(model), "training": training}
-    return meta.model_copy(update={"model_settings": {**found, **meta.model_settings}})
+    update: dict[str, Any] = {"model_settings": {**found, **meta.model_settings}}
+    if meta.dtype is None:
+        update["dtype"] = model_dtype_name(model)
+    return meta.model_copy(update=update)
 
 
 def _emulation(enabled: bool) -> Any:

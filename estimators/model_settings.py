@@ -18,7 +18,7 @@ from torch import nn
 
 from estimators.plan_policy import PlanMismatchError
 
-__all__ = ["model_settings_of", "match_model_settings", "CONFIG_SETTINGS"]
+__all__ = ["model_settings_of", "model_dtype_name", "match_model_settings", "CONFIG_SETTINGS"]
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,8 @@ def model_settings_of(model: nn.Module) -> dict[str, Any]:
     return out
 
 
-def _model_dtype(model: nn.Module) -> str | None:
+def model_dtype_name(model: nn.Module) -> str | None:
+    """The stats' name of the model's floating-point parameter dtype (``fp32``, ``bf16``, ``fp16``), or None."""
     p = next((p for p in model.parameters() if p.is_floating_point()), None)
     return _DTYPES.get(p.dtype) if p is not None else None
 
@@ -64,7 +65,7 @@ def match_model_settings(model: nn.Module, metadata: Mapping[str, Any]) -> str:
                 f"model setting {key} is {current[key]!r} but the stats were collected with {recorded[key]!r}: "
                 f"the model would run other ops; build it with {key}={recorded[key]!r} (e.g. "
                 f"AutoModelForCausalLM.from_config(cfg, {key}={recorded[key]!r})) or collect the stats again")
-    dtype, here = metadata.get("dtype"), _model_dtype(model)
+    dtype, here = metadata.get("dtype"), model_dtype_name(model)
     if dtype in _DTYPES.values() and here is not None and here != dtype:
         raise PlanMismatchError(f"model setting dtype is {here!r} but the stats were collected with {dtype!r}: "
                                 f"cast the model (model.to(torch.{_name(dtype)})) or collect the stats again")
@@ -77,6 +78,9 @@ def _name(dtype: str) -> str:
 
 def _hint(model: nn.Module, metadata: Mapping[str, Any]) -> str:
     tags = metadata.get("tags") or {}
+    if (metadata.get("model_settings") or {}).get("training") is False:
+        return ("the stats were collected in eval mode (no dropout, other kernels) and the plan is applied to "
+                "training; fix: collect with the model in training mode (model.train())")
     p = next(iter(model.parameters()), None)
     here = p.device.type if p is not None else "cpu"
     if tags.get("attention_kernels") and here != "cuda":

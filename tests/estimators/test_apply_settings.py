@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from apply_cases import SEQ, TINY, assert_same_grads, grads_after, make_case  # noqa: E402
+from apply_cases import SEQ, TINY, assert_same_grads, grads_after, layer_plan, make_case  # noqa: E402
 from estimators import PlanMismatchError, RooflineCostModel, apply_plan, collect_stats, device_spec  # noqa: E402
 from estimators.plan_alignment import AmbiguousAlignment, StatsOps, align  # noqa: E402
 
@@ -34,6 +34,7 @@ def _user_built(doc: dict, **kwargs):
 def test_collector_records_the_settings_it_ran(llama):
     settings = llama.stats.metadata.model_settings
     assert (settings["use_cache"], settings["attn_implementation"], settings["training"]) == (False, "sdpa", True)
+    assert llama.stats.metadata.dtype == "fp32"
 
 
 def test_hf_defaults_train_with_the_plan(llama):
@@ -58,8 +59,7 @@ def test_other_attention_implementation_is_refused_naming_the_setting(llama):
 def test_other_dtype_is_refused_naming_the_setting(llama):
     with pytest.raises(PlanMismatchError, match="model setting dtype is 'bf16' but the stats were collected with "
                                                 "'fp32'"):
-        apply_plan(llama.fresh().to(torch.bfloat16), llama.plan, stats=llama.stats.model_copy(
-            update={"metadata": llama.stats.metadata.model_copy(update={"dtype": "fp32"})}))
+        apply_plan(llama.fresh().to(torch.bfloat16), llama.plan, stats=llama.stats)
 
 
 def test_gemma2_collects_with_its_own_attention():
@@ -72,6 +72,16 @@ def test_gemma2_collects_with_its_own_attention():
     assert "does not support sdpa" in built.notes["attention"]
     stats = collect_stats(built.model, built.inputs, device="cpu", cost_model=RooflineCostModel(device_spec("cpu")))
     assert stats.metadata.model_settings["attn_implementation"] == "eager"  # transformers' fallback
+
+
+def test_eval_mode_stats_name_the_cause(llama):
+    model = llama.fresh().eval()
+    stats = collect_stats(model, llama.inputs, device="cpu", cost_model=RooflineCostModel(device_spec("cpu")))
+    model.train()  # the plan is applied to training, where dropout runs
+    plan = layer_plan(stats, [m["fqn"] for m in llama.plan["modules"]])
+    with pytest.raises(PlanMismatchError, match=r"op \d+ is aten\.\w+ but the plan's stats have \S+\. "
+                                                r"Likely cause: the stats were collected in eval mode"):
+        apply_plan(model, plan, stats=stats, example_inputs=llama.inputs)
 
 
 def test_cuda_target_stats_on_cpu_name_the_cause(llama):
