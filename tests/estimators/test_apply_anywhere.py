@@ -129,3 +129,16 @@ def test_aot_eager_real_peak_fits_the_budget_and_is_lower_than_unplanned():
         peaks[label] = measure_steps(compiled, b.inputs, None, opt, steps=1)[0].peak_bytes
     torch._dynamo.reset()
     assert peaks["planned"] <= plan.memory_budget_gib * planner.GIB < peaks["plain"], (peaks, plan.memory_budget_gib)
+
+
+def test_compile_without_the_check_names_compile_and_the_fix():
+    """The traced sequence differs from the stats' (llama: the query scaling moves, dropout stays whole)."""
+    case = make_case("llama")
+    planned = apply_plan(case.fresh(), case.plan, stats=case.stats)  # no example_inputs: nothing recorded
+    torch._dynamo.reset()
+    try:
+        with pytest.raises(Exception, match=r"\(under torch\.compile\)\. Likely cause: torch\.compile traced a "
+                                            r"sequence check_plan did not record .* compile_backend=BACKEND"):
+            case.call(torch.compile(planned, backend="aot_eager"))
+    finally:
+        torch._dynamo.reset()
