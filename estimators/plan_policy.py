@@ -41,7 +41,8 @@ from torch.utils.checkpoint import CheckpointPolicy
 from estimators.aten_ops import is_inplace_op, is_random_op, is_view_op, op_name
 from estimators.plan_alignment import Alignment, StatsOps, substantive
 
-__all__ = ["PlanMismatchError", "ModulePlan", "CallPolicy", "RngReplay", "aot_tracing", "planned_modules", "PLAN_MARK", "EAGER", "COMPILED", "TRACED"]
+__all__ = ["PlanMismatchError", "ModulePlan", "CallPolicy", "RngReplay", "aot_tracing", "planned_modules",
+           "PLAN_MARK", "EAGER", "COMPILED", "TRACED"]
 
 EAGER, COMPILED, TRACED = "eager", "compiled", "traced"  # plain eager; compile's eager backend; AOT tracing
 PLAN_MARK = "_sacplan_plan"  # the attribute holding a wrapped module's ModulePlan
@@ -94,7 +95,6 @@ class RngReplay:
     def __init__(self, forward_ctx: Any, recompute_ctx: Any):
         self.forward_ctx, self.recompute_ctx = forward_ctx, recompute_ctx
         self.state: tuple | None = None
-        self.outside: tuple | None = None
 
     @staticmethod
     def _get() -> tuple:
@@ -141,7 +141,7 @@ class CallPolicy:
         self.candidates: list[Alignment] | None = None
         self.record: list[tuple[str, bool, bool]] | None = None
 
-    def _start(self, args: tuple) -> None:
+    def _start(self) -> None:
         self.mode = TRACED if self.compiled and aot_tracing() else COMPILED if self.compiled else EAGER
         rec = self.plan.recording
         if rec is not None:
@@ -152,7 +152,7 @@ class CallPolicy:
 
     def __call__(self, ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
         if self.mode is None:
-            self._start(args)
+            self._start()
         k, name = self.count, op_name(func)
         self.count += 1
         view, random = is_view_op(func), is_random_op(func, args, kwargs)
