@@ -23,8 +23,11 @@ saves the RNG state at the forward and restores it for the recomputation,
 and the plan's decision holds. Saving an in-place random op instead is no
 fix there: CPU dropout's ``bernoulli_`` fills a tensor that ATen keeps
 using, whatever a cache returns for the op. Under AOTAutograd tracing
-(``aot_eager``, ``inductor``) random ops are always saved: the traced
-recomputation would draw new numbers on the CPU.
+(``aot_eager``, ``inductor``) random ops are tagged ``MUST_SAVE``: the
+partitioner replays RNG in a recomputation only with
+``functionalize_rng_ops`` (a CUDA feature) and otherwise bans recomputing
+random ops itself (measured: the same gradients without the tag, in
+torch 2.13); the tag makes that explicit rather than left to its heuristics.
 In-place ops (eager and the ``eager`` backend): one that mutates a tensor
 whose current value was saved is saved too, else a recomputation would
 apply it a second time to the cached tensor.
