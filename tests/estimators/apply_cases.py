@@ -27,9 +27,29 @@ TINY = {
               "max_position_embeddings": 64, "attention_dropout": 0.1},
     "gpt2": {"model_type": "gpt2", "vocab_size": 128, "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 64,
              "resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.1},
+    # MoE with the default experts (grouped_mm): in the matrix, skipped while they cannot collect (moe_pending)
+    "mixtral": {"model_type": "mixtral", "vocab_size": 128, "hidden_size": 64, "intermediate_size": 128,
+                "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                "max_position_embeddings": 64, "attention_dropout": 0.1, "num_local_experts": 4,
+                "num_experts_per_tok": 2},
+    "qwen2_moe": {"model_type": "qwen2_moe", "vocab_size": 128, "hidden_size": 64, "intermediate_size": 128,
+                  "moe_intermediate_size": 64, "shared_expert_intermediate_size": 128, "num_hidden_layers": 2,
+                  "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64,
+                  "attention_dropout": 0.1, "num_experts": 4, "num_experts_per_tok": 2, "decoder_sparse_step": 1},
 }
 LAYERS = {"llama": "LlamaForCausalLM.model.layers.{}", "gpt2": "GPT2LMHeadModel.transformer.h.{}",
-          "encoder": "EncoderClassifier.encoder.layers.{}"}
+          "encoder": "EncoderClassifier.encoder.layers.{}", "mixtral": "MixtralForCausalLM.model.layers.{}",
+          "qwen2_moe": "Qwen2MoeForCausalLM.model.layers.{}"}
+MOE = ("mixtral", "qwen2_moe")
+
+
+def moe_pending(name: str, exc: Exception) -> str | None:
+    """Why an MoE case cannot run yet (its default experts fail to collect under fake tensors), or None."""
+    known = ("Expected inputs of BF16 type", "data-dependent", "nonzero", "grouped_mm")
+    if name in MOE and any(k in str(exc) for k in known):
+        return (f"{name} with the default experts does not collect under fake tensors yet (issue 17 point 5, "
+                f"branch moe-collect): {str(exc).splitlines()[0][:120]}")
+    return None
 
 
 class EncoderClassifier(nn.Module):
