@@ -224,7 +224,7 @@ def report(rows: list[Row], modes: list[str], *, command: str, minutes: float) -
            "the largest value, when not 0). See `bench/bench_apply.py` for the modes.", "",
            head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
-        cells = [r.error or "-"] * len(modes) if r.error else [r.cells.get(m, "-") for m in modes]
+        cells = [r.error, *["-"] * (len(modes) - 1)] if r.error else [r.cells.get(m, "-") for m in modes]
         out.append("| " + " | ".join([r.spec.name, r.plan_cell if not r.error else "-", *cells]) + " |")
     keys = ["budget MiB", "plan's peak MiB", "aot_eager peak MiB s1 / s2", "aot_eager saved MiB plain / planned",
             "inductor saved MiB plain / planned"]

@@ -24,10 +24,9 @@ from estimators.plan_policy import EAGER, ModulePlan, PlanMismatchError, planned
 
 __all__ = ["check_plan", "ModuleCheck", "COMPILE_BACKENDS"]
 
+# Each is recorded with itself: inductor's graph passes and decompositions run before and during the AOT trace
+# the policy tags, so its sequence can differ from aot_eager's (phi3: a clone where aot_eager has a view).
 COMPILE_BACKENDS = ("eager", "aot_eager", "inductor")
-# The policy tags AOTAutograd's graph before any backend compiles it, so inductor sees the ops aot_eager
-# does: recording with aot_eager is the same trace, without inductor's compile time.
-_RECORD_WITH = {"eager": "eager", "aot_eager": "aot_eager", "inductor": "aot_eager"}
 
 
 @dataclass(frozen=True)
@@ -106,7 +105,7 @@ def _record_compiled(model: nn.Module, plans: list[ModulePlan], inputs: Any, los
     try:
         torch._dynamo.reset()  # layout: allow-private (no cached graph may skip the recording)
         with _restored(model):
-            _step(torch.compile(model, backend=_RECORD_WITH[backend]), inputs, loss_fn, backward=False)
+            _step(torch.compile(model, backend=backend), inputs, loss_fn, backward=False)
     finally:
         recorded = {mp.fqn: mp.recording or {} for mp in plans}
         for mp in plans:
