@@ -16,15 +16,17 @@ from typing import Any
 import torch
 from torch import nn
 
+from estimators.moe import experts_mismatch
+from planner import StatsMetadata
 from estimators.plan_policy import PlanMismatchError
 
-__all__ = ["model_settings_of", "model_dtype_name", "match_model_settings", "CONFIG_SETTINGS"]
+__all__ = ["model_settings_of", "model_dtype_name", "with_model_settings", "match_model_settings", "CONFIG_SETTINGS"]
 
 log = logging.getLogger(__name__)
 
 # Config attributes that change the op sequence, and the name each gets in the stats.
-CONFIG_SETTINGS = {"use_cache": "use_cache", "_attn_implementation": "attn_implementation",
-                   "_experts_implementation": "experts_implementation"}
+# (experts_implementation and the MoE routing are recorded by estimators.moe.)
+CONFIG_SETTINGS = {"use_cache": "use_cache", "_attn_implementation": "attn_implementation"}
 _DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
@@ -45,6 +47,16 @@ def model_dtype_name(model: nn.Module) -> str | None:
     return _DTYPES.get(p.dtype) if p is not None else None
 
 
+def with_model_settings(metadata: StatsMetadata | None, model: nn.Module) -> StatsMetadata:
+    """The collector's metadata with the model's op-deciding settings (the caller's own take precedence) and,
+    when the caller gave none, the dtype: called while the parameters are fake, in the dtype they ran."""
+    meta = metadata or StatsMetadata(model_name=type(model).__name__)
+    update: dict[str, Any] = {"model_settings": {**model_settings_of(model), **meta.model_settings}}
+    if meta.dtype is None:
+        update["dtype"] = model_dtype_name(model)
+    return meta.model_copy(update=update)
+
+
 def match_model_settings(model: nn.Module, metadata: Mapping[str, Any]) -> str:
     """Make ``model`` run as the stats' model did, or refuse; returns the likely cause of a later mismatch.
 
@@ -59,7 +71,10 @@ def match_model_settings(model: nn.Module, metadata: Mapping[str, Any]) -> str:
         log.info("apply_plan: set %s.config.use_cache = False, as the stats were collected (and training runs)",
                  type(model).__name__)
     current = model_settings_of(model)
-    for key in ("attn_implementation", "experts_implementation"):
+    experts = experts_mismatch(model, recorded)
+    if experts is not None:
+        raise PlanMismatchError(f"model setting experts_implementation: {experts}")
+    for key in ("attn_implementation",):
         if key in recorded and key in current and recorded[key] != current[key]:
             raise PlanMismatchError(
                 f"model setting {key} is {current[key]!r} but the stats were collected with {recorded[key]!r}: "

@@ -103,6 +103,7 @@ def build_from_hf_config(
     model_type = doc.pop("model_type", None)
     if not model_type:
         raise ValueError("--hf-config has no model_type (e.g. \"llama\")")
+    _check_model_type(model_type)
     cfg = AutoConfig.for_model(model_type, **doc)
     cfg.use_cache = False  # training runs without a KV cache (apply_plan switches it off on the user's model)
     notes = _pick_attention(cfg)
@@ -135,6 +136,22 @@ def _pick_attention(cfg: Any) -> dict[str, str]:
         return {"attention": f"the model's own ({cls.__name__} does not support sdpa)"}
     cfg._attn_implementation = "sdpa"  # layout: allow-private (a config's attention kernel, transformers' way)
     return {}
+
+
+def _check_model_type(model_type: Any) -> None:
+    """A short error naming the closest model types, not transformers' list of every one (~9,000 characters)."""
+    import difflib
+
+    import transformers
+    from transformers import CONFIG_MAPPING
+
+    known = list(CONFIG_MAPPING.keys())
+    if model_type in known:
+        return
+    close = difflib.get_close_matches(str(model_type), known, n=5, cutoff=0.6)
+    hint = f"closest: {', '.join(close)}" if close else "no close name"
+    raise ValueError(f"--hf-config model_type {model_type!r} is not a model type of transformers "
+                     f"{transformers.__version__} ({hint}; {len(known)} types in all)")
 
 
 def _pad_token_problem(cfg: Any, doc: dict, model_type: str) -> str | None:

@@ -92,7 +92,7 @@ def test_cuda_target_stats_on_cpu_name_the_cause(llama):
     built = build_from_hf_config(doc, batch_size=2, seq_len=SEQ,
                                  dtype=torch.float32, device=torch.device("cpu"))
     stats = collect_stats(built.model, built.inputs, device="cpu", emulate_cuda_attention=True,
-                          cost_model=RooflineCostModel(device_spec("A100-SXM")))
+                          cost_model=RooflineCostModel(device_spec("A100-80GB")))
     fqn = llama.plan["modules"][0]["fqn"]
     plan = {"status": "optimal", "modules": [{**llama.plan["modules"][0],
                                               "save": [0] * len(stats.module(fqn).ops)}]}
