@@ -35,6 +35,7 @@ from estimators.aten_ops import SAC_IGNORED_OPS, is_inplace_op, is_random_op, is
 from estimators.assemble import build_stats
 from estimators.fake_step import (FakeConverter, fake_loss_fn, fakeify, forward_and_loss, make_optimizer,
                                   optimizer_bytes)
+from estimators.model_settings import with_model_settings
 from estimators.models import hf_fake_as_real
 from estimators.moe import MoeRouting, RoutingMode, one_hot_as_on_device
 from estimators.overhead import call_spec, fill_checkpoint_overheads
@@ -376,7 +377,7 @@ def collect_stats(
                 if progress:
                     progress("optimizer", 1, 1)
             opt_bytes = optimizer_bytes(opt, book)
-        stats = build_stats(model, mods, col, hooks, opt_bytes, book, metadata)
+        stats = build_stats(model, mods, col, hooks, opt_bytes, book, with_model_settings(metadata, model))
         stats.metadata.model_settings.update(routing.settings(model))
     finally:
         for restore in reversed(restores):

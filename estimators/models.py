@@ -16,7 +16,7 @@ import importlib.util
 import inspect
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ class BuiltModel:
     loss_fn: Callable[[Any], torch.Tensor] | None
     name: str
     input_shape: list[int] | None
+    notes: dict[str, str] = field(default_factory=dict)  # what was chosen for the user, e.g. the attention
 
 
 def load_factory(spec: str) -> Callable[..., Any]:
@@ -104,9 +105,8 @@ def build_from_hf_config(
         raise ValueError("--hf-config has no model_type (e.g. \"llama\")")
     _check_model_type(model_type)
     cfg = AutoConfig.for_model(model_type, **doc)
-    cfg.use_cache = False
-    if getattr(cfg, "_attn_implementation_internal", None) is None:
-        cfg._attn_implementation = "sdpa"  # layout: allow-private (a config's attention kernel, transformers' way)
+    cfg.use_cache = False  # training runs without a KV cache (apply_plan switches it off on the user's model)
+    notes = _pick_attention(cfg)
     with torch.device(device):
         try:
             model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
@@ -122,7 +122,20 @@ def build_from_hf_config(
     with torch.device(device):
         ids = torch.randint(0, vocab, (batch_size, seq_len))
     name = Path(config).stem if isinstance(config, (str, Path)) else f"{model_type}-{type(model).__name__}"
-    return BuiltModel(model, {"input_ids": ids, "labels": ids}, None, name, [batch_size, seq_len])
+    return BuiltModel(model, {"input_ids": ids, "labels": ids}, None, name, [batch_size, seq_len], notes)
+
+
+def _pick_attention(cfg: Any) -> dict[str, str]:
+    """SDPA unless the config names an implementation or the model class does not support it (gemma2)."""
+    if getattr(cfg, "_attn_implementation_internal", None) is not None:
+        return {}
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    cls = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(cfg), None)
+    if cls is not None and not getattr(cls, "_supports_sdpa", True):
+        return {"attention": f"the model's own ({cls.__name__} does not support sdpa)"}
+    cfg._attn_implementation = "sdpa"  # layout: allow-private (a config's attention kernel, transformers' way)
+    return {}
 
 
 def _check_model_type(model_type: Any) -> None:

@@ -149,7 +149,7 @@ def run_collection(req: CollectRequest, *, progress: Any = None) -> CollectResul
         torch_version=torch.__version__,
         collector_version=COLLECTOR_VERSION,
         tags={"cost_model": "benchmark" if req.benchmark else "roofline",
-              "optimizer_step": "foreach" if target.kind == "cuda" else "for-loop"},
+              "optimizer_step": "foreach" if target.kind == "cuda" else "for-loop", **built.notes},
     )
     t0 = time.perf_counter()
     stats = collect_stats(

@@ -28,6 +28,8 @@ def collect_summary(result: Any, out: str, guidance: Guidance | None) -> str:
         ("step time", f"{s.root.fw_ms + s.root.bw_ms:.2f} ms (fw {s.root.fw_ms:.2f} + bw {s.root.bw_ms:.2f}) "
          f"on {s.metadata.target_device}"),
         ("optimizer state", f"{size_text(s.root.optimizer_state_bytes)} ({s.metadata.optimizer})"),
+        ("model settings", (", ".join(f"{k}={v}" for k, v in sorted(s.metadata.model_settings.items())) or "none")
+         + (f" (attention: {s.metadata.tags['attention']})" if "attention" in s.metadata.tags else "")),
         ("emulated kernels", s.metadata.tags.get("attention_kernels", "none")),
         ("checkpoint overhead", s.metadata.tags.get("checkpoint_overhead", "not known")),
         ("left out", f"{left_out}; never checkpointed on their own, their ops count in the modules they ran "

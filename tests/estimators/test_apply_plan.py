@@ -60,9 +60,8 @@ def test_split_random_decisions_are_refused(transformer_case):
     save[rand[0]] = 1  # first random op saved, the others recomputed
     plan = {"status": "optimal", "modules": [{"fqn": fqn, "discard_ratio": 1.0, "discarded_bytes": 0,
                                               "saved_bytes": 0, "recompute_ms": 0.0, "save": save}]}
-    model = apply_plan(transformer_case.fresh_copy(), plan, stats=stats)
     with pytest.raises(PlanMismatchError, match="random ops must all be saved or all recomputed"):
-        transformer_case.call(model)
+        apply_plan(transformer_case.fresh_copy(), plan, stats=stats)  # at once, before any step
 
 
 def test_accepts_planner_plan_model(transformer_case):
