@@ -395,8 +395,6 @@ def collect_stats(
 def _emulation(enabled: bool) -> Any:
     from contextlib import nullcontext
 
-    if not enabled:
-        return nullcontext()
     from estimators.emulation import CudaAttentionEmulation
 
-    return CudaAttentionEmulation()
+    return CudaAttentionEmulation() if enabled else nullcontext()

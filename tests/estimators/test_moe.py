@@ -136,7 +136,7 @@ def test_plan_applies_to_the_default_model_with_equal_gradients(implementation):
     stats = _collect(built)
     baseline = planner.baseline_peak_bytes(stats)
     plan = planner.plan(stats, 0.75 * baseline / planner.GIB)
-    assert plan.status == "optimal" and any(m.fqn.endswith("mlp.experts") for m in plan.modules)
+    assert plan.status in ("optimal", "feasible") and any(m.fqn.endswith("mlp.experts") for m in plan.modules)
     planned = apply_plan(copy.deepcopy(built.model), plan, stats=stats)
     want, got = _grads(copy.deepcopy(built.model), built.inputs), _grads(planned, built.inputs)
     for name, g in want.items():
