@@ -17,7 +17,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve = subparsers.add_parser("serve", help="run the HTTP service (Swagger UI at /docs)")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    serve.add_argument("--workers", type=int, default=1, help="uvicorn worker processes (default 1)")
+    serve.add_argument("--workers", type=int, default=1,
+                       help="uvicorn worker processes (default 1); identical plan requests are still solved once "
+                            "across them (and across replicas on one database), and /metrics adds them all up")
     _data_dir_argument(serve)
     serve.add_argument("--log-level", default=None, help="uvicorn log level (default: SACPLAN_LOG_LEVEL or info)")
     serve.add_argument("--no-access-log", action="store_true", help="do not log each request")
@@ -75,6 +77,25 @@ def configure_logging(level: str) -> None:
     logging.getLogger("alembic").setLevel(logging.WARNING if quiet else logging.NOTSET)
 
 
+def _metrics_dir() -> None:
+    """Where every worker process writes its metrics (prometheus_client's multiprocess mode), set before any
+    worker starts: a fresh directory, removed at exit; or PROMETHEUS_MULTIPROC_DIR emptied of an earlier run's."""
+    import atexit
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    given = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if given:
+        Path(given).mkdir(parents=True, exist_ok=True)
+        for old in Path(given).glob("*.db"):
+            old.unlink()
+        return
+    made = tempfile.mkdtemp(prefix="sacplan-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = made
+    atexit.register(shutil.rmtree, made, ignore_errors=True)
+
+
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -83,6 +104,7 @@ def _serve(args: argparse.Namespace) -> int:
     settings = _settings(args)
     level = args.log_level or settings.log_level
     configure_logging(level)
+    _metrics_dir()
     # a new or old database is brought to head before serving
     logging.getLogger("service").info("%s", describe_upgrade(upgrade(settings.sqlalchemy_url)))
     uvicorn.run(

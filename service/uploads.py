@@ -19,14 +19,21 @@ import planner
 from planner import baseline_peak_bytes, compute_ms
 from service.db import insert_or_get
 from service.errors import InvalidInput
+from service.limits import UploadLimits, check_upload
 from service.models import StatsRecord, StatsTag
 from service.schemas import StatsSource
 
 __all__ = ["new_stats_record", "store_stats", "stats_id_of"]
 
 
-def new_stats_record(project: str, doc: dict[str, Any], *, loc: Sequence[str] = ()) -> StatsRecord:
-    """The row for ``doc``, not yet stored; InvalidInput (422) naming the field, under ``loc`` in the request."""
+def new_stats_record(project: str, doc: dict[str, Any], *, loc: Sequence[str] = (),
+                     limits: UploadLimits | None = None) -> StatsRecord:
+    """The row for ``doc``, not yet stored; InvalidInput (422) naming the field, under ``loc`` in the request.
+
+    PayloadTooLarge (413) first, before any validation, when ``doc`` passes ``limits``.
+    """
+    if limits is not None:
+        check_upload(doc, limits, loc)
     try:
         stats = planner.parse_stats(doc)
     except planner.StatsError as exc:
@@ -45,13 +52,13 @@ def new_stats_record(project: str, doc: dict[str, Any], *, loc: Sequence[str] = 
     return row
 
 
-def store_stats(session: Session, project: str, doc: dict[str, Any], *,
-                loc: Sequence[str] = ()) -> tuple[StatsRecord, bool]:
+def store_stats(session: Session, project: str, doc: dict[str, Any], *, loc: Sequence[str] = (),
+                limits: UploadLimits | None = None) -> tuple[StatsRecord, bool]:
     """The project's upload of ``doc``: stored now, or the one stored before (same content hash).
 
     Returns the row and whether this call stored it.
     """
-    row = new_stats_record(project, doc, loc=loc)
+    row = new_stats_record(project, doc, loc=loc, limits=limits)
     same_document = select(StatsRecord).where(StatsRecord.project == project,
                                               StatsRecord.content_hash == row.content_hash)
     stored = session.execute(same_document).scalar_one_or_none()
@@ -61,14 +68,15 @@ def store_stats(session: Session, project: str, doc: dict[str, Any], *,
     return insert_or_get(session, row, same_document)
 
 
-async def stats_id_of(factory: sessionmaker[Session], project: str, request: StatsSource) -> int:
+async def stats_id_of(factory: sessionmaker[Session], project: str, request: StatsSource,
+                      limits: UploadLimits | None = None) -> int:
     """The ``stats_id`` a plan or sweep request names, storing its inline ``stats`` first if it has them."""
     if request.stats is None:
         return request.stats_id
 
     def store() -> int:
         with factory() as session:
-            row, _ = store_stats(session, project, request.stats, loc=("body", "stats"))
+            row, _ = store_stats(session, project, request.stats, loc=("body", "stats"), limits=limits)
             session.commit()
             return row.id
 

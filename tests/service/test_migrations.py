@@ -9,6 +9,7 @@ from alembic.migration import MigrationContext
 from sqlalchemy import inspect
 
 from service.db import make_engine, upgrade
+from test_db_cli import HEAD
 from service.models import Base
 
 
@@ -45,7 +46,7 @@ def test_upgrade_is_idempotent_and_sqlite_uses_wal(tmp_path):
         with engine.connect() as conn:
             assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
             assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
-            assert conn.exec_driver_sql("SELECT version_num FROM alembic_version").scalar() == "0001"
+            assert conn.exec_driver_sql("SELECT version_num FROM alembic_version").scalar() == HEAD
         assert set(inspect(engine).get_table_names()) == set(Base.metadata.tables) | {"alembic_version"}
     finally:
         engine.dispose()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import time
 from typing import Any
 
 from fastapi import APIRouter, Response, status
@@ -10,15 +11,16 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
-from service.api.deps import IdPath, ProjectDep, SessionDep, SessionFactoryDep, SettingsDep, SolverDep
+from service.api.deps import IdPath, ProjectDep, RendererDep, SessionDep, SessionFactoryDep, SettingsDep, SolverDep
 from service.api.responses import NOT_FOUND, PNG, SOLVE_ERRORS, SWEEP_FROM_CACHE
 from service.cache import CachedPlan, get_stats, plans_for
-from service.charts import sweep_chart_png
 from service.db import insert_or_get
 from service.errors import NotFound
-from service.limits import check_time_limit
+from service.limits import UploadLimits, check_time_limit
 from service.models import PlanRecord, StatsRecord, SweepRecord
+from service.rendering import sweep_chart_job
 from service.schemas import SweepOut, SweepRequest
+from service.times import iso_utc
 from service.uploads import stats_id_of
 from service.views import sweep_out, sweep_point
 
@@ -51,10 +53,11 @@ async def create_sweep(
 ) -> SweepOut:
     """Plans at each budget (missing ones solved in one job), stored as a new sweep (201) or the same as
     before (200); the curve is also a chart."""
+    started = time.monotonic()  # one time_limit_s for the whole sweep, from here
     check_time_limit(body.time_limit_s, settings.max_time_limit_s)
     budgets = body.budgets()
-    stats_id = await stats_id_of(factory, project, body)
-    plans = await plans_for(factory, solver, project, stats_id, budgets, body)
+    stats_id = await stats_id_of(factory, project, body, UploadLimits.of(settings))
+    plans = await plans_for(factory, solver, project, stats_id, budgets, body, started=started)
     points = [sweep_point(p) for p in plans]
     if any(p.id is None for p in plans):  # a solver error: answer, but store no sweep of it
         response.status_code = status.HTTP_200_OK
@@ -93,8 +96,17 @@ def read_sweep(sweep_id: IdPath, project: ProjectDep, session: SessionDep) -> Sw
 
 
 @router.get("/{sweep_id}/chart.png", response_class=Response, responses={**PNG, **NOT_FOUND})
-def sweep_chart(sweep_id: IdPath, project: ProjectDep, session: SessionDep) -> Response:
+async def sweep_chart(sweep_id: IdPath, project: ProjectDep, factory: SessionFactoryDep,
+                      renderer: RendererDep) -> Response:
     """Recompute time against memory budget for the sweep's points."""
-    _, stats, plans = _load(session, project, sweep_id)
-    png = sweep_chart_png(stats.model_name, [p.plan() for p in plans], stats.baseline_peak_bytes)
+    row, stats, plans = await run_in_threadpool(_load_with, factory, project, sweep_id)
+    key = ("sweep", row.id, iso_utc(row.created_at))
+    png = await renderer.chart(key, sweep_chart_job, stats.model_name, [p.result for p in plans],
+                               stats.baseline_peak_bytes)
     return Response(png, media_type="image/png")
+
+
+def _load_with(factory: sessionmaker[Session], project: str,
+               sweep_id: int) -> tuple[SweepRecord, StatsRecord, list[CachedPlan]]:
+    with factory() as session:
+        return _load(session, project, sweep_id)
