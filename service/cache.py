@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 import planner
-from planner import PLANNER_VERSION, Stats
+from planner import PLANNER_VERSION, Plan, Stats
 from service.db import insert_or_get
 from service import metrics
 from service.errors import InvalidInput, NotFound, SolverFailed, StoredStatsInvalid
@@ -32,7 +32,8 @@ from service.solver import SolverPool, SolverStopped, solve_job
 from service.solving import solve_once
 from service.times import as_utc, iso_utc
 
-__all__ = ["CachedPlan", "plan_cache_key", "get_stats", "get_plan", "parse_stored_stats", "plans_for", "plan_json"]
+__all__ = ["CachedPlan", "plan_cache_key", "get_stats", "get_plan", "parse_stored_stats", "plans_for", "plan_json",
+           "stopped_plans"]
 
 
 @dataclass(frozen=True)
@@ -192,7 +193,7 @@ def _planner_rejection(message: str, options: PlanOptions) -> InvalidInput:
     return InvalidInput(message, errors=[{"loc": loc, "msg": message, "input": sent}])
 
 
-def _stopped_plans(stopped: SolverStopped, budgets_gib: list[float], row_figures: dict[str, Any],
+def stopped_plans(stopped: SolverStopped, budgets_gib: list[float], row_figures: dict[str, Any],
                    world_size: int) -> tuple[list[dict[str, Any]], list[bool]]:
     """The answer of a job stopped at its deadline or memory cap: the budgets it finished (stored), the others
     ``time_limit`` (or ``error`` at the memory cap), never stored."""
@@ -201,8 +202,8 @@ def _stopped_plans(stopped: SolverStopped, budgets_gib: list[float], row_figures
         base = {**row_figures, "world_size": world_size, "planner_version": PLANNER_VERSION}
     done = {p["point"]: p["plan"] for p in stopped.partials if "point" in p}
     status = "time_limit" if stopped.reason == "time_limit" else "error"
-    plans = [done.get(i) or {**base, "status": status, "message": stopped.message, "memory_budget_gib": b}
-             for i, b in enumerate(budgets_gib)]
+    plans = [done.get(i) or Plan(**base, status=status, message=stopped.message, memory_budget_gib=b)
+             .model_dump(mode="json") for i, b in enumerate(budgets_gib)]
     return plans, [i in done for i in range(len(budgets_gib))]
 
 
@@ -217,7 +218,7 @@ async def _run_job(factory: sessionmaker[Session], pool: SolverPool, project: st
         out = await pool.run(solve_job, document, budgets_gib, solver_options, project=project, deadline=deadline)
     except SolverStopped as stopped:
         metrics.SOLVES_FINISHED.labels(stopped.reason).inc()
-        plans, store = _stopped_plans(stopped, budgets_gib, row_figures, fields.get("world_size", 1))
+        plans, store = stopped_plans(stopped, budgets_gib, row_figures, fields.get("world_size", 1))
         return {"plans": plans, "store": store}
     except SolverFailed as exc:
         metrics.SOLVES_FINISHED.labels("failed").inc()

@@ -57,6 +57,7 @@ def check_upload(doc: Any, limits: UploadLimits, loc: Sequence[str] = ()) -> Non
         op_count = sum(len(s.get("func_names") or ()) for s in sac.values() if isinstance(s, dict))
         names = [m.get("fqn") for m in modules] if isinstance(modules, list) else []
         depth = max((n.count(".") + 1 for n in names if isinstance(n, str)), default=0)
+        depth_shown = str(depth)
         where = "module_info.mod_stats"
     else:
         modules = doc.get("modules")
@@ -64,17 +65,18 @@ def check_upload(doc: Any, limits: UploadLimits, loc: Sequence[str] = ()) -> Non
             return
         module_count = len(modules)
         op_count = sum(len(m["ops"]) for m in modules if isinstance(m, dict) and isinstance(m.get("ops"), list))
-        depth = _tree_depth(modules, limits.depth)
+        depth = _tree_depth(modules, limits.depth)  # counted only up to one past the limit
+        depth_shown = f"more than {limits.depth}"
         where = "modules"
     _refuse_over(module_count, limits.modules, "modules", "SACPLAN_MAX_UPLOAD_MODULES", [*loc, where])
     _refuse_over(op_count, limits.ops, "ops", "SACPLAN_MAX_UPLOAD_OPS", [*loc, where])
-    _refuse_over(depth, limits.depth, "levels of module nesting", "SACPLAN_MAX_UPLOAD_DEPTH", [*loc, where])
+    _refuse_over(depth, limits.depth, "levels of module nesting", "SACPLAN_MAX_UPLOAD_DEPTH", [*loc, where],
+                 shown=depth_shown)
 
 
-def _refuse_over(value: int, limit: int, what: str, setting: str, loc: list[str]) -> None:
+def _refuse_over(value: int, limit: int, what: str, setting: str, loc: list[str], shown: str | None = None) -> None:
     if value > limit:
-        shown = f"more than {limit}" if what.startswith("levels") and value == limit + 1 else str(value)
-        message = f"the stats have {shown} {what}; this service's limit is {limit} ({setting})"
+        message = f"the stats have {shown or value} {what}; this service's limit is {limit} ({setting})"
         raise PayloadTooLarge(message, errors=[{"loc": loc, "msg": message, "input": value}])
 
 

@@ -30,8 +30,10 @@ def serve_command() -> list[str]:
 class Server:
     """``sacplan serve`` over ``data_dir``, its output in ``data_dir/server.log``."""
 
-    def __init__(self, data_dir: Path):
+    def __init__(self, data_dir: Path, *, workers: int = 1, env: dict[str, str] | None = None):
         self.data_dir = data_dir
+        self.workers = workers
+        self.extra_env = env or {}
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
@@ -40,8 +42,9 @@ class Server:
     def start(self) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SACPLAN_")}
         env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+        env.update(self.extra_env)
         cmd = serve_command() + ["serve", "--host", "127.0.0.1", "--port", str(self.port),
-                            "--data-dir", str(self.data_dir)]
+                                 "--data-dir", str(self.data_dir), "--workers", str(self.workers)]
         # Its own process group: a signal to the group (a terminal's Ctrl-C) reaches only it and its workers.
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=self.log.open("ab"), stderr=subprocess.STDOUT,
                                      start_new_session=True)
