@@ -242,7 +242,9 @@ def main_wrk(args, wrk: str) -> list[tuple[str, dict]]:
                  {"WRK_BODY": json.dumps(doc), "WRK_UNIQUE": str(time.time_ns())}),
             )
             for name, path, env in scenarios:
-                for level in (1, 8, 32):
+                if args.only and not name.startswith(args.only):
+                    continue
+                for level in args.levels:
                     res = run_wrk(wrk, url + path, level, args.seconds, proc.pid, script, env, args.client_cpus)
                     rows.append((name, res))
                     print(f"{name:42s} {res}", file=sys.stderr)
@@ -355,6 +357,9 @@ def main() -> None:
     parser.add_argument("--server-cpus", default=None, help="pin the server to these CPUs (taskset list, e.g. 0)")
     parser.add_argument("--client-cpus", default=None, help="wrk: pin the client to these CPUs (e.g. 1)")
     parser.add_argument("--write", action="store_true", help="write the table into bench/RESULTS.md")
+    parser.add_argument("--only", default=None, help="wrk: only the scenarios whose name starts so (stats-upload)")
+    parser.add_argument("--levels", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32],
+                        help="wrk: concurrent clients per row, comma-separated (default 1,8,32)")
     args = parser.parse_args()
     wrk = shutil.which("wrk") if args.client != "httpx" else None
     if args.client == "wrk" and wrk is None:

@@ -23,7 +23,7 @@ from starlette.concurrency import run_in_threadpool
 
 import planner
 from planner import PLANNER_VERSION, Plan, Stats
-from service.db import insert_or_get
+from service.db import insert_or_get, write_gate
 from service import metrics
 from service.errors import InvalidInput, NotFound, SolverFailed, StoredStatsInvalid
 from service.models import PlanRecord, StatsRecord
@@ -137,7 +137,7 @@ def _store(factory: sessionmaker[Session], stats_id: int,
     Plans with status ``error`` and those of a stopped solve (``keep`` false) are answered, never stored.
     """
     out: dict[str, CachedPlan] = {}
-    with factory() as session:
+    with write_gate(factory), factory() as session:
         for key, request, plan, keep in entries:
             if plan["status"] == "error" or not keep:
                 out[key] = CachedPlan(None, stats_id, None, request, json.dumps(plan), cached=False)

@@ -42,14 +42,14 @@ class UploadLimits:
         return cls(settings.max_upload_modules, settings.max_upload_ops, settings.max_upload_depth)
 
 
-def check_upload(doc: Any, limits: UploadLimits, loc: Sequence[str] = ()) -> None:
+def check_upload(doc: Any, limits: UploadLimits, loc: Sequence[str] = ()) -> int:
     """Refuse (413, naming the limit and the value) a stats document past ``limits``, before it is validated.
 
     Counts what the document says in either format; a document too malformed to
-    count is left to the validation that follows.
+    count is left to the validation that follows. Returns its modules + ops.
     """
     if not isinstance(doc, dict):
-        return
+        return 0
     info, sac = doc.get("module_info"), doc.get("sac_stats")
     if isinstance(info, dict) and isinstance(sac, dict):  # PyTorch's format: fqns are the tree
         modules = info.get("mod_stats")
@@ -62,7 +62,7 @@ def check_upload(doc: Any, limits: UploadLimits, loc: Sequence[str] = ()) -> Non
     else:
         modules = doc.get("modules")
         if not isinstance(modules, list):
-            return
+            return 0
         module_count = len(modules)
         op_count = sum(len(m["ops"]) for m in modules if isinstance(m, dict) and isinstance(m.get("ops"), list))
         depth = _tree_depth(modules, limits.depth)  # counted only up to one past the limit
@@ -72,6 +72,7 @@ def check_upload(doc: Any, limits: UploadLimits, loc: Sequence[str] = ()) -> Non
     _refuse_over(op_count, limits.ops, "ops", "SACPLAN_MAX_UPLOAD_OPS", [*loc, where])
     _refuse_over(depth, limits.depth, "levels of module nesting", "SACPLAN_MAX_UPLOAD_DEPTH", [*loc, where],
                  shown=depth_shown)
+    return module_count + op_count
 
 
 def _refuse_over(value: int, limit: int, what: str, setting: str, loc: list[str], shown: str | None = None) -> None:

@@ -28,6 +28,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
+from service.db import write_gate
 from service.models import SolveClaim, utcnow
 from service.times import as_utc
 
@@ -42,7 +43,7 @@ _HEARTBEAT_S = 2.0
 def _claim(factory: sessionmaker[Session], key: str, project: str, owner: str) -> tuple[bool, str | None]:
     """Take the claim ``key`` (insert, or take over a lapsed one): (taken, a finished answer already there)."""
     now = utcnow()
-    with factory() as session:
+    with write_gate(factory), factory() as session:
         row = session.execute(
             select(SolveClaim.owner, SolveClaim.expires_at, SolveClaim.outcome).where(SolveClaim.key == key)
         ).first()
@@ -66,7 +67,7 @@ def _claim(factory: sessionmaker[Session], key: str, project: str, owner: str) -
 
 
 def _refresh(factory: sessionmaker[Session], key: str, owner: str) -> None:
-    with factory() as session:
+    with write_gate(factory), factory() as session:
         session.execute(update(SolveClaim).where(SolveClaim.key == key, SolveClaim.owner == owner)
                         .values(expires_at=utcnow() + timedelta(seconds=CLAIM_TTL_S)))
         session.commit()
@@ -74,7 +75,7 @@ def _refresh(factory: sessionmaker[Session], key: str, owner: str) -> None:
 
 def _publish(factory: sessionmaker[Session], key: str, owner: str, outcome: str | None) -> None:
     """Write the answer for waiters (kept ``LINGER_S``), or drop the claim when there is none to share."""
-    with factory() as session:
+    with write_gate(factory), factory() as session:
         mine = (SolveClaim.key == key) & (SolveClaim.owner == owner)
         if outcome is None:
             session.execute(delete(SolveClaim).where(mine))

@@ -40,13 +40,13 @@ StatsBody = Annotated[
     status_code=status.HTTP_201_CREATED,
     responses={**ALREADY_UPLOADED, **INVALID_STATS, **TOO_LARGE},
 )
-def upload_stats(doc: StatsBody, project: ProjectDep, session: SessionDep, settings: SettingsDep,
-                 response: Response) -> StatsSummary:
+async def upload_stats(doc: StatsBody, project: ProjectDep, factory: SessionFactoryDep, settings: SettingsDep,
+                       response: Response) -> StatsSummary:
     """Upload stats; the same document again returns the existing id (200) instead of a new one (201).
 
     Documents past this service's limits on modules, ops or nesting depth are refused (413) before validation.
     """
-    row, inserted = store_stats(session, project, doc, limits=UploadLimits.of(settings))
+    row, inserted = await store_stats(factory, project, doc, limits=UploadLimits.of(settings))
     if not inserted:  # the same document uploaded before: its existing id
         response.status_code = status.HTTP_200_OK
     return stats_summary(row)

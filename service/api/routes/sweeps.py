@@ -14,7 +14,7 @@ from starlette.concurrency import run_in_threadpool
 from service.api.deps import IdPath, ProjectDep, RendererDep, SessionDep, SessionFactoryDep, SettingsDep, SolverDep
 from service.api.responses import NOT_FOUND, PNG, SOLVE_ERRORS, SWEEP_FROM_CACHE
 from service.cache import CachedPlan, get_stats, plans_for
-from service.db import insert_or_get
+from service.db import insert_or_get, write_gate
 from service.errors import NotFound
 from service.limits import UploadLimits, check_time_limit
 from service.models import PlanRecord, StatsRecord, SweepRecord
@@ -32,7 +32,7 @@ def _record(factory: sessionmaker[Session], project: str, stats_id: int, request
     """The sweep of these plans, stored now unless it already was; and whether this call stored it."""
     plan_ids = [p.id for p in plans]
     key = hashlib.sha256(",".join(str(i) for i in plan_ids).encode()).hexdigest()
-    with factory() as session:
+    with write_gate(factory), factory() as session:
         stats = get_stats(session, project, stats_id)
         find = select(SweepRecord).where(SweepRecord.stats_id == stats_id, SweepRecord.cache_key == key)
         row = session.execute(find).scalar_one_or_none()
