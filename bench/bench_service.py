@@ -52,13 +52,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(data_dir: Path, port: int, workers: int, cpus: str | None = None) -> subprocess.Popen:
+def start_server(data_dir: Path, port: int, workers: int, cpus: str | None = None,
+                 settings: dict[str, str] | None = None) -> subprocess.Popen:
     exe = shutil.which("sacplan")
     cmd = (["taskset", "-c", cpus] if cpus else []) + ([exe] if exe else [sys.executable, "-m", "planner.cli"]) + [
         "serve", "--host", "127.0.0.1", "--port", str(port), "--data-dir", str(data_dir),
         "--workers", str(workers), "--no-access-log", "--log-level", "warning"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("SACPLAN_")}
     env["PYTHONPATH"] = str(REPO)
+    env.update(settings or {})
     proc = subprocess.Popen(cmd, cwd=REPO, env=env)
     url = f"http://127.0.0.1:{port}"
     for _ in range(600):
@@ -336,12 +338,13 @@ def verdict(rows: list[tuple[str, dict]], client: str) -> str:
             f"machine), taken from /proc/stat.")
 
 
-def write_results(text: str) -> None:
+def write_results(text: str, section: str = SECTION) -> None:
+    """Put ``text`` (starting with its ``section`` heading) into bench/RESULTS.md in place of the old one."""
     path = REPO / "bench" / "RESULTS.md"
     old = path.read_text() if path.exists() else "# Benchmark results\n"
-    if SECTION in old:
-        start = old.index(SECTION)
-        nxt = old.find("\n## ", start + len(SECTION))
+    if section in old:
+        start = old.index(section)
+        nxt = old.find("\n## ", start + len(section))
         old = old[:start].rstrip("\n") + ("\n\n" + old[nxt + 1:] if nxt != -1 else "\n")
     path.write_text(old.rstrip("\n") + "\n\n" + text.rstrip("\n") + "\n")
 
