@@ -14,7 +14,8 @@ __all__ = ["register", "describe_upgrade", "configure_logging"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    serve = subparsers.add_parser("serve", help="run the HTTP service (Swagger UI at /docs)")
+    serve = subparsers.add_parser("serve", help="run the HTTP service (Swagger UI at /docs)",
+                                  epilog=_settings_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     serve.add_argument("--workers", type=int, default=1,
@@ -31,6 +32,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _data_dir_argument(up)
     up.add_argument("--revision", default="head", help="target revision (default head)")
     up.set_defaults(handler=_db_upgrade)
+
+
+def _settings_help() -> str:
+    """Every SACPLAN_* setting with its default and meaning, from the one Settings class."""
+    import textwrap
+
+    from service.config import Settings
+
+    lines = ["settings (environment variables; a request's time_limit_s bounds its whole work, a sweep's all "
+             "its points together):"]
+    for name, field in Settings.model_fields.items():
+        default = "" if field.default_factory is not None or field.default is None else f" (default {field.default})"
+        text = f"SACPLAN_{name.upper()}{default}: {field.description or ''}".rstrip(": ")
+        lines += textwrap.wrap(text, 100, initial_indent="  ", subsequent_indent="      ")
+    return "\n".join(lines)
 
 
 def _data_dir_argument(parser: argparse.ArgumentParser) -> None:
