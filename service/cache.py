@@ -213,7 +213,6 @@ async def _run_job(factory: sessionmaker[Session], pool: SolverPool, project: st
     pool.admit(project)  # refuse before reading a large document
     document, row_figures = await run_in_threadpool(_document, factory, stats_id)
     solver_options = {**fields, "time_limit_s": max(deadline - time.monotonic(), 1e-3)}
-    metrics.SOLVES_STARTED.inc()
     try:
         out = await pool.run(solve_job, document, budgets_gib, solver_options, project=project, deadline=deadline)
     except SolverStopped as stopped:

@@ -174,6 +174,7 @@ class SolverPool:
         try:
             worker = await self._acquire()
             self.solves_started += 1
+            metrics.SOLVES_STARTED.inc()
             kind, result, rss = await self._exchange(worker, fn, args, deadline)
             if self.idle_memory_bytes and rss and rss > self.idle_memory_bytes:
                 # it keeps what it grew to (allocator arenas, cached stats): the next job gets a fresh process

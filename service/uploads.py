@@ -12,12 +12,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 import planner
 from planner import baseline_peak_bytes, compute_ms
-from service.db import insert_or_get, write_gate
+from service.db import write_gate
 from service.errors import InvalidInput
 from service.limits import UploadLimits, check_upload
 from service.models import StatsRecord, StatsTag
@@ -55,15 +56,20 @@ def new_stats_record(project: str, doc: dict[str, Any], *, loc: Sequence[str] = 
 def keep_stats(session: Session, project: str, row: StatsRecord) -> tuple[StatsRecord, bool]:
     """``row`` stored now, or the project's upload stored before with the same content hash.
 
-    Returns the row and whether this call stored it.
+    Returns the row and whether this call stored it. Tries the insert first (three
+    statements: the row, its tags, the commit the caller makes): new uploads are the
+    common case under load; a known document costs a rolled-back insert and a read.
+    ``session`` must hold no other pending work (it is rolled back on a duplicate).
     """
-    same_document = select(StatsRecord).where(StatsRecord.project == project,
-                                              StatsRecord.content_hash == row.content_hash)
-    stored = session.execute(same_document).scalar_one_or_none()
-    if stored is not None:
-        return stored, False
-    # a concurrent upload of the same document may still win the race to insert
-    return insert_or_get(session, row, same_document)
+    session.add(row)
+    try:
+        session.flush()
+    except IntegrityError:
+        session.rollback()
+        same_document = select(StatsRecord).where(StatsRecord.project == project,
+                                                  StatsRecord.content_hash == row.content_hash)
+        return session.execute(same_document).scalar_one(), False
+    return row, True
 
 
 # Documents up to this many modules + ops (all real models' per-block stats, the examples) are validated on
