@@ -253,7 +253,7 @@ async def plans_for(
             out, elsewhere = await solve_once(
                 factory, flight_key, project,
                 lambda: _run_job(factory, pool, project, stats_id, budgets, fields, deadline),
-                wait_s=options.time_limit_s + pool.grace_s + 60)
+                wait_s=options.time_limit_s + pool.grace_s + 60, share=(pool.per_project, pool.retry_after_s))
             return await _answer(factory, stats_id, missing, fields, out), elsewhere
 
         try:

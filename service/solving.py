@@ -23,12 +23,13 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 from service.db import write_gate
+from service.errors import ProjectBusy
 from service.models import SolveClaim, utcnow
 from service.times import as_utc
 
@@ -40,13 +41,22 @@ _POLL_S = 0.05
 _HEARTBEAT_S = 2.0
 
 
-def _claim(factory: sessionmaker[Session], key: str, project: str, owner: str) -> tuple[bool, str | None]:
-    """Take the claim ``key`` (insert, or take over a lapsed one): (taken, a finished answer already there)."""
+def _claim(factory: sessionmaker[Session], key: str, project: str, owner: str,
+           share: tuple[int, int] | None) -> tuple[bool, str | None]:
+    """Take the claim ``key`` (insert, or take over a lapsed one): (taken, a finished answer already there).
+
+    Raises ProjectBusy when ``project`` already holds ``share[0]`` live claims (solves under way anywhere),
+    telling the client to retry in ``share[1]`` seconds.
+    """
     now = utcnow()
     with write_gate(factory), factory() as session:
         row = session.execute(
             select(SolveClaim.owner, SolveClaim.expires_at, SolveClaim.outcome).where(SolveClaim.key == key)
         ).first()
+        if row is not None and as_utc(row.expires_at) > now:
+            return False, row.outcome
+        if share is not None:
+            _check_share(session, project, *share, now=now)
         if row is None:
             session.add(SolveClaim(key=key, project=project, owner=owner, expires_at=now + timedelta(seconds=CLAIM_TTL_S)))
             try:
@@ -55,8 +65,6 @@ def _claim(factory: sessionmaker[Session], key: str, project: str, owner: str) -
                 session.rollback()
                 return False, None
             return True, None
-        if as_utc(row.expires_at) > now:
-            return False, row.outcome
         # lapsed (its owner died, or an old answer): take it over, unless someone else just did
         taken = session.execute(
             update(SolveClaim).where(SolveClaim.key == key, SolveClaim.owner == row.owner)
@@ -64,6 +72,15 @@ def _claim(factory: sessionmaker[Session], key: str, project: str, owner: str) -
         ).rowcount == 1
         session.commit()
         return taken, None
+
+
+def _check_share(session: Session, project: str, share: int, retry_after_s: int, *, now: datetime) -> None:
+    live = session.execute(
+        select(func.count()).select_from(SolveClaim)
+        .where(SolveClaim.project == project, SolveClaim.outcome.is_(None), SolveClaim.expires_at > now)
+    ).scalar_one()
+    if live >= share:
+        raise ProjectBusy(project, share, retry_after_s)
 
 
 def _refresh(factory: sessionmaker[Session], key: str, owner: str) -> None:
@@ -120,18 +137,22 @@ async def _heartbeat(factory: sessionmaker[Session], key: str, owner: str) -> No
 
 
 async def solve_once(factory: sessionmaker[Session], key: str, project: str,
-                     solve: Callable[[], Awaitable[dict[str, Any]]], *, wait_s: float) -> tuple[dict[str, Any], bool]:
+                     solve: Callable[[], Awaitable[dict[str, Any]]], *, wait_s: float,
+                     share: tuple[int, int] | None = None) -> tuple[dict[str, Any], bool]:
     """``solve()`` once for ``key`` across processes: (its answer, whether another process solved it).
 
     ``solve`` returns a JSON-able answer, shared with every identical request.
     An exception from ``solve`` (the solver queue full, ...) drops the claim so
     the next request tries again. A request that waited ``wait_s`` for another
-    process's answer solves itself.
+    process's answer solves itself. With ``share`` (solves, Retry-After seconds), a
+    project already holding that many live claims (its solves under way in any
+    process or replica) gets ProjectBusy (429) instead of a new claim; joining an
+    existing one is free.
     """
     owner = uuid.uuid4().hex
     give_up_at = time.monotonic() + wait_s
     while True:
-        taken, ready = await run_in_threadpool(_claim, factory, key, project, owner)
+        taken, ready = await run_in_threadpool(_claim, factory, key, project, owner, share)
         if ready is not None:
             return json.loads(ready), True
         if taken:

@@ -85,3 +85,16 @@ def test_a_failed_solve_drops_its_claim(factory):
         asyncio.run(solve_once(factory, "k", "p", fails, wait_s=5))
     with factory() as session:
         assert session.get(SolveClaim, "k") is None
+
+
+def test_a_project_holding_its_share_of_live_claims_anywhere_gets_429(factory):
+    from service.errors import ProjectBusy
+
+    _hold(factory, "other-solve", expires_in_s=30.0)  # project p's solve under way in another process
+    calls: list[int] = []
+    with pytest.raises(ProjectBusy) as busy:
+        asyncio.run(solve_once(factory, "k", "p", _solver(calls, {"x": 7}), wait_s=5, share=(1, 3)))
+    assert busy.value.status_code == 429 and busy.value.headers == {"Retry-After": "3"} and calls == []
+    # another project is not held back, nor is p with a larger share
+    assert asyncio.run(solve_once(factory, "k", "q", _solver(calls, {"x": 8}), wait_s=5, share=(1, 3)))[0] == {"x": 8}
+    assert asyncio.run(solve_once(factory, "k2", "p", _solver(calls, {"x": 9}), wait_s=5, share=(2, 3)))[0] == {"x": 9}
