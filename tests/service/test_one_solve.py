@@ -60,7 +60,9 @@ def test_identical_concurrent_requests_are_solved_once(servers, route):
     before = _solves(servers)
     answers = _post_all(urls, route, body)
     assert all(a.status_code in (200, 201) for a in answers), [a.text for a in answers]
-    assert _solves(servers) == before + 1
+    seen = [(a.status_code, a.json().get("id"), a.json().get("cached")) for a in answers]
+    logs = "\n".join(s.log.read_text()[-2000:] for s in servers)
+    assert _solves(servers) == before + 1, (seen, logs)
     ids = {a.json()["id"] for a in answers}
-    assert len(ids) == 1 and None not in ids  # the same stored answer for every caller
-    assert sum(a.status_code == 201 for a in answers) == 1
+    assert len(ids) == 1 and None not in ids, seen  # the same stored answer for every caller
+    assert sum(a.status_code == 201 for a in answers) == 1, seen
