@@ -10,7 +10,7 @@ weights and inputs and draw identical dropout masks step by step.
 from __future__ import annotations
 
 import dataclasses
-
+import json
 import statistics
 import sys
 from dataclasses import dataclass, field
@@ -46,23 +46,32 @@ class ModelSpec:
     batch: int = 4
     seq: int = 256
     routing: str | None = None  # MoE: what routing the stats and the real run have
+    moe_routing: str = "balanced"  # what `sacplan collect --moe-routing` assumes
+    config_overrides: tuple[tuple[str, Any], ...] = ()  # HF config keys set on top of the file's
 
     def request(self, reference: Path) -> CollectRequest:
         """What ``sacplan collect --hf-config X --batch B --seq S --dtype fp32 --device cpu --optimizer adamw`` asks."""
         src = str(reference / self.source)
-        kind = {"model": src} if ":" in self.source else {"hf_config": src}
+        kind: dict[str, Any] = {"model": src} if ":" in self.source else {"hf_config": src}
+        if self.config_overrides:
+            kind["hf_config"] = {**json.loads(Path(src).read_text()), **dict(self.config_overrides)}
         return CollectRequest(**kind, batch=self.batch, seq=self.seq, dtype="fp32", device="cpu",
-                              optimizer="adamw", name=self.name)
+                              optimizer="adamw", moe_routing=self.moe_routing, name=self.name)
 
 
 BMM_ROUTING = ("stats: fake router outputs, every token gathers its top-k experts' weights (batched_mm: shapes "
                "depend only on tokens x top-k); real run: the router of the random-weight model routes, and "
                "with batched_mm memory does not depend on where it sends tokens")
+GROUPED_ROUTING = ("stats: balanced routing assumed (--moe-routing balanced); with Hugging Face's default experts "
+                   "(grouped_mm) every shape depends only on tokens x top-k, so memory does not depend on it; real "
+                   "run: the router of the random-weight model routes, unbalanced (see the MoE routing section)")
 MODELS = [
     *(ModelSpec(n, f"{n}.json") for n in ("llama", "gpt2", "qwen2", "mistral", "phi3", "gemma", "gemma2_eager",
                                           "opt")),
     ModelSpec("mixtral_bmm", "mixtral_bmm.json", routing=BMM_ROUTING),
     ModelSpec("qwen2_moe_bmm", "qwen2_moe_bmm.json", routing=BMM_ROUTING),
+    ModelSpec("mixtral", "mixtral.json", routing=GROUPED_ROUTING),
+    ModelSpec("qwen2_moe", "qwen2_moe.json", routing=GROUPED_ROUTING),
     ModelSpec("vit", "factories.py:make_vit", batch=8, seq=64),
     ModelSpec("encoder", "factories.py:make_encoder"),
     ModelSpec("llama_wide", "llama_wide.json", batch=1),

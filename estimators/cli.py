@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -42,7 +41,8 @@ def register(subparsers: Any) -> None:
                    help="device the fake tensors live on (default cpu; no real memory is used)")
     p.add_argument("--target-device", metavar="NAME",
                    help="device to cost and emulate: A100-40GB, A100-80GB, H100-SXM, H100-PCIe, H200, L40S, "
-                   "MI300X or cpu (case-insensitive; default: the CUDA device's name with --device cuda, else cpu)")
+                   "MI300X or cpu, exactly (case-insensitive; h100 is refused, not guessed; default: the CUDA device with "
+                   "--device cuda, else cpu)")
     p.add_argument("--peak-tflops", type=float, help="override the target's peak TFLOP/s (every dtype)")
     p.add_argument("--mem-bandwidth-gbps", type=float, help="override the target's memory bandwidth in GB/s")
     p.add_argument("--compute-efficiency", type=float, help="fraction of peak FLOP/s reached (default 1.0)")
@@ -54,6 +54,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--checkpoint-overhead-us-per-op", type=_non_negative, metavar="US",
                    help="checkpoint overhead per op in microseconds, beyond recomputing it (default: the target's "
                    "table figure; with --benchmark only for modules that cannot be measured)")
+    p.add_argument("--moe-routing", metavar="ROUTING", default="balanced",
+                   help="routing assumed for mixture-of-experts layers, whose shapes depend on it: balanced (each "
+                   "expert gets tokens x top-k / experts), capacity:C (the busiest expert gets C times that, C >= 1) "
+                   "or worst (the busiest expert gets every token); recorded in the stats (default balanced)")
     p.add_argument("--name", help="model name in the stats (default: the model's class or config)")
     p.add_argument("--out", default="stats.json", help="output file (default stats.json)")
     p.add_argument("--upload", metavar="URL", help="also POST the stats to a sacplan service at URL")
@@ -82,21 +86,10 @@ def _non_negative(text: str) -> float:
     return value
 
 
-class _Progress:
-    def __init__(self, quiet: bool):
-        self.quiet = quiet
-        self.last = 0.0
-
-    def __call__(self, phase: str, done: int, total: int) -> None:
-        now = time.monotonic()
-        if self.quiet or (now - self.last < 0.1 and done < total):
-            return
-        self.last = now
-        print(f"\r  {phase:<9} {done:>5}/{total} modules", end="", file=sys.stderr, flush=True)
-
-    def done(self, text: str) -> None:
-        if not self.quiet:
-            print(f"\r  {text:<40}", file=sys.stderr, flush=True)
+TORCH_HINT = ("error: sacplan collect needs torch, which is not installed. On a machine without a GPU, a CPU "
+              "build: pip install torch --index-url https://download.pytorch.org/whl/cpu (add transformers for "
+              "--hf-config); on a GPU node bring your own torch (any build >= 2.5), then pip install "
+              "'sacplan[collector]' installs nothing more")
 
 
 def run_collect(args: argparse.Namespace) -> int:
@@ -104,23 +97,33 @@ def run_collect(args: argparse.Namespace) -> int:
     try:
         import torch  # noqa: F401
     except ModuleNotFoundError:
-        print("error: sacplan collect needs torch: pip install 'sacplan[collector]'", file=sys.stderr)
+        print(TORCH_HINT, file=sys.stderr)
         return 1
-    from estimators.session import CollectRequest, run_collection
+    from estimators.guide import guide
+    from estimators.progress import CollectProgress
+    from estimators.session import CollectRequest, run_collection, target_spec
+    from estimators.summary import collect_summary
 
+    progress = CollectProgress(quiet=args.quiet)
     try:
         request = CollectRequest.from_args(args)
-        progress = _Progress(args.quiet)
-        if not args.quiet:
-            print(f"collecting {request.describe()}", file=sys.stderr)
+        target = target_spec(request)
+        progress.note(f"collecting {request.describe(target.name)}")
         result = run_collection(request, progress=progress)
     except (ValueError, RuntimeError, ImportError) as exc:
-        print(f"\nerror: {exc}", file=sys.stderr)
+        progress.close()
+        print(f"error: {exc}", file=sys.stderr)
         return 1
-    progress.done(f"collected in {result.seconds:.1f} s")
+    progress.note(f"  collected in {result.seconds:.1f} s; planning a few budgets")
     out = Path(args.out)
     out.write_text(json.dumps(result.stats.model_dump(mode="json"), indent=1))
-    print(_summary(result, out))
+    try:
+        guidance = guide(result.stats, args.out, target.name, target.memory_bytes)
+    except (ValueError, RuntimeError) as exc:  # the stats are written: say why there is no advice, and go on
+        progress.note(f"note: no budgets suggested: planning failed: {exc}")
+        guidance = None
+    progress.close()
+    print(collect_summary(result, str(out), guidance))
     if args.upload:
         try:
             reply = upload_stats(args.upload, result.stats.model_dump(mode="json"), api_key=args.api_key)
@@ -130,37 +133,6 @@ def run_collect(args: argparse.Namespace) -> int:
         base = args.upload.rstrip("/")
         print(f"uploaded: stats id {reply.get('id')}  ({base}/v1/stats/{reply.get('id')}; Swagger UI: {base}/docs)")
     return 0
-
-
-def _summary(result: Any, out: Path) -> str:
-    from estimators.assemble import LEFT_OUT_TAG  # torch is loaded by now
-
-    s = result.stats
-    left_out = s.metadata.tags.get(LEFT_OUT_TAG)
-    rows = [
-        ("model", s.metadata.model_name),
-        ("modules", f"{len(s.modules)} ({sum(m.ops is not None for m in s.modules)} with op lists)"),
-        ("parameters", f"{result.parameter_count:,} ({_size(s.root.param_bytes)})"),
-        ("activations at forward end", _size(s.root.act_total_bytes)),
-        ("baseline peak", f"{_size(result.baseline_peak_bytes)} (no checkpointing, world size 1)"),
-        ("step time", f"{s.root.fw_ms + s.root.bw_ms:.2f} ms (fw {s.root.fw_ms:.2f} + bw {s.root.bw_ms:.2f}) "
-         f"on {s.metadata.target_device}"),
-        ("optimizer state", f"{_size(s.root.optimizer_state_bytes)} ({s.metadata.optimizer})"),
-        ("emulated kernels", s.metadata.tags.get("attention_kernels", "none")),
-        ("checkpoint overhead", s.metadata.tags.get("checkpoint_overhead", "not known")),
-        ("left out", f"{left_out}; never checkpointed on their own, their ops count in the modules they ran "
-         f"inside" if left_out else "none"),
-        ("written to", str(out)),
-    ]
-    width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
-
-
-def _size(n: float) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{int(n)} B"
 
 
 class UploadError(Exception):

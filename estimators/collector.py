@@ -33,8 +33,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from estimators.aten_ops import SAC_IGNORED_OPS, is_inplace_op, is_random_op, is_view_op, op_name
 from estimators.assemble import build_stats
-from estimators.fake_step import call_model, default_loss, fake_inputs, fakeify, make_optimizer, optimizer_bytes
+from estimators.fake_step import (FakeConverter, fake_loss_fn, fakeify, forward_and_loss, make_optimizer,
+                                  optimizer_bytes)
 from estimators.models import hf_fake_as_real
+from estimators.moe import MoeRouting, RoutingMode, one_hot_as_on_device
 from estimators.overhead import call_spec, fill_checkpoint_overheads
 from estimators.timeline import BACKWARD, OPTIMIZER, TimelineRecorder
 from estimators.tracking import ACT, BUFFER, GRAD, INPUT, OPT, PARAM, TEMP, StorageBook, storages_of, tensors_in
@@ -177,6 +179,8 @@ class _ModuleHooks:
         self._repeat: list[bool] = []
         self._seen: set[str] = set()
         self._handles: list[Any] = []
+        # what progress counts toward: containers (ModuleList, ModuleDict) have no forward of their own and never run
+        self.runnable = sum(type(mod).forward is not nn.Module.forward for mod in mods)
 
     def __enter__(self) -> _ModuleHooks:
         from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
@@ -250,7 +254,7 @@ class _ModuleHooks:
         if outs:
             torch.autograd.graph.register_multi_grad_hook(outs, lambda _g, m=m: self._bw_pre(m), mode="any")
         if self.progress:
-            self.progress("forward", len(self.post_order), len(self.mods))
+            self.progress("forward", len(self.post_order), self.runnable)
 
     def _bw_pre(self, m: _Mod) -> None:
         if m.bw_state != "none":
@@ -272,7 +276,7 @@ class _ModuleHooks:
         if m in self.col.bw_open:
             self.col.bw_open.remove(m)
         if self.progress:
-            self.progress("backward", sum(x.bw_state == "closed" for x in self.mods.values()), len(self.mods))
+            self.progress("backward", sum(x.bw_state == "closed" for x in self.mods.values()), self.runnable)
 
 
 def collect_stats(
@@ -290,6 +294,7 @@ def collect_stats(
     checkpoint_overhead_us_per_op: float | None = None,
     measure_checkpoint_overhead: bool = False,
     metadata: StatsMetadata | None = None,
+    moe_routing: MoeRouting | None = None,
     progress: Progress | None = None,
 ) -> Stats:
     """Stats v1 of one training step of ``model`` on ``inputs``, collected under FakeTensorMode.
@@ -306,7 +311,10 @@ def collect_stats(
     ``checkpoint_overhead_ms`` is its op count times
     ``checkpoint_overhead_us_per_op``, or, with ``measure_checkpoint_overhead``,
     measured on real tensors on ``device`` (see :mod:`estimators.overhead`);
-    null with neither.
+    null with neither. ``moe_routing`` is the routing assumed for
+    mixture-of-experts layers (default balanced, see :mod:`estimators.moe`);
+    when the model routed tokens it is recorded in the metadata's
+    ``model_settings``.
     """
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
@@ -320,22 +328,27 @@ def collect_stats(
 
     fake = FakeTensorMode(allow_non_fake_inputs=False)
     book = StorageBook(round_bytes_to)
-    restore = fakeify(model, fake, device, dtype)
+    convert = FakeConverter(fake, device, dtype)
+    restores = [fakeify(model, convert)]
     try:
         params = [p for p in model.parameters() if p.requires_grad]
-        fake_in = fake_inputs(inputs, fake, device, dtype)
+        fake_in = convert.tree(inputs)
+        fake_loss, restore_loss = fake_loss_fn(loss_fn, convert)
+        restores.append(restore_loss)
         for p in model.parameters():
             book.add_tensors([p], PARAM)
         book.add_tensors(model.buffers(), BUFFER)
-        book.add_tensors(tensors_in(fake_in), INPUT)
+        book.add_tensors(tensors_in(fake_in) + list(convert.memo.values()), INPUT)  # with what loss_fn captured
         for p in params:
             p.register_post_accumulate_grad_hook(lambda q: book.recategorize(q.grad.untyped_storage(), GRAD))
         col = _Collector(book, cost_model, mods)
         emulation = _emulation(emulate_cuda_attention)
-        with fake, col, _ModuleHooks(col, book, mods, progress, capture_calls=measure_checkpoint_overhead) as hooks:
-            with torch.autograd.graph.saved_tensors_hooks(col.pack, lambda t: t), emulation, hf_fake_as_real(model):
-                output = call_model(model, fake_in)
-                loss = (loss_fn or default_loss)(output)
+        routing = RoutingMode(moe_routing or MoeRouting())
+        hooks = _ModuleHooks(col, book, mods, progress, capture_calls=measure_checkpoint_overhead)
+        with fake, routing, col, hooks:
+            with (torch.autograd.graph.saved_tensors_hooks(col.pack, lambda t: t), emulation,
+                  hf_fake_as_real(model), one_hot_as_on_device()):
+                output, loss = forward_and_loss(model, fake_in, fake_loss, loss_fn)
             del output  # as a training loop does: `loss = model(**batch).loss; loss.backward()`
             col.phase = TEMP
             col.timeline.enter(BACKWARD)
@@ -354,8 +367,10 @@ def collect_stats(
                     progress("optimizer", 1, 1)
             opt_bytes = optimizer_bytes(opt, book)
         stats = build_stats(model, mods, col, hooks, opt_bytes, book, metadata)
+        stats.metadata.model_settings.update(routing.settings(model))
     finally:
-        restore()
+        for restore in reversed(restores):
+            restore()
     if checkpoint_overhead_us_per_op is not None or measure_checkpoint_overhead:
         fill_checkpoint_overheads(stats, {m.fqn: mod for mod, m in mods.items()},
                                   {m.fqn: m.call for m in mods.values() if m.call is not None},

@@ -102,6 +102,7 @@ def build_from_hf_config(
     model_type = doc.pop("model_type", None)
     if not model_type:
         raise ValueError("--hf-config has no model_type (e.g. \"llama\")")
+    _check_model_type(model_type)
     cfg = AutoConfig.for_model(model_type, **doc)
     cfg.use_cache = False
     if getattr(cfg, "_attn_implementation_internal", None) is None:
@@ -122,6 +123,22 @@ def build_from_hf_config(
         ids = torch.randint(0, vocab, (batch_size, seq_len))
     name = Path(config).stem if isinstance(config, (str, Path)) else f"{model_type}-{type(model).__name__}"
     return BuiltModel(model, {"input_ids": ids, "labels": ids}, None, name, [batch_size, seq_len])
+
+
+def _check_model_type(model_type: Any) -> None:
+    """A short error naming the closest model types, not transformers' list of every one (~9,000 characters)."""
+    import difflib
+
+    import transformers
+    from transformers import CONFIG_MAPPING
+
+    known = list(CONFIG_MAPPING.keys())
+    if model_type in known:
+        return
+    close = difflib.get_close_matches(str(model_type), known, n=5, cutoff=0.6)
+    hint = f"closest: {', '.join(close)}" if close else "no close name"
+    raise ValueError(f"--hf-config model_type {model_type!r} is not a model type of transformers "
+                     f"{transformers.__version__} ({hint}; {len(known)} types in all)")
 
 
 def _pad_token_problem(cfg: Any, doc: dict, model_type: str) -> str | None:

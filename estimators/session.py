@@ -10,11 +10,12 @@ import torch
 
 from estimators.collector import collect_stats
 from estimators.cost_model import BenchmarkCostModel, RooflineCostModel
-from estimators.devices import DeviceSpec, device_spec
+from estimators.devices import DeviceSpec, cuda_device_entry, device_spec
+from estimators.moe import parse_moe_routing
 from estimators.models import DTYPES, BuiltModel, build_from_factory, build_from_hf_config, load_factory
 from planner import PLANNER_VERSION, Stats, StatsMetadata, baseline_peak_bytes
 
-__all__ = ["CollectRequest", "CollectResult", "run_collection", "COLLECTOR_VERSION"]
+__all__ = ["CollectRequest", "CollectResult", "run_collection", "target_spec", "COLLECTOR_VERSION"]
 
 COLLECTOR_VERSION = f"sacplan-estimators {PLANNER_VERSION}"
 # The CUDA caching allocator hands out blocks in multiples of 512 bytes.
@@ -38,6 +39,7 @@ class CollectRequest:
     allow_tf32: bool = False
     benchmark: bool = False
     checkpoint_overhead_us_per_op: float | None = None
+    moe_routing: str = "balanced"
     name: str | None = None
 
     @classmethod
@@ -45,9 +47,11 @@ class CollectRequest:
         fields = cls.__dataclass_fields__
         return cls(**{k: getattr(args, k) for k in fields if hasattr(args, k)})
 
-    def describe(self) -> str:
+    def describe(self, target: str) -> str:
+        """One line: what is collected, for which target, on what (``target``: the device table's name)."""
         src = self.model or (self.hf_config if isinstance(self.hf_config, str) else "HF config")
-        return f"{src}: batch {self.batch}, seq {self.seq}, {self.dtype}, {self.optimizer}, on {self.device}"
+        return (f"{src} for {target}: batch {self.batch}, seq {self.seq}, {self.dtype}, optimizer {self.optimizer} "
+                f"(fake tensors on {self.device}: no real memory or compute)")
 
 
 @dataclass
@@ -57,12 +61,17 @@ class CollectResult:
     baseline_peak_bytes: int
     seconds: float
     target: DeviceSpec
+    model_module_count: int  # every module of the model, containers that never run included
 
 
-def _target(req: CollectRequest) -> DeviceSpec:
+def target_spec(req: CollectRequest) -> DeviceSpec:
+    """The device the request costs and plans for: ``--target-device``, else the CUDA device or cpu."""
+    if req.device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("--device cuda: torch.cuda.is_available() is False; use --device cpu "
+                           "with --target-device NAME to plan for a GPU from this machine")
     name = req.target_device
     if name is None:
-        name = torch.cuda.get_device_name() if req.device == "cuda" else "cpu"
+        name = cuda_device_entry(torch.cuda.get_device_name()) if req.device == "cuda" else "cpu"
     return device_spec(name, peak_tflops=req.peak_tflops, mem_bandwidth_gbps=req.mem_bandwidth_gbps,
                        compute_efficiency=req.compute_efficiency, memory_efficiency=req.memory_efficiency,
                        checkpoint_overhead_us_per_op=req.checkpoint_overhead_us_per_op)
@@ -74,7 +83,7 @@ def _benchmark_refusal(req: CollectRequest, target: DeviceSpec) -> str | None:
         return None
     here = "cpu" if req.device == "cpu" else torch.cuda.get_device_name()
     try:
-        same = device_spec(here).name == target.name
+        same = cuda_device_entry(here) == target.name
     except ValueError:  # a GPU the table does not know is no table entry either
         same = False
     if same:
@@ -83,7 +92,26 @@ def _benchmark_refusal(req: CollectRequest, target: DeviceSpec) -> str | None:
             f"--target-device {req.target_device}: drop --benchmark, or --target-device, or run on that device")
 
 
-def _build(req: CollectRequest, device: torch.device) -> BuiltModel:
+def _build(req: CollectRequest, device: torch.device, progress: Any) -> BuiltModel:
+    if progress is None:
+        return _build_model(req, device)
+    from torch.nn.modules.module import register_module_module_registration_hook
+
+    made = [1]  # the root, which no parent registers
+
+    def counted(*_: Any) -> None:
+        made[0] += 1
+        progress("building", made[0], 0)
+
+    progress("building", 0, 0)  # shown at once: importing transformers alone takes seconds
+    handle = register_module_module_registration_hook(counted)
+    try:
+        return _build_model(req, device)
+    finally:
+        handle.remove()
+
+
+def _build_model(req: CollectRequest, device: torch.device) -> BuiltModel:
     dtype = DTYPES[req.dtype]
     if req.model:
         factory = load_factory(req.model)
@@ -97,10 +125,8 @@ def run_collection(req: CollectRequest, *, progress: Any = None) -> CollectResul
     """Build the requested model and collect its stats."""
     if req.dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {req.dtype!r}")
-    if req.device == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("--device cuda: torch.cuda.is_available() is False; use --device cpu "
-                           "with --target-device NAME to plan for a GPU from this machine")
-    target = _target(req)
+    routing = parse_moe_routing(req.moe_routing)
+    target = target_spec(req)
     cost = RooflineCostModel(target, allow_tf32=req.allow_tf32)
     if req.benchmark:
         refusal = _benchmark_refusal(req, target)
@@ -108,7 +134,7 @@ def run_collection(req: CollectRequest, *, progress: Any = None) -> CollectResul
             raise ValueError(refusal)
         cost = BenchmarkCostModel(cost, device=req.device)
     # Build on meta: nothing is allocated, whatever the model's size.
-    built = _build(req, torch.device("meta"))
+    built = _build(req, torch.device("meta"), progress)
     n_params = sum(p.numel() for p in built.model.parameters())
     emulate = req.device == "cpu" and target.kind == "cuda"
     meta = StatsMetadata(
@@ -140,7 +166,9 @@ def run_collection(req: CollectRequest, *, progress: Any = None) -> CollectResul
         checkpoint_overhead_us_per_op=target.checkpoint_overhead_us_per_op,
         measure_checkpoint_overhead=req.benchmark,
         metadata=meta,
+        moe_routing=routing,
         progress=progress,
     )
     seconds = time.perf_counter() - t0
-    return CollectResult(stats, n_params, baseline_peak_bytes(stats), seconds, target)
+    return CollectResult(stats, n_params, baseline_peak_bytes(stats), seconds, target,
+                         sum(1 for _ in built.model.modules()))

@@ -12,7 +12,7 @@ from planner.ops.frontier import Frontier, module_frontier
 from planner.ops.policy import optimal_op_policy
 from planner.options import PlanOptions
 from planner.plan_format import Plan, PlannedModule, PlanStatus
-from planner.planning import plan, sweep
+from planner.planning import min_feasible_budget_gib, plan, sweep
 from planner.stats.format import STATS_FORMAT, ModuleStats, Moment, OpStats, Stats, StatsMetadata, stats_hash
 from planner.stats.loader import StatsError, from_torch_format, load_stats, parse_stats
 from planner.version import PLANNER_VERSION
@@ -38,6 +38,7 @@ __all__ = [
     "from_torch_format",
     "load_stats",
     "memory_model",
+    "min_feasible_budget_gib",
     "module_frontier",
     "optimal_op_policy",
     "parse_stats",

@@ -10,9 +10,7 @@ time might find one), else 2 if any budget is infeasible, else 0.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
 import re
 import sys
 
@@ -138,8 +136,7 @@ def _run_sweep(stats: Stats, budgets: list[float], args, progress=None) -> list[
         print("sacplan: note: --first-step-only changes nothing: the stats record no optimizer state "
               "(PyTorch-format stats never do)", file=sys.stderr)
     try:
-        with _solver_output_to_stderr():
-            return sweep(stats, budgets, progress=progress, **_options(args))
+        return sweep(stats, budgets, progress=progress, **_options(args))  # HiGHS's noise: planner.highs
     except ValueError as exc:
         print(f"sacplan: {_option_message(exc, is_sweep=hasattr(args, 'budgets_gib'))}", file=sys.stderr)
         return None
@@ -210,20 +207,6 @@ def exit_code(plans: list[Plan]) -> int:
     if statuses - {"optimal", "feasible", "infeasible"}:
         return EXIT_NO_PLAN
     return EXIT_INFEASIBLE if "infeasible" in statuses else EXIT_OK
-
-
-@contextlib.contextmanager
-def _solver_output_to_stderr():
-    """HiGHS can write debug lines straight to fd 1; keep stdout clean for --json."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    try:
-        os.dup2(2, 1)
-        yield
-    finally:
-        sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
 
 
 def _gib(b: float | None) -> str:

@@ -35,6 +35,12 @@ class PlannedModule(BaseModel):
         None, description="The module's op names, aligned with save: lets apply_plan verify the model runs the same ops."
     )
 
+    def __repr__(self) -> str:  # one line, not the save and op_names lists
+        return (f"PlannedModule({self.fqn}: discard {self.discard_ratio:.3f}, {_gib(self.discarded_bytes)} freed, "
+                f"recompute {self.recompute_ms:.4g} ms, {sum(self.save)}/{len(self.save)} ops saved)")
+
+    __str__ = __repr__
+
 
 class PlanMoment(BaseModel):
     """The step's memory at one key moment, without and with the plan."""
@@ -82,3 +88,31 @@ class Plan(BaseModel):
     modules: list[PlannedModule] = Field(default_factory=list)
     timeline: list[PlanMoment] = Field(default_factory=list, description="The step's memory at every key moment, "
                                                                          "in step order, without and with the plan.")
+
+    def __repr__(self) -> str:  # a few lines, not every op's save flag and the timeline (model_dump() has those)
+        lines = [f"Plan({self.status}, budget {self.memory_budget_gib:g} GiB, world size {self.world_size}: "
+                 f"peak {_gib(self.peak_bytes)} (no checkpointing {_gib(self.baseline_peak_bytes)}), "
+                 f"recompute {'-' if self.recompute_ms is None else f'{self.recompute_ms:.4g} ms'}, "
+                 f"{len(self.modules)} modules checkpointed"]
+        if self.min_feasible_budget_gib is not None:
+            lines[0] += f", smallest budget with a plan {self.min_feasible_budget_gib:g} GiB"
+        shown = self.modules[:_SHOWN_MODULES]
+        lines += [f"  {m!r}" for m in shown]
+        if len(self.modules) > len(shown):
+            lines.append(f"  ... and {len(self.modules) - len(shown)} more")
+        return "\n".join(lines) + ")"
+
+    __str__ = __repr__
+
+
+_SHOWN_MODULES = 4
+
+
+def _gib(n: int | None) -> str:
+    """Bytes in the largest binary unit that keeps the figure at least 1 (GiB, MiB, KiB)."""
+    if n is None:
+        return "-"
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= scale:
+            return f"{n / scale:.4g} {unit}"
+    return f"{n} B"

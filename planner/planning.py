@@ -28,7 +28,7 @@ from planner.stats.format import Stats
 from planner.stats.loader import load_stats, parse_stats
 from planner.version import PLANNER_VERSION
 
-__all__ = ["plan", "sweep"]
+__all__ = ["plan", "sweep", "min_feasible_budget_gib"]
 
 StatsInput = Stats | Mapping[str, Any] | str | os.PathLike
 
@@ -86,6 +86,18 @@ def sweep(stats: StatsInput, budgets_gib: Sequence[float], *, options: PlanOptio
     """
     opts = plan_options(options, **option_values)
     return _plans(_as_stats(stats), _budgets(budgets_gib, "budgets_gib"), opts, progress)
+
+
+def min_feasible_budget_gib(stats: StatsInput, *, options: PlanOptions | None = None, **option_values: Any) -> float:
+    """The smallest budget with a plan, in GiB, for these options: what an infeasible plan reports.
+
+    Exact (the smallest peak any plan reaches, :mod:`planner.solve.min_peak`),
+    rounded up to a readable figure that still has a plan; no frontier is built.
+    """
+    opts = plan_options(options, **option_values)
+    prob = prepare(_as_stats(stats), world_size=opts.world_size, ac_units=opts.ac_units, fsdp_units=opts.fsdp_units,
+                   first_step_only=opts.first_step_only, reserve_bytes=opts.reserve_gib * GIB)
+    return _min_feasible(prob)
 
 
 def _plans(stats: Stats, budgets: list[float], opts: PlanOptions,

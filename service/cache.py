@@ -23,9 +23,10 @@ from starlette.concurrency import run_in_threadpool
 
 import planner
 from planner import PLANNER_VERSION, Plan, Stats
-from service.db import insert_or_get, write_gate
 from service import metrics
+from service.db import insert_or_get, write_gate
 from service.errors import InvalidInput, NotFound, SolverFailed, StoredStatsInvalid
+from service.ids import is_id
 from service.models import PlanRecord, StatsRecord
 from service.schemas import PlanOptions
 from service.solver import SolverPool, SolverStopped, solve_job
@@ -40,8 +41,8 @@ __all__ = ["CachedPlan", "plan_cache_key", "get_stats", "get_plan", "parse_store
 class CachedPlan:
     """A plan as served: its stored JSON plus the envelope fields."""
 
-    id: int | None
-    stats_id: int
+    id: str | None
+    stats_id: str
     created_at: datetime | None
     request: dict[str, Any]
     result: str  # the Plan, as JSON text
@@ -74,15 +75,15 @@ def plan_cache_key(content_hash: str, memory_budget_gib: float, fields: dict[str
     return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def get_stats(session: Session, project: str, stats_id: int) -> StatsRecord:
-    """The project's stats upload ``stats_id``; another project's id is as absent as a missing one."""
-    row = session.get(StatsRecord, stats_id)
+def get_stats(session: Session, project: str, stats_id: str) -> StatsRecord:
+    """The project's stats upload ``stats_id``; another project's id, or no id at all, is as absent as a missing one."""
+    row = session.get(StatsRecord, stats_id) if is_id(stats_id) else None
     if row is None or row.project != project:
         raise NotFound(f"stats_id {stats_id} does not exist")
     return row
 
 
-def parse_stored_stats(stats_id: int, document: str) -> Stats:
+def parse_stored_stats(stats_id: str, document: str) -> Stats:
     """A stored canonical document as Stats; StoredStatsInvalid (409) when this planner's validation rejects it.
 
     Documents are validated when uploaded, but by the planner of that day: a stricter
@@ -94,21 +95,21 @@ def parse_stored_stats(stats_id: int, document: str) -> Stats:
         raise StoredStatsInvalid(stats_id, str(exc), errors=exc.errors) from None
 
 
-def get_plan(session: Session, project: str, plan_id: int) -> PlanRecord:
+def get_plan(session: Session, project: str, plan_id: str) -> PlanRecord:
     row = session.execute(
         select(PlanRecord).join(StatsRecord).where(PlanRecord.id == plan_id, StatsRecord.project == project)
-    ).scalar_one_or_none()
+    ).scalar_one_or_none() if is_id(plan_id) else None
     if row is None:
         raise NotFound(f"plan id {plan_id} does not exist")
     return row
 
 
-def _lookup(session: Session, project: str, stats_id: int, fields: dict[str, Any],
+def _lookup(session: Session, project: str, stats_id: str, fields: dict[str, Any],
             budgets_gib: list[float]) -> tuple[list[str], dict[str, CachedPlan]]:
     """Cache keys for the budgets, and the plans already stored under them (two indexed reads)."""
     content_hash = session.execute(
         select(StatsRecord.content_hash).where(StatsRecord.id == stats_id, StatsRecord.project == project)
-    ).scalar_one_or_none()
+    ).scalar_one_or_none() if is_id(stats_id) else None
     if content_hash is None:
         raise NotFound(f"stats_id {stats_id} does not exist")
     keys = [plan_cache_key(content_hash, b, fields) for b in budgets_gib]
@@ -118,7 +119,7 @@ def _lookup(session: Session, project: str, stats_id: int, fields: dict[str, Any
     return keys, {r.cache_key: CachedPlan.of(r, cached=True) for r in rows}
 
 
-def _document(factory: sessionmaker[Session], stats_id: int) -> tuple[str, dict[str, Any]]:
+def _document(factory: sessionmaker[Session], stats_id: str) -> tuple[str, dict[str, Any]]:
     """The stored document, and the upload's no-plan figures (world_size 1)."""
     with factory() as session:
         row = session.execute(
@@ -130,7 +131,7 @@ def _document(factory: sessionmaker[Session], stats_id: int) -> tuple[str, dict[
     return row.document, {"baseline_peak_bytes": row.baseline_peak_bytes, "compute_ms": row.compute_ms}
 
 
-def _store(factory: sessionmaker[Session], stats_id: int,
+def _store(factory: sessionmaker[Session], stats_id: str,
            entries: list[tuple[str, dict, dict, bool]]) -> dict[str, CachedPlan]:
     """Store solved plans; a plan another process stored first under the same key wins.
 
@@ -207,7 +208,7 @@ def stopped_plans(stopped: SolverStopped, budgets_gib: list[float], row_figures:
     return plans, [i in done for i in range(len(budgets_gib))]
 
 
-async def _run_job(factory: sessionmaker[Session], pool: SolverPool, project: str, stats_id: int,
+async def _run_job(factory: sessionmaker[Session], pool: SolverPool, project: str, stats_id: str,
                    budgets_gib: list[float], fields: dict[str, Any], deadline: float) -> dict[str, Any]:
     """The solver's answer for the budgets, as JSON-able data (shared with identical requests elsewhere)."""
     pool.admit(project)  # refuse before reading a large document
@@ -228,7 +229,7 @@ async def _run_job(factory: sessionmaker[Session], pool: SolverPool, project: st
 
 
 async def plans_for(
-    factory: sessionmaker[Session], pool: SolverPool, project: str, stats_id: int,
+    factory: sessionmaker[Session], pool: SolverPool, project: str, stats_id: str,
     budgets_gib: list[float], options: PlanOptions, *, started: float | None = None,
 ) -> list[CachedPlan]:
     """One plan per budget: from the cache, else solved (once, however many ask, in any process) and stored.
@@ -267,7 +268,7 @@ async def plans_for(
     return [found[k] for k in keys]
 
 
-async def _answer(factory: sessionmaker[Session], stats_id: int, missing: list[tuple[str, float]],
+async def _answer(factory: sessionmaker[Session], stats_id: str, missing: list[tuple[str, float]],
                   fields: dict[str, Any], out: dict[str, Any]) -> dict[str, CachedPlan]:
     """The solver's answer ``out`` as plans, stored (each caller does this: the first stores, the rest find)."""
     if "failed" in out:

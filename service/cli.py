@@ -12,6 +12,8 @@ if TYPE_CHECKING:  # the service's dependencies load only when a service command
 
 __all__ = ["register", "describe_upgrade", "configure_logging"]
 
+TRACE = 5  # uvicorn's "trace" log level
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     serve = subparsers.add_parser("serve", help="run the HTTP service (Swagger UI at /docs)",
@@ -87,9 +89,10 @@ def describe_upgrade(done: Upgraded) -> str:
 
 
 def configure_logging(level: str) -> None:
-    """The console log at ``level``; alembic's INFO lines (library chatter) only at debug."""
+    """The console log at ``level``; alembic's INFO lines (library chatter) only at debug (and trace)."""
+    logging.addLevelName(TRACE, "TRACE")  # uvicorn's level below DEBUG; named before uvicorn registers it
     logging.basicConfig(level=level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    quiet = logging.getLevelName(level.upper()) != logging.DEBUG
+    quiet = logging.getLevelName(level.upper()) > logging.DEBUG
     logging.getLogger("alembic").setLevel(logging.WARNING if quiet else logging.NOTSET)
 
 
@@ -116,10 +119,12 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from service.db import upgrade
+    from service.transport import install_log_redaction, uvicorn_options
 
     settings = _settings(args)
     level = args.log_level or settings.log_level
     configure_logging(level)
+    install_log_redaction(settings)
     _metrics_dir()
     # a new or old database is brought to head before serving
     logging.getLogger("service").info("%s", describe_upgrade(upgrade(settings.sqlalchemy_url)))
@@ -131,5 +136,6 @@ def _serve(args: argparse.Namespace) -> int:
         workers=args.workers,
         log_level=level.lower(),
         access_log=not args.no_access_log,
+        **uvicorn_options(settings),
     )
     return 0

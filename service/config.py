@@ -58,8 +58,10 @@ class Settings(BaseSettings):
     auth_failure_window_s: int = Field(60, ge=1, description="That window, seconds.")
     max_upload_modules: int = Field(200_000, ge=1, description="Modules a stats document may have (413 beyond).")
     max_upload_ops: int = Field(5_000_000, ge=1, description="Ops a stats document may have, all modules (413).")
+    # The default is the deepest tree the stats format allows (names of at most 1024 characters): such trees
+    # read back (service.views.module_tree_json), so only an operator who wants less sets one.
     max_upload_depth: int = Field(
-        200, ge=1, description="Nesting depth of a stats document's module tree (the root is 1; 413 beyond).")
+        512, ge=1, description="Nesting depth of a stats document's module tree (the root is 1; 413 beyond).")
     metrics: Literal["off", "public", "key"] = Field(
         "public", description="GET /metrics: off (404), public, or key (needs SACPLAN_METRICS_KEY as a Bearer token).")
     metrics_key: SecretStr | None = Field(None, description="The token /metrics asks for when metrics is 'key'.")
@@ -72,6 +74,15 @@ class Settings(BaseSettings):
     )
     plan_response_cache_mib: int = Field(64, ge=1, description="Memory bound of those responses, MiB.")
     log_level: str = "info"
+    # Transport (service/transport.py): uvicorn itself bounds only the idle time between requests.
+    header_timeout_s: float = Field(10.0, gt=0, description="A request's headers must arrive within this many "
+                                                            "seconds (of the connection or of the last answer).")
+    body_timeout_s: float = Field(120.0, gt=0, description="A request's body must arrive within this many seconds "
+                                                           "of its headers.")
+    keep_alive_timeout_s: float = Field(5.0, gt=0, description="An idle keep-alive connection is closed after this.")
+    trusted_proxies: str = Field(
+        "", description="Comma-separated addresses or networks whose X-Forwarded-For / X-Forwarded-Proto are "
+                        "believed; empty: nobody's (the peer address is the client).")
 
     @model_validator(mode="after")
     def _metrics_key(self) -> Settings:

@@ -21,7 +21,7 @@ except ImportError:  # not POSIX: SQLite's own busy handler alone
 
 __all__ = [
     "make_engine", "make_sessionmaker", "session_scope", "insert_or_get", "upgrade", "Upgraded", "alembic_config",
-    "redacted_url", "write_gate",
+    "redacted_url", "head_revision", "write_gate",
 ]
 
 Row = TypeVar("Row")
@@ -137,6 +137,13 @@ class Upgraded:
     head: str | None  # the newest revision the migrations have
 
 
+def head_revision() -> str | None:
+    """The newest revision the migrations have (what :func:`upgrade` brings a database to)."""
+    from alembic.script import ScriptDirectory
+
+    return ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
+
+
 def redacted_url(url: str) -> str:
     """``url`` with any password replaced by ``***``, fit for a log or a terminal."""
     return make_url(url).render_as_string(hide_password=True)
@@ -146,7 +153,6 @@ def upgrade(url: str, revision: str = "head", *, engine: Engine | None = None) -
     """Bring the database at ``url`` to ``revision`` (creating it if new); says from which revision to which."""
     from alembic import command
     from alembic.runtime.migration import MigrationContext
-    from alembic.script import ScriptDirectory
 
     cfg = alembic_config(url)
     owned = engine is None
@@ -160,4 +166,4 @@ def upgrade(url: str, revision: str = "head", *, engine: Engine | None = None) -
     finally:
         if owned:
             engine.dispose()
-    return Upgraded(redacted_url(url), before, after, ScriptDirectory.from_config(cfg).get_current_head())
+    return Upgraded(redacted_url(url), before, after, head_revision())

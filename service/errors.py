@@ -38,7 +38,7 @@ class StoredStatsInvalid(ServiceError):
 
     status_code = 409
 
-    def __init__(self, stats_id: int, reason: str, *, errors: list[dict[str, Any]] | None = None):
+    def __init__(self, stats_id: str, reason: str, *, errors: list[dict[str, Any]] | None = None):
         super().__init__(
             f"stats_id {stats_id} was stored by an older planner and no longer passes planner "
             f"{PLANNER_VERSION}'s validation: {reason}. Upload corrected stats (POST /v1/stats) and plan "
@@ -65,9 +65,9 @@ class PayloadTooLarge(ServiceError):
 class SolverBusy(ServiceError):
     status_code = 503
 
-    def __init__(self, retry_after_s: int):
+    def __init__(self, retry_after_s: int, queue: str = "solver"):
         super().__init__(
-            f"the solver queue is full; retry in {retry_after_s} s",
+            f"the {queue} queue is full; retry in {retry_after_s} s",
             headers={"Retry-After": str(retry_after_s)},
         )
 

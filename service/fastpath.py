@@ -39,6 +39,7 @@ from service import metrics
 from service.api.deps import DEFAULT_PROJECT, client_address, project_for_key
 from service.throttle import AuthThrottle
 from service.config import Settings
+from service.ids import ID_PATTERN
 from service.middleware import replay_body
 from service.models import PlanRecord, StatsRecord
 from service.times import iso_utc
@@ -47,8 +48,9 @@ __all__ = ["CachedResponse", "PlanResponseCache", "PlanFastPath"]
 
 log = logging.getLogger("service.fastpath")
 
-_PLAN_PATH = re.compile(r"/v1/plans/[0-9]{1,10}")
-_STATS_PATH = re.compile(r"/v1/stats/([0-9]{1,10})")
+_ID = ID_PATTERN[1:-1]  # an opaque id (service.ids); other strings name nothing and go the normal way (404)
+_PLAN_PATH = re.compile(f"/v1/plans/{_ID}")
+_STATS_PATH = re.compile(f"/v1/stats/({_ID})")
 # Plan requests are a few hundred bytes; bigger bodies are not worth a key.
 _MAX_KEYED_BODY_BYTES = 4096
 
@@ -57,8 +59,8 @@ _MAX_KEYED_BODY_BYTES = 4096
 class CachedResponse:
     """One response as the normal path sent it, and the plan row it showed."""
 
-    plan_id: int
-    stats_id: int
+    plan_id: str
+    stats_id: str
     row: tuple  # (stats_id, created_at, project) as the database driver returned them when stored
     start: Message  # http.response.start: status and headers
     body: bytes
@@ -98,7 +100,7 @@ class PlanResponseCache:
         if old is not None:
             self.size_bytes -= len(old.body)
 
-    def drop_stats(self, stats_id: int) -> None:
+    def drop_stats(self, stats_id: str) -> None:
         """Forget every response showing a plan of ``stats_id``."""
         for key in [k for k, e in self._entries.items() if e.stats_id == stats_id]:
             self.pop(key)
@@ -146,7 +148,7 @@ class PlanFastPath:
             key = ("POST", path, scope["query_string"], _header(scope, b"content-type"), body)
             await self._serve(scope, replay, send, key)
         elif method == "DELETE" and (m := _STATS_PATH.fullmatch(path)):
-            await self.app(scope, receive, self._on_success(send, 204, lambda: self.cache.drop_stats(int(m[1]))))
+            await self.app(scope, receive, self._on_success(send, 204, lambda: self.cache.drop_stats(m[1])))
         else:
             await self.app(scope, receive, send)
 
@@ -191,7 +193,7 @@ class PlanFastPath:
         """The plan row behind ``entry`` is still there: the same row (creation time), stats and project."""
         return self._raw_row(entry.plan_id) == entry.row
 
-    def _raw_row(self, plan_id: int) -> tuple | None:
+    def _raw_row(self, plan_id: str) -> tuple | None:
         """The plan's (stats_id, created_at, project) straight from the driver.
 
         Once per hit, so on the bare DBAPI connection: a Core execute costs ~150 us
@@ -211,7 +213,7 @@ class PlanFastPath:
             conn.close()
         return tuple(row) if row is not None else None
 
-    def _row_as_served(self, plan_id: int) -> tuple | None:
+    def _row_as_served(self, plan_id: str) -> tuple | None:
         """The plan's (stats_id, created_at as in a response body, project), typed by SQLAlchemy."""
         with self.engine.connect() as conn:
             row = conn.execute(self._plan_row, {"plan_id": plan_id}).first()
@@ -240,9 +242,11 @@ class PlanFastPath:
     def _remember(self, key: tuple, project: str, start: Message, body: bytes) -> None:
         try:
             plan = json.loads(body)
-            plan_id, stats_id, created_at = int(plan["id"]), int(plan["stats_id"]), plan["created_at"]
+            plan_id, stats_id, created_at = plan["id"], plan["stats_id"], plan["created_at"]
         except (ValueError, KeyError, TypeError):
             return  # not a stored plan: nothing to keep
+        if not isinstance(plan_id, str) or not isinstance(stats_id, str):
+            return
         try:
             # Keep it only if the row is still the one this body shows (it may have been deleted meanwhile).
             if self._row_as_served(plan_id) != (stats_id, created_at, project):

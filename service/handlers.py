@@ -17,6 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from service.errors import ServiceError
 
@@ -24,6 +25,7 @@ __all__ = ["AsciiJSONResponse", "install_error_handlers"]
 
 log = logging.getLogger("service")
 
+_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 SEND_JSON = "send a JSON object with content-type: application/json"
 # What FastAPI answers when reading the body raised anything but a JSON syntax error.
 _FASTAPI_BODY_ERROR = "There was an error parsing the body"
@@ -136,6 +138,17 @@ def _unreadable_json(exc: StarletteHTTPException) -> str | None:
     return f"the request body is not valid JSON: {type(cause).__name__}: {cause}"
 
 
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route takes at the request's path.
+
+    Starlette's 405 names only the first route matching the path, where one path
+    may be served by several routes (``GET`` and ``POST /v1/stats``).
+    """
+    return [method for method in _METHODS
+            if any(route.matches({**request.scope, "method": method})[0] == Match.FULL
+                   for route in request.app.router.routes)]
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Answer every exception as JSON with ``detail`` (and ``errors`` on 422); never a bare 500 page."""
 
@@ -149,12 +162,17 @@ def install_error_handlers(app: FastAPI) -> None:
         return _error(422, detail, errors)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         detail = _unreadable_json(exc) or str(exc.detail)
-        return _error(exc.status_code, detail, headers=getattr(exc, "headers", None))
+        headers = getattr(exc, "headers", None)
+        if exc.status_code == 405:
+            headers = {**(headers or {}), "Allow": ", ".join(allowed_methods(request))}
+        return _error(exc.status_code, detail, headers=headers)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         # A bug, not bad input: log it (never the headers: they may hold keys).
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return _error(500, f"internal error: {type(exc).__name__}")
+        # The server drops the connection after an exception (Starlette re-raises it once answered):
+        # say so, so a keep-alive client does not send its next request into a closing socket.
+        return _error(500, f"internal error: {type(exc).__name__}", headers={"Connection": "close"})

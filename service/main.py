@@ -19,6 +19,7 @@ from service.rendering import Renderer
 from service.throttle import AuthThrottle
 from service.openapi import install_openapi
 from service.solver import SolverPool
+from service.transport import install_log_redaction
 from service.version import SERVICE_VERSION
 
 __all__ = ["create_app"]
@@ -88,6 +89,7 @@ def create_app(settings: Settings | None = None, *, solver: SolverPool | None = 
         ],
     )
     app.state.settings = settings
+    install_log_redaction(settings)  # in every worker process: the access log writes request paths
     app.state.engine = engine
     app.state.session_factory = make_sessionmaker(engine)
     app.state.solver = pool

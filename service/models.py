@@ -8,6 +8,8 @@ from typing import Any
 from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Index, Integer, MetaData, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from service.ids import ID_LENGTH, new_id
+
 __all__ = ["Base", "StatsRecord", "StatsTag", "PlanRecord", "SweepRecord", "SolveClaim", "utcnow"]
 
 # Stable constraint names, so migrations name what the models name.
@@ -18,6 +20,11 @@ NAMING_CONVENTION = {
     "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
     "pk": "pk_%(table_name)s",
 }
+
+
+def _id_column():
+    """An opaque id (``service.ids``), made here when a row is added."""
+    return mapped_column(String(ID_LENGTH), primary_key=True, default=new_id)
 
 
 def utcnow() -> datetime:
@@ -34,7 +41,7 @@ class StatsRecord(Base):
     __tablename__ = "stats"
     __table_args__ = (UniqueConstraint("project", "content_hash"),)
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    id: Mapped[str] = _id_column()
     project: Mapped[str] = mapped_column(String(128), index=True)
     content_hash: Mapped[str] = mapped_column(String(64))
     model_name: Mapped[str] = mapped_column(String(256), index=True)
@@ -57,7 +64,8 @@ class StatsTag(Base):
     __tablename__ = "stats_tags"
     __table_args__ = (Index("ix_stats_tags_key_value", "key", "value"),)
 
-    stats_id: Mapped[int] = mapped_column(ForeignKey("stats.id", ondelete="CASCADE"), primary_key=True)
+    stats_id: Mapped[str] = mapped_column(String(ID_LENGTH), ForeignKey("stats.id", ondelete="CASCADE"),
+                                          primary_key=True)
     key: Mapped[str] = mapped_column(String(128), primary_key=True)
     value: Mapped[str] = mapped_column(String(1024))
 
@@ -70,8 +78,8 @@ class PlanRecord(Base):
     __tablename__ = "plans"
     __table_args__ = (UniqueConstraint("stats_id", "cache_key"),)
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    stats_id: Mapped[int] = mapped_column(ForeignKey("stats.id", ondelete="CASCADE"), index=True)
+    id: Mapped[str] = _id_column()
+    stats_id: Mapped[str] = mapped_column(String(ID_LENGTH), ForeignKey("stats.id", ondelete="CASCADE"), index=True)
     cache_key: Mapped[str] = mapped_column(String(64))
     planner_version: Mapped[str] = mapped_column(String(32))
     request: Mapped[dict[str, Any]] = mapped_column(JSON)
@@ -91,11 +99,11 @@ class SweepRecord(Base):
     __tablename__ = "sweeps"
     __table_args__ = (UniqueConstraint("stats_id", "cache_key"),)
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    stats_id: Mapped[int] = mapped_column(ForeignKey("stats.id", ondelete="CASCADE"), index=True)
+    id: Mapped[str] = _id_column()
+    stats_id: Mapped[str] = mapped_column(String(ID_LENGTH), ForeignKey("stats.id", ondelete="CASCADE"), index=True)
     cache_key: Mapped[str] = mapped_column(String(64))
     request: Mapped[dict[str, Any]] = mapped_column(JSON)
-    plan_ids: Mapped[list[int]] = mapped_column(JSON)
+    plan_ids: Mapped[list[str]] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 

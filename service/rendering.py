@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import multiprocessing
+import os
 import signal
 from collections import OrderedDict
 from concurrent.futures import ProcessPoolExecutor
@@ -42,7 +43,8 @@ class Renderer:
     def _pool(self) -> ProcessPoolExecutor:
         if self._executor is None:
             self._executor = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
-                                                 max_tasks_per_child=_JOBS_PER_PROCESS, initializer=_ignore_ctrl_c)
+                                                 max_tasks_per_child=_JOBS_PER_PROCESS, initializer=_set_up,
+                                                 initargs=(os.getpid(),))
         return self._executor
 
     def shutdown(self) -> None:
@@ -53,7 +55,7 @@ class Renderer:
     async def run(self, fn, *args: Any) -> Any:
         """``fn(*args)`` in a render process; 503 when the render queue is full."""
         if self.in_flight >= self.capacity:
-            raise SolverBusy(self.retry_after_s)
+            raise SolverBusy(self.retry_after_s, queue="render")
         self.in_flight += 1
         try:
             return await asyncio.get_running_loop().run_in_executor(self._pool(), fn, *args)
@@ -80,9 +82,12 @@ class Renderer:
 # --- run in the render processes -----------------------------------------------------------------
 
 
-def _ignore_ctrl_c() -> None:
+def _set_up(service_pid: int) -> None:
     # A Ctrl-C reaches the whole process group: the service stops its render processes itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    from service.lifeline import die_with_parent
+
+    die_with_parent(service_pid)  # a killed service leaves no render process behind
 
 
 def _stale(stats_id: Any, exc: Exception) -> dict[str, Any]:
@@ -113,15 +118,14 @@ def sweep_chart_job(model_name: str, plans: list[str], baseline_peak_bytes: int)
     return sweep_chart_png(model_name, [json.loads(p) for p in plans], baseline_peak_bytes)
 
 
-def stats_detail_job(stats_id: Any, document: str, summary: dict[str, Any]) -> bytes | dict[str, Any]:
-    """The StatsDetail JSON of an upload: its summary (as JSON) and its module tree."""
+def stats_detail_job(stats_id: Any, document: str, summary_json: str) -> bytes | dict[str, Any]:
+    """The StatsDetail JSON of an upload: its summary (``StatsSummary`` JSON) and its module tree."""
     import planner
-    from service.schemas import StatsDetail
-    from service.views import module_tree
+    from service.views import module_tree_json
 
     try:
         stats = planner.parse_stats(json.loads(document))
     except planner.StatsError as exc:
         return _stale(stats_id, exc)
-    detail = StatsDetail(**summary, module_tree=module_tree(stats)).model_dump(mode="json")
-    return json.dumps(detail, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+    # The tree is written by hand, without recursion (any depth the format allows); the summary by its model.
+    return f'{summary_json[:-1]},"module_tree":{module_tree_json(stats)}}}'.encode()

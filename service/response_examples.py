@@ -3,9 +3,8 @@
 Nothing here is typed in: the stats example is stored as an upload would be
 (``service.uploads``), planned by ``planner.plan``/``planner.sweep`` with the
 example requests' options, and written by the functions that write the
-responses. The ids are those a fresh database gives when Swagger UI's examples
-run in the order of the three steps (stats, plan, sweep); the times are when
-the examples were made.
+responses. The ids are fixed examples of opaque ids (``service.ids.EXAMPLE_IDS``:
+the service's are random); the times are when the examples were made.
 """
 
 from __future__ import annotations
@@ -19,11 +18,12 @@ import planner
 from service.api.deps import DEFAULT_PROJECT
 from service.cache import CachedPlan, plan_json
 from service.examples import EXAMPLE_PLAN_REQUEST, EXAMPLE_STATS, EXAMPLE_SWEEP_REQUEST
+from service.ids import EXAMPLE_IDS
 from service.models import SweepRecord
 from service.schemas import PlanRequest, StatsDetail, SweepRequest
 from service.solver import solve_job
 from service.uploads import new_stats_record
-from service.views import module_tree, stats_summary, sweep_out, sweep_point
+from service.views import module_tree_json, stats_summary, sweep_out, sweep_point
 
 __all__ = ["response_examples", "as_stored"]
 
@@ -34,7 +34,7 @@ def response_examples() -> dict[str, dict[str, Any]]:
     now = datetime.now(timezone.utc)
     stats = planner.parse_stats(EXAMPLE_STATS)
     row = new_stats_record(DEFAULT_PROJECT, EXAMPLE_STATS)
-    row.id, row.created_at = 1, now
+    row.id, row.created_at = EXAMPLE_IDS["stats"], now
     summary = stats_summary(row)
 
     plan_request = PlanRequest.model_validate(EXAMPLE_PLAN_REQUEST)
@@ -43,10 +43,11 @@ def response_examples() -> dict[str, dict[str, Any]]:
 
     sweep_request = SweepRequest.model_validate(EXAMPLE_SWEEP_REQUEST)
     points = [sweep_point(p) for p in plans.solve(sweep_request.budgets(), sweep_request.cache_fields())]
-    sweep = SweepRecord(id=1, stats_id=row.id, created_at=now)
+    sweep = SweepRecord(id=EXAMPLE_IDS["sweep"], stats_id=row.id, created_at=now)
     return {
         "StatsSummary": summary.model_dump(mode="json"),
-        "StatsDetail": StatsDetail(**summary.model_dump(), module_tree=module_tree(stats)).model_dump(mode="json"),
+        "StatsDetail": StatsDetail(**summary.model_dump(),
+                                   module_tree=json.loads(module_tree_json(stats))).model_dump(mode="json"),
         "PlanOut": json.loads(plan_json(plan)),
         "SweepOut": sweep_out(sweep, row, points, cached=all(p.cached for p in points)).model_dump(mode="json"),
     }
@@ -65,7 +66,7 @@ def as_stored(example: dict[str, Any]) -> dict[str, Any]:
 class _Plans:
     """Plans as the service's cache would hold them: a new id per new request, the same plan for the same one."""
 
-    def __init__(self, stats_id: int, document: str, created_at: datetime):
+    def __init__(self, stats_id: str, document: str, created_at: datetime):
         self.stats_id = stats_id
         self.document = document
         self.created_at = created_at
@@ -83,7 +84,13 @@ class _Plans:
                 out.append(CachedPlan(**{**vars(self.stored[key]), "cached": True}))
                 continue
             plan = next(solved)
-            self.stored[key] = CachedPlan(len(self.stored) + 1, self.stats_id, self.created_at, request,
+            self.stored[key] = CachedPlan(_example_plan_id(len(self.stored)), self.stats_id, self.created_at, request,
                                           json.dumps(plan, separators=(",", ":")), cached=False)
             out.append(self.stored[key])
         return out
+
+
+def _example_plan_id(k: int) -> str:
+    """The ``k``-th example plan's id: the plan example's, then the same with its last digits counting."""
+    base = EXAMPLE_IDS["plan"]
+    return base if k == 0 else f"{base[:-4]}{k:04x}"

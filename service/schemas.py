@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, field_validator, model_validator
 
 import planner
 from planner import Plan
@@ -19,11 +19,23 @@ __all__ = [
 ]
 
 # Numbers are strict: JSON true, "5" or 1.0 for an integer is refused (422 naming the field), never coerced.
-# Ids are database integers (32-bit on PostgreSQL): bounded so no request overflows a column.
-Id = Annotated[int, Strict(), Field(ge=1, le=2**31 - 1)]
+# Ids are opaque strings (service.ids); one that is no id of the project's names nothing: 404, as an unknown id.
+Id = Annotated[str, Strict(), Field(min_length=1, max_length=256)]
 # Budgets are positive here, so a bad one is named as the client sent it (the planner sees them sorted).
 Gib = Annotated[float, Strict(), Field(gt=0.0, le=1e9, allow_inf_nan=False)]
 MAX_UNITS = 100_000
+
+
+def _whole_number(v: Any) -> Any:
+    """JSON Schema's integer: a number with no fractional part (2 and 2.0 alike); never true or "2"."""
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ValueError(f"must be a whole number, got {v!r}")
+    return v
+
+
+WholeNumber = Annotated[int, BeforeValidator(_whole_number)]
 MAX_SWEEP_POINTS = 64
 MAX_WORLD_SIZE = 2**20
 
@@ -52,7 +64,7 @@ class ReadyOut(BaseModel):
 
 
 class StatsSummary(BaseModel):
-    id: int
+    id: str = Field(description="The upload's opaque id.")
     model_name: str
     content_hash: str = Field(description="SHA-256 of the canonical stats v1 document: its identity.")
     source_format: str = Field(description="'v1' (sacplan.stats/v1) or 'torch' (PyTorch's module_info + sac_stats).")
@@ -100,17 +112,60 @@ class PlanOptions(planner.PlanOptions):
     enforced by the routes and written into the OpenAPI document (``service.limits``).
     """
 
-    world_size: int = Field(1, ge=1, le=MAX_WORLD_SIZE, description=_PLANNER_FIELDS["world_size"].description)
+    world_size: WholeNumber = Field(1, ge=1, le=MAX_WORLD_SIZE, description=_PLANNER_FIELDS["world_size"].description)
     ac_units: list[_Fqn] | None = Field(None, max_length=MAX_UNITS, description=_PLANNER_FIELDS["ac_units"].description)
     fsdp_units: list[_Fqn] | None = Field(None, max_length=MAX_UNITS,
                                           description=_PLANNER_FIELDS["fsdp_units"].description)
 
 
+    @field_validator("world_size", mode="before")
+    @classmethod
+    def _world_size(cls, v: Any) -> Any:  # replaces the planner's: 2.0 is JSON Schema's integer 2 too
+        return _whole_number(v)
+
+
+def _schema_says(*, one_of: list[dict[str, Any]], examples: list[dict[str, Any]] | None = None):
+    """``json_schema_extra``: which fields go together (``oneOf``), and examples; optional fields lose ``default``.
+
+    Optional fields are not nullable: absent means "not given", and an explicit null is refused (422),
+    so the document's ``oneOf`` on ``required`` says exactly what is accepted.
+    """
+
+    def extra(schema: dict[str, Any]) -> None:
+        for name in {n for alt in one_of for n in _named(alt)}:
+            schema["properties"][name].pop("default", None)
+        schema["oneOf"] = one_of
+        if examples:
+            schema["examples"] = examples
+
+    return extra
+
+
+def _named(alternative: dict[str, Any]) -> list[str]:
+    names = [n for part in alternative.get("allOf", ()) for n in _named(part)]
+    names += alternative.get("required", ())
+    for part in alternative.get("not", {}).get("anyOf", ()):
+        names += part["required"]
+    return names
+
+
+def _only(present: list[str], absent: list[str]) -> dict[str, Any]:
+    alternative: dict[str, Any] = {"required": present}
+    if absent:
+        alternative["not"] = {"anyOf": [{"required": [name]} for name in absent]}
+    return alternative
+
+
+_ONE_SOURCE = [_only(["stats_id"], ["stats"]), _only(["stats"], ["stats_id"])]
+
+
 class StatsSource(PlanOptions):
     """The stats to plan: an upload's ``stats_id``, or the ``stats`` document itself; exactly one of the two."""
 
-    stats_id: Id | None = Field(None, description="The id of a stats upload (what POST /v1/stats answered).")
-    stats: dict[str, Any] | None = Field(
+    model_config = ConfigDict(json_schema_extra=_schema_says(one_of=_ONE_SOURCE))
+
+    stats_id: Id = Field(None, description="The id of a stats upload (what POST /v1/stats answered).")
+    stats: dict[str, Any] = Field(
         None, description="The stats document itself (as POST /v1/stats takes it), instead of stats_id: stored as "
                           "that upload would be (the same document again is the same upload); the answer's "
                           "stats_id names it.")
@@ -127,7 +182,7 @@ class StatsSource(PlanOptions):
 class PlanRequest(StatsSource):
     """Plan one set of stats for one memory budget."""
 
-    model_config = ConfigDict(json_schema_extra={"examples": [EXAMPLE_PLAN_REQUEST]})
+    model_config = ConfigDict(json_schema_extra=_schema_says(one_of=_ONE_SOURCE, examples=[EXAMPLE_PLAN_REQUEST]))
 
     memory_budget_gib: Gib = Field(description="Peak memory allowed per rank, GiB.")
 
@@ -135,16 +190,16 @@ class PlanRequest(StatsSource):
 class PlanOut(Plan):
     """A plan with its id; ``cached`` says it came from the store without a solve."""
 
-    id: int | None = Field(description="null only for status 'error' (not stored).")
-    stats_id: int
+    id: str | None = Field(description="The plan's opaque id; null only for status 'error' (not stored).")
+    stats_id: str
     cached: bool = Field(description="True: served from the plan cache; no solver ran for this request.")
     created_at: UtcTime | None
     request: dict[str, Any] = Field(description="The normalised request fields the plan was cached under.")
 
 
 class PlanSummary(BaseModel):
-    id: int
-    stats_id: int
+    id: str
+    stats_id: str
     memory_budget_gib: float
     world_size: int
     status: str
@@ -168,12 +223,17 @@ class PlanPage(BaseModel):
 class SweepRequest(StatsSource):
     """Plans at several budgets: give ``budgets_gib``, or ``from_gib``/``to_gib``/``points``."""
 
-    model_config = ConfigDict(json_schema_extra={"examples": [EXAMPLE_SWEEP_REQUEST]})
+    # Exactly one source of stats, and exactly one way of giving budgets (the list, or all three of the range).
+    model_config = ConfigDict(json_schema_extra=_schema_says(
+        one_of=[{"allOf": [s, b]} for s in _ONE_SOURCE
+                for b in (_only(["budgets_gib"], ["from_gib", "to_gib", "points"]),
+                          _only(["from_gib", "to_gib", "points"], ["budgets_gib"]))],
+        examples=[EXAMPLE_SWEEP_REQUEST]))
 
-    budgets_gib: list[Gib] | None = Field(None, min_length=1, max_length=MAX_SWEEP_POINTS)
-    from_gib: Gib | None = None
-    to_gib: Gib | None = None
-    points: Annotated[int, Strict()] | None = Field(None, ge=2, le=MAX_SWEEP_POINTS)
+    budgets_gib: list[Gib] = Field(None, min_length=1, max_length=MAX_SWEEP_POINTS)
+    from_gib: Gib = None
+    to_gib: Gib = None
+    points: WholeNumber = Field(None, ge=2, le=MAX_SWEEP_POINTS)
 
     @model_validator(mode="after")
     def _one_way(self) -> SweepRequest:
@@ -196,7 +256,7 @@ class SweepRequest(StatsSource):
 
 
 class SweepPoint(BaseModel):
-    plan_id: int | None
+    plan_id: str | None
     memory_budget_gib: float
     status: str
     peak_bytes: int | None
@@ -206,8 +266,9 @@ class SweepPoint(BaseModel):
 
 
 class SweepOut(BaseModel):
-    id: int | None = Field(description="null only when a point failed with status 'error' (nothing stored).")
-    stats_id: int
+    id: str | None = Field(description="The sweep's opaque id; null only when a point failed with status 'error' "
+                                       "(nothing stored).")
+    stats_id: str
     cached: bool = Field(description="True when every point came from the plan cache.")
     created_at: UtcTime
     baseline_peak_bytes: int

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing
+import os
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -93,7 +94,7 @@ class SolverPool:
 
     def _spawn(self) -> _Process:
         parent, child = self._context.Pipe()
-        process = self._context.Process(target=process_main, args=(child,), name="sacplan-solver", daemon=True)
+        process = self._context.Process(target=process_main, args=(child, os.getpid()), name="sacplan-solver", daemon=True)
         process.start()
         child.close()
         worker = _Process(process, parent)

@@ -36,11 +36,14 @@ def rss_bytes(pid: int | str = "self") -> int | None:
     return pages * os.sysconf("SC_PAGE_SIZE")
 
 
-def process_main(conn) -> None:
-    """A solver process: run jobs from ``conn`` until it closes."""
+def process_main(conn, service_pid: int) -> None:
+    """A solver process for the service process ``service_pid``: run jobs from ``conn`` until it closes."""
     global _report
     # A Ctrl-C reaches the whole process group: the service stops its solver processes itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    from service.lifeline import die_with_parent
+
+    die_with_parent(service_pid)  # a killed service leaves no solver (nor resource tracker) behind
     import planner  # noqa: F401  (numpy/scipy imported once per process, not per solve)
 
     _report = lambda item: conn.send(("partial", item))  # noqa: E731

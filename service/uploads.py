@@ -23,6 +23,7 @@ from service.errors import InvalidInput
 from service.limits import UploadLimits, check_upload
 from service.models import StatsRecord, StatsTag
 from service.schemas import StatsSource
+from service.text import check_storable
 
 __all__ = ["new_stats_record", "keep_stats", "store_stats", "stats_id_of"]
 
@@ -41,6 +42,11 @@ def new_stats_record(project: str, doc: dict[str, Any], *, loc: Sequence[str] = 
         where = f" ({'.'.join(loc)})" if loc else ""
         errors = [{**e, "loc": [*loc, *e.get("loc", ())]} for e in exc.errors]
         raise InvalidInput(f"invalid stats{where}: {exc}", errors=errors) from None
+    # The columns the document's text goes to as such (the document itself is stored as escaped JSON).
+    check_storable(stats.metadata.model_name, [*loc, "metadata", "model_name"])
+    for key, value in stats.metadata.tags.items():
+        check_storable(key, [*loc, "metadata", "tags", key])
+        check_storable(value, [*loc, "metadata", "tags", key])
     source = "v1" if doc.get("format") else "torch"
     row = StatsRecord(
         project=project, content_hash=planner.stats_hash(stats), model_name=stats.metadata.model_name,
@@ -101,7 +107,7 @@ async def store_stats(factory: sessionmaker[Session], project: str, doc: dict[st
 
 
 async def stats_id_of(factory: sessionmaker[Session], project: str, request: StatsSource,
-                      limits: UploadLimits) -> int:
+                      limits: UploadLimits) -> str:
     """The ``stats_id`` a plan or sweep request names, storing its inline ``stats`` first if it has them."""
     if request.stats is None:
         return request.stats_id

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 from planner import GIB, Stats
 from service.cache import CachedPlan
 from service.models import PlanRecord, StatsRecord, SweepRecord
-from service.schemas import ModuleNode, PlanSummary, StatsSummary, SweepOut, SweepPoint
+from service.schemas import PlanSummary, StatsSummary, SweepOut, SweepPoint
 
-__all__ = ["stats_summary", "module_tree", "plan_summary", "sweep_point", "sweep_out"]
+__all__ = ["stats_summary", "module_tree_json", "plan_summary", "sweep_point", "sweep_out"]
 
 
 def stats_summary(row: StatsRecord) -> StatsSummary:
@@ -20,18 +22,33 @@ def stats_summary(row: StatsRecord) -> StatsSummary:
     )
 
 
-def module_tree(stats: Stats) -> ModuleNode:
-    """The module tree of ``stats``, children in execution order."""
-    nodes = {
-        m.fqn: ModuleNode(fqn=m.fqn, is_leaf=m.is_leaf, op_count=None if m.ops is None else len(m.ops),
-                          act_saved_bytes=m.act_saved_bytes, fw_ms=m.fw_ms, bw_ms=m.bw_ms)
-        for m in stats.modules
-    }
+def module_tree_json(stats: Stats) -> str:
+    """The module tree of ``stats`` as ``ModuleNode`` JSON, children in execution order.
+
+    Written without recursion: the stats format allows trees 512 levels deep,
+    past what recursive serializers take (pydantic stops at 255 levels).
+    """
+    children: dict[str, list[str]] = {m.fqn: [] for m in stats.modules}
     for fqn in stats.fw_pre_order:  # pre-order keeps children in execution order
         parent = stats.module(fqn).parent
         if parent is not None:
-            nodes[parent].children.append(nodes[fqn])
-    return nodes[stats.root.fqn]
+            children[parent].append(fqn)
+    out: list[str] = []
+    # The stack holds modules to open, or the text that closes one.
+    stack: list[str | tuple[str, bool]] = [(stats.root.fqn, True)]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            out.append(item)
+            continue
+        fqn, first = item
+        m = stats.module(fqn)
+        node = {"fqn": m.fqn, "is_leaf": m.is_leaf, "op_count": None if m.ops is None else len(m.ops),
+                "act_saved_bytes": m.act_saved_bytes, "fw_ms": m.fw_ms, "bw_ms": m.bw_ms}
+        out.append(("" if first else ",") + json.dumps(node, separators=(",", ":"))[:-1] + ',"children":[')
+        stack.append("]}")
+        stack.extend((c, k == 0) for k, c in reversed(list(enumerate(children[fqn]))))
+    return "".join(out)
 
 
 def plan_summary(r: PlanRecord) -> PlanSummary:

@@ -1,7 +1,10 @@
 """solve claims: one solve per set of plan keys across worker processes and replicas
 
 Revision ID: 0003
-Revises: 0001 (the lead re-chains it after 0002 when both are merged)
+Revises: 0002
+
+The table names no stats, plan or sweep row: its key is the solve's hash of plan
+cache keys, so it has no foreign keys and nothing to convert for 0002's UUID ids.
 """
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ import sqlalchemy as sa
 
 
 revision = '0003'
-down_revision = '0001'
+down_revision = '0002'
 branch_labels = None
 depends_on = None
 

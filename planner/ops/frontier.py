@@ -49,6 +49,12 @@ class Frontier:
     def __len__(self) -> int:
         return len(self.saved_bytes)
 
+    def __repr__(self) -> str:  # one line, not the arrays
+        most, least = (max(0.0, float(self.recompute_ms[k])) for k in (0, -1))  # 0, not float noise below it
+        return (f"Frontier({len(self)} points over {len(self.groups.members)} op groups: from saving "
+                f"{int(self.saved_bytes[0]):,} bytes and recomputing {most:.4g} ms to saving "
+                f"{int(self.saved_bytes[-1]):,} of {self.total_bytes:,} bytes and recomputing {least:.4g} ms)")
+
     @property
     def recompute_ms(self) -> np.ndarray:
         return self.total_ms - self.saved_ms

@@ -9,8 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
+from scipy.optimize import Bounds, LinearConstraint
 
+from planner.highs import quiet_milp
 from planner.ops.groups import FREE, RECOMPUTE, SAVE, OpGroups, settle_trivial
 
 __all__ = ["GroupClasses", "group_classes", "best_saved_within"]
@@ -83,7 +84,7 @@ def best_saved_within(classes: GroupClasses, max_saved_bytes: int) -> np.ndarray
     integrality = np.ones(n)
     counts = np.zeros(n, dtype=np.int64)  # saving no free group always fits (cap >= 0)
     for _ in range(4):
-        res = milp(-classes.class_ms, integrality=integrality, bounds=bounds,
+        res = quiet_milp(-classes.class_ms, integrality=integrality, bounds=bounds,
                    constraints=[LinearConstraint(w[None, :], -np.inf, cap / scale)],
                    options={"mip_rel_gap": 0.0, "presolve": True})
         if res.status != 0 or res.x is None:
@@ -96,7 +97,7 @@ def best_saved_within(classes: GroupClasses, max_saved_bytes: int) -> np.ndarray
         cap -= 1 + used - cap  # tolerance overshoot: tighten and retry
     best_ms = float(counts @ classes.class_ms)
     tol = 1e-9 * (abs(best_ms) + 1.0)
-    res = milp(w, integrality=integrality, bounds=bounds,
+    res = quiet_milp(w, integrality=integrality, bounds=bounds,
                constraints=[LinearConstraint(w[None, :], -np.inf, cap / scale),
                             LinearConstraint(classes.class_ms[None, :], best_ms - tol, np.inf)],
                options={"mip_rel_gap": 0.0, "presolve": True})

@@ -30,9 +30,10 @@ import time
 import warnings
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
+from scipy.optimize import Bounds, LinearConstraint
 from scipy.sparse import coo_array
 
+from planner.highs import quiet_milp
 from planner.ops.knapsack import best_saved_within
 from planner.plan_format import PlanStatus
 from planner.solve.problem import Candidate, Problem, need_rows
@@ -188,7 +189,7 @@ def solve_min_peak(prob: Problem, *, time_limit_s: float) -> Solution:
 def _run(prob: Problem, mat: _Matrix, cost, lb, constraint, time_limit_s: float, mip_rel_gap: float) -> Solution:
     with warnings.catch_warnings():  # HiGHS options scipy does not name are passed on verbatim, with a warning
         warnings.simplefilter("ignore", RuntimeWarning)
-        res = milp(cost, integrality=mat.integrality, bounds=Bounds(lb, mat.ub), constraints=[constraint],
+        res = quiet_milp(cost, integrality=mat.integrality, bounds=Bounds(lb, mat.ub), constraints=[constraint],
                    options={"time_limit": time_limit_s, "mip_rel_gap": mip_rel_gap, "presolve": True,
                             **_TOLERANCES})
     status, message = _status(res)

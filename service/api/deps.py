@@ -102,5 +102,5 @@ SessionFactoryDep = Annotated[sessionmaker[Session], Depends(get_session_factory
 SolverDep = Annotated[SolverPool, Depends(get_solver)]
 RendererDep = Annotated[Renderer, Depends(get_renderer)]
 ProjectDep = Annotated[str, Depends(get_project)]
-# Ids are database integers (32-bit on PostgreSQL): larger ones are refused before any query.
-IdPath = Annotated[int, Path(ge=1, le=2**31 - 1)]
+# Ids are opaque (service.ids): any string is taken, and one that names nothing of the caller's is 404.
+IdPath = Annotated[str, Path(description="An opaque id, as the service answered it.")]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import socket
 import threading
 import time
@@ -150,6 +151,9 @@ def test_upload_to_service(tmp_path, hf_config, service_url, capsys):
     text = capsys.readouterr().out
     assert "stats id" in text and f"{service_url}/docs" in text
     stats_id = text.split("stats id ")[1].split()[0]
+    from service.ids import is_id
+
+    assert is_id(stats_id), text  # the opaque id the service gave, as it gave it
 
     import urllib.request
 
@@ -167,3 +171,50 @@ def test_same_model_gives_the_same_document(tmp_path, hf_config):
     for p in paths:
         assert main(["collect", "--hf-config", str(hf_config), "--seq", "16", "--out", str(p), "--quiet"]) == 0
     assert stats_hash(load_stats(paths[0])) == stats_hash(load_stats(paths[1]))
+
+
+def test_collect_summary_guides_and_progress_is_clean_lines_in_a_log(tmp_path, hf_config, capsys):
+    """Issue 18: the header names the target, a log gets one line per phase (no carriage returns), the
+    counts agree, and the printed next command plans."""
+    out = tmp_path / "stats.json"
+    rc = main(["collect", "--hf-config", str(hf_config), "--seq", "32", "--target-device", "L40S", "--out", str(out)])
+    assert rc == 0
+    captured = capsys.readouterr()
+    err, summary = captured.err, captured.out
+    assert "\r" not in err  # capsys' stderr is no terminal
+    assert err.splitlines()[0].startswith(f"collecting {hf_config} for L40S: batch 1, seq 32")
+    stats = load_stats(out)
+    ran = len(stats.modules)
+    # the tiny Llama has one container (model.layers, a ModuleList) that never runs on its own
+    assert f"  building the model: {ran + 1} modules" in err
+    assert f"  forward: {ran} modules" in err
+    assert "optimizer step" in err and "1/1" not in err
+    rows = dict(line.split("  ", 1) for line in summary.splitlines() if "  " in line and not line.startswith(" "))
+    assert rows["modules"].strip().startswith(f"{ran} that run")
+    assert "48 GB = 44.70 GiB" in summary  # L40S datasheet: 48 GB
+    assert rows["fits as is"].strip().startswith("yes")  # a tiny model
+    command = rows["next"].strip()
+    assert command.startswith(f"sacplan plan {out} --budget-gib ")
+    assert main(shlex.split(command)[1:] + ["--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["status"] == "optimal"
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--target-device", "h100", "'h100' is ambiguous: it could be H100-SXM or H100-PCIe"),
+    ("--target-device", "a100", "'a100' is ambiguous: it could be A100-40GB or A100-80GB"),
+])
+def test_collect_refuses_device_names_it_would_have_to_guess(tmp_path, hf_config, capsys, flag, value, message):
+    rc = main(["collect", "--hf-config", str(hf_config), flag, value, "--out", str(tmp_path / "s.json"), "--quiet"])
+    assert rc == 1 and message in capsys.readouterr().err
+    assert not (tmp_path / "s.json").exists()
+
+
+def test_unknown_model_type_is_a_short_error_with_the_closest_names(tmp_path, capsys):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**TINY_LLAMA, "model_type": "lama"}))
+    rc = main(["collect", "--hf-config", str(path), "--out", str(tmp_path / "s.json"), "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert "--hf-config model_type 'lama' is not a model type of transformers" in err
+    assert "closest: llama" in err
+    assert len(err) < 400  # was ~9,000 characters: every model type transformers knows

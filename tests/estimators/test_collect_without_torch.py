@@ -24,3 +24,6 @@ def test_collect_without_torch_says_what_to_install(tmp_path):
     proc = _run("collect", "--hf-config", str(tmp_path / "c.json"), "--out", str(tmp_path / "s.json"))
     assert proc.returncode == 1
     assert "needs torch" in proc.stderr
+    # never the bare 'sacplan[collector]' (which pulls a multi-GB CUDA build): a CPU build, or your own
+    assert "pip install torch --index-url https://download.pytorch.org/whl/cpu" in proc.stderr
+    assert "on a GPU node bring your own torch" in proc.stderr

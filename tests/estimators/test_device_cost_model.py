@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 torch = pytest.importorskip("torch")
 
 from estimators import RooflineCostModel, device_spec  # noqa: E402
-from estimators.devices import DEVICES  # noqa: E402
+from estimators.devices import DEVICES, cuda_device_entry  # noqa: E402
 
 aten = torch.ops.aten
 
@@ -27,8 +29,30 @@ def test_datasheet_figures():
     # H100 SXM datasheet: 1,979 TFLOP/s BF16 with sparsity, i.e. 989.5 dense; 3.35 TB/s.
     h100 = device_spec("H100-SXM")
     assert h100.tflops("bf16") == 989.5 and h100.mem_bandwidth_gbps == 3350.0
-    assert device_spec("NVIDIA H100 80GB HBM3").name == "H100-SXM"  # torch.cuda.get_device_name spelling
+    # H100 datasheet: 80 GB, read as 10**9 bytes (74.5 GiB), the cautious reading (estimators/devices.py)
+    assert h100.memory_bytes == 80 * 10**9 and device_spec("H200").memory_bytes == 141 * 10**9
+    assert device_spec("cpu").memory_bytes is None
+    assert cuda_device_entry("NVIDIA H100 80GB HBM3") == "H100-SXM"  # torch.cuda.get_device_name spellings
+    assert cuda_device_entry("NVIDIA A100-SXM4-40GB") == "A100-40GB"
     assert len(DEVICES) >= 8
+
+
+@pytest.mark.parametrize("name, message", [
+    ("h100", "'h100' is ambiguous: it could be H100-SXM or H100-PCIe; give one exactly"),
+    ("A100", "'A100' is ambiguous: it could be A100-40GB or A100-80GB"),
+    ("a100-80", "'a100-80' is not in the table; closest: A100-80GB"),
+    ("NVIDIA H100 80GB HBM3", "not in the table; closest: H100-SXM"),
+    ("tpu-v5", "'tpu-v5' is not in the table; known: A100-40GB, "),
+])
+def test_device_names_are_exact_never_guessed(name, message):
+    """A name that is not an entry is refused with the entries it could mean (issue 18: h100 was taken as H100-SXM)."""
+    with pytest.raises(ValueError, match=re.escape(message)):
+        device_spec(name)
+
+
+def test_unknown_cuda_device_is_refused():
+    with pytest.raises(ValueError, match="'NVIDIA H100 NVL' is not in the device table; pass --target-device"):
+        cuda_device_entry("NVIDIA H100 NVL")
 
 
 def test_overrides_and_bad_values():

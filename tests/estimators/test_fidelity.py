@@ -25,7 +25,8 @@ from estimators import RooflineCostModel, apply_plan, collect_stats, device_spec
 from estimators.fake_step import make_optimizer  # noqa: E402
 from estimators.real_step import measure_steps  # noqa: E402
 from estimators.models import build_from_hf_config  # noqa: E402
-from est_helpers import TINY_LLAMA  # noqa: E402
+from estimators.moe import TopKRecorder  # noqa: E402
+from est_helpers import TINY_LLAMA, TINY_MIXTRAL  # noqa: E402
 
 BUDGET_FRACTION = 0.7  # the encoder has no plan at 60% once its optimizer state counts
 # The planner's defaults, as bench/bench_fidelity.py plans.
@@ -90,7 +91,16 @@ def vit() -> tuple[nn.Module, tuple, Any]:
     return ViT().train(), (torch.randn(8, 3, 64, 64),), _cross_entropy
 
 
+def mixtral() -> tuple[nn.Module, dict, None]:
+    """The tiny Mixtral with Hugging Face's default experts: stats assume balanced routing, the real router is not."""
+    torch.manual_seed(0)
+    built = build_from_hf_config(TINY_MIXTRAL, batch_size=8, seq_len=64, dtype=torch.float32,
+                                 device=torch.device("cpu"))
+    return built.model, built.inputs, None
+
+
 MODELS = {"llama": llama, "encoder": encoder, "vit": vit}
+MOE_MODELS = {"mixtral": mixtral}
 
 
 @dataclass
@@ -103,12 +113,12 @@ class Run:
     baseline_peaks: list[int]
 
 
-def _run(name: str) -> Run:
-    model, inputs, loss_fn = MODELS[name]()
+def _run(name: str, fraction: float = BUDGET_FRACTION) -> Run:
+    model, inputs, loss_fn = {**MODELS, **MOE_MODELS}[name]()
     stats = collect_stats(model, inputs, loss_fn=loss_fn, optimizer="adamw", device="cpu",
                           cost_model=RooflineCostModel(device_spec("cpu")))
     baseline = planner.baseline_peak_bytes(stats, **PLAN_OPTIONS)
-    plan = planner.plan(stats, BUDGET_FRACTION * baseline / planner.GIB, **PLAN_OPTIONS)
+    plan = planner.plan(stats, fraction * baseline / planner.GIB, **PLAN_OPTIONS)
     assert plan.status == "optimal" and plan.modules, (plan.status, plan.message)
     peaks = {}
     for label, p in (("base", None), ("plan", plan)):
@@ -167,3 +177,26 @@ def test_steady_state_peak_is_predicted_within_one_percent(runs: dict[str, Run],
     assert abs(run.peaks[1] / run.predicted_bytes - 1) <= 0.01, (run.peaks, run.predicted_bytes)
     assert abs(run.baseline_peaks[1] / run.baseline_predicted_bytes - 1) <= 0.01, (run.baseline_peaks,
                                                                           run.baseline_predicted_bytes)
+
+
+# At 70% the plan recomputes layer 1's experts (grouped_mm) and the real steady-state peak is 4.4% over the
+# budget (9333452 vs 8937014 bytes): the plan saves the module's last two ops (index, sum: 393216 bytes), which
+# autograd does not need, and selective checkpointing keeps them cached through the module's backward because its
+# early-stopped recompute never reaches them; the planner counts nothing for them there (docs/moe.md). Routing is
+# not the cause: every shape of the grouped_mm experts is tokens x top-k whatever the router does.
+MOE_FRACTIONS = [pytest.param(0.7, marks=pytest.mark.xfail(strict=True, reason="saved tail ops cached through the "
+                                                                              "module's backward, see above")), 0.9]
+
+
+@pytest.mark.parametrize("fraction", MOE_FRACTIONS)
+def test_moe_budget_holds_under_the_real_routing_not_the_assumed_one(runs: dict[str, Run], fraction: float):
+    """The tiny Mixtral's real router sends more than a balanced share to some expert; the budget holds anyway."""
+    model, inputs, _ = mixtral()
+    routers = TopKRecorder()
+    with torch.no_grad(), routers:
+        model(**inputs)
+    assert len(routers.indices) == TINY_MIXTRAL["num_hidden_layers"] and max(routers.busiest_over_share()) > 1
+    if ("mixtral", fraction) not in runs:
+        runs[("mixtral", fraction)] = _run("mixtral", fraction)
+    run = runs[("mixtral", fraction)]
+    assert all(peak <= run.budget_bytes for peak in run.peaks), (run.peaks, run.budget_bytes)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 from live_server import Server
-from pg import PostgresServer
+from pg import HEAD_TEMPLATE, PostgresServer
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
@@ -46,7 +46,6 @@ def solver() -> Iterator[SolverPool]:
 
 
 BACKENDS = ["sqlite", "postgresql"]
-HEAD_TEMPLATE = "sacplan_head"  # a PostgreSQL database migrated to head, copied for each test
 
 
 @pytest.fixture(scope="session")
@@ -137,7 +136,7 @@ def store_as_older_planner():
     added (its plans stay, as an older planner stored them). Returns the id.
     """
 
-    def store(url: str, corrupt, *, stats_id: int | None = None, project: str = "default") -> int:
+    def store(url: str, corrupt, *, stats_id: str | None = None, project: str = "default") -> str:
         stats = planner.parse_stats(EXAMPLE_STATS)
         doc = stats.model_dump(mode="json")
         corrupt(doc)
@@ -173,6 +172,17 @@ def server(tmp_path: Path) -> Iterator[Server]:
     srv.stop()
 
 
+@pytest.fixture
+def pg_server(tmp_path: Path, postgres: PostgresServer) -> Iterator[Server]:
+    """A real ``sacplan serve`` on 127.0.0.1 over a fresh PostgreSQL database (``server.start()`` runs it)."""
+    url = postgres.create_database(template=HEAD_TEMPLATE)
+    srv = Server(tmp_path / "data", database_url=url)
+    srv.data_dir.mkdir()
+    yield srv
+    srv.stop()
+    postgres.drop_database(url)
+
+
 @pytest.fixture(scope="session")
 def l4_doc() -> dict:
     return json.loads(L4_PATH.read_text())
@@ -184,7 +194,7 @@ def example_doc() -> dict:
 
 
 @pytest.fixture
-def example_id(client: TestClient, example_doc: dict) -> int:
+def example_id(client: TestClient, example_doc: dict) -> str:
     r = client.post("/v1/stats", json=example_doc)
     assert r.status_code == 201, r.text
     return r.json()["id"]

@@ -25,9 +25,10 @@ import time
 import uuid
 from pathlib import Path
 
-__all__ = ["PostgresServer", "find_binaries"]
+__all__ = ["PostgresServer", "find_binaries", "HEAD_TEMPLATE"]
 
 UNPRIVILEGED_USER = "nobody"
+HEAD_TEMPLATE = "sacplan_head"  # the suite's database migrated to head, copied for each test (conftest.py)
 SUPERUSER = "sacplan"
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 

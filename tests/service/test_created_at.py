@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from datetime import datetime, timedelta, timezone
 
+from service.ids import new_id
 from service.schemas import SweepOut
 from service.times import iso_utc
 
@@ -32,6 +33,6 @@ def test_times_in_another_zone_are_written_in_utc():
     berlin = datetime(2025, 1, 31, 13, 0, 0, 250_000, tzinfo=timezone(timedelta(hours=1)))
     assert iso_utc(berlin) == "2025-01-31T12:00:00.250000Z"
     assert iso_utc(datetime(2025, 1, 31, 12, 0)) == "2025-01-31T12:00:00Z"  # naive, as SQLite answers: UTC
-    out = SweepOut(id=1, stats_id=1, cached=True, created_at=berlin, baseline_peak_bytes=1, compute_ms=1.0,
+    out = SweepOut(id=new_id(), stats_id=new_id(), cached=True, created_at=berlin, baseline_peak_bytes=1, compute_ms=1.0,
                    points=[], chart_url=None)
     assert out.model_dump(mode="json")["created_at"] == iso_utc(berlin)

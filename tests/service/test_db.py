@@ -8,6 +8,7 @@ from sqlalchemy.exc import NoResultFound
 from sqlalchemy.orm import Session
 
 from service.db import insert_or_get, make_engine
+from service.ids import new_id
 from service.models import PlanRecord, StatsRecord
 
 
@@ -46,12 +47,12 @@ def test_the_row_another_writer_stored_first_is_returned_and_the_session_stays_u
         assert (stored.id, inserted) == (first_id, False)
         assert insert_or_get(session, _stats("b"), _same_hash("b"))[1]  # the savepoint rolled back only the loser
         session.commit()
-        assert session.execute(select(StatsRecord.content_hash).order_by(StatsRecord.id)).scalars().all() == ["a", "b"]
+        assert session.execute(select(StatsRecord.content_hash).order_by(StatsRecord.content_hash)).scalars().all() == ["a", "b"]
 
 
 def test_another_failure_finds_nothing_and_raises_no_result_found(engine):
     """A plan of stats that are gone (deleted meanwhile) fails its foreign key, not its unique key."""
-    plan = PlanRecord(stats_id=12345, cache_key="k", planner_version="0", request={}, memory_budget_gib=1.0,
+    plan = PlanRecord(stats_id=new_id(), cache_key="k", planner_version="0", request={}, memory_budget_gib=1.0,
                       world_size=1, status="optimal", solve_seconds=0.0, result="{}")
     with Session(engine) as session, pytest.raises(NoResultFound):
         insert_or_get(session, plan, select(PlanRecord).where(PlanRecord.cache_key == "k"))

@@ -9,11 +9,7 @@ import sys
 from live_server import REPO
 
 from service.cli import describe_upgrade
-from alembic.script import ScriptDirectory
-
-from service.db import Upgraded, alembic_config, redacted_url, upgrade
-
-HEAD = ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()  # the newest migration
+from service.db import Upgraded, head_revision, redacted_url, upgrade
 
 
 def _db_upgrade(data_dir, *extra: str, env: dict[str, str] | None = None) -> str:
@@ -28,8 +24,9 @@ def _db_upgrade(data_dir, *extra: str, env: dict[str, str] | None = None) -> str
 
 def test_db_upgrade_says_from_which_revision_to_which(tmp_path):
     db = (tmp_path / "sacplan.db").resolve()
-    assert _db_upgrade(tmp_path) == f"database sqlite:///{db}: upgraded from an empty database to revision {HEAD} (head)\n"
-    assert _db_upgrade(tmp_path) == f"database sqlite:///{db}: already at head (revision {HEAD}), nothing to do\n"
+    head = head_revision()
+    assert _db_upgrade(tmp_path) == f"database sqlite:///{db}: upgraded from an empty database to revision {head} (head)\n"
+    assert _db_upgrade(tmp_path) == f"database sqlite:///{db}: already at head (revision {head}), nothing to do\n"
     other = tmp_path / "other.db"
     said = _db_upgrade(tmp_path, env={"SACPLAN_DATABASE_URL": f"sqlite:///{other}"})
     assert said.startswith(f"database sqlite:///{other}: upgraded from an empty database")
@@ -37,8 +34,10 @@ def test_db_upgrade_says_from_which_revision_to_which(tmp_path):
 
 def test_upgrade_returns_what_it_did(tmp_path):
     url = f"sqlite:///{tmp_path / 'm.db'}"
-    assert upgrade(url) == Upgraded(url, None, HEAD, HEAD)
-    assert upgrade(url) == Upgraded(url, HEAD, HEAD, HEAD)
+    head = head_revision()
+    assert upgrade(url, "0001") == Upgraded(url, None, "0001", head)
+    assert upgrade(url) == Upgraded(url, "0001", head, head)
+    assert upgrade(url) == Upgraded(url, head, head, head)
 
 
 def test_passwords_never_shown():

@@ -9,7 +9,8 @@ import httpx
 import pytest
 from live_server import REPO
 from metrics_text import sample
-from test_db_cli import HEAD
+
+from service.db import head_revision
 
 SHARED_L4 = REPO.parent / "shared" / "reference" / "torch_format_transformer_L4.json"
 L4_PATH = REPO / "tests" / "data" / "torch_format_transformer_L4.json"
@@ -57,8 +58,8 @@ def test_serve_upload_plan_cache_chart_restart(server, assert_png):
         assert c.get(f"/v1/plans/{plans[4.0]['id']}").json()["recompute_ms"] == plans[4.0]["recompute_ms"]
     # One line of ours says what became of the database at each start; no library chatter.
     log = server.log.read_text()
-    assert f"upgraded from an empty database to revision {HEAD} (head)" in log
-    assert f"already at head (revision {HEAD})" in log
+    assert f"upgraded from an empty database to revision {head_revision()} (head)" in log
+    assert f"already at head (revision {head_revision()})" in log
     assert "alembic" not in log.lower(), log[:3000]
 
 

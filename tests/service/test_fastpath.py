@@ -50,7 +50,7 @@ def test_get_is_answered_from_the_cache_byte_for_byte(client, slow_client, plan)
 
 
 def test_repeated_post_is_answered_from_the_cache_byte_for_byte(client, slow_client, plan, example_id):
-    body = b'{"stats_id": %d, "memory_budget_gib": 5.0, "time_limit_s": 30}' % example_id
+    body = b'{"stats_id": "%s", "memory_budget_gib": 5.0, "time_limit_s": 30}' % example_id.encode()
     headers = {"content-type": "application/json"}
     first = client.post("/v1/plans", content=body, headers=headers)  # a store hit, kept here
     assert first.json()["cached"] is True and _cache(client).hits == 0

@@ -8,8 +8,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import inspect
 
-from service.db import make_engine, upgrade
-from test_db_cli import HEAD
+from service.db import head_revision, make_engine, upgrade
 from service.models import Base
 
 
@@ -44,24 +43,28 @@ def test_upgrade_is_idempotent_and_sqlite_uses_wal(tmp_path):
         with engine.connect() as conn:
             assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
             assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
-            assert conn.exec_driver_sql("SELECT version_num FROM alembic_version").scalar() == HEAD
+            assert conn.exec_driver_sql("SELECT version_num FROM alembic_version").scalar() == head_revision()
         assert set(inspect(engine).get_table_names()) == set(Base.metadata.tables) | {"alembic_version"}
     finally:
         engine.dispose()
 
 
 def test_migrations_render_for_postgresql():
-    # No PostgreSQL server here: render the migration as PostgreSQL SQL (offline mode) instead.
+    # The schema migrations (0001, 0003) render as PostgreSQL SQL (offline mode); 0002 converts data, so it runs
+    # only against a live database (test_opaque_ids_migration.py, on the suite's PostgreSQL server).
     import io
 
     from alembic import command
 
     from service.db import alembic_config
 
-    cfg = alembic_config("postgresql+psycopg://user:pw@localhost/sacplan")
-    cfg.output_buffer = io.StringIO()
-    command.upgrade(cfg, "head", sql=True)
-    sql = cfg.output_buffer.getvalue()
+    def render(revisions: str) -> str:
+        cfg = alembic_config("postgresql+psycopg://user:pw@localhost/sacplan")
+        cfg.output_buffer = io.StringIO()
+        command.upgrade(cfg, revisions, sql=True)
+        return cfg.output_buffer.getvalue()
+
+    sql = render("0001") + render("0002:0003")
     for table in Base.metadata.tables:
         assert f"CREATE TABLE {table} (" in sql
     assert "TIMESTAMP WITH TIME ZONE" in sql and "ON DELETE CASCADE" in sql

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 
@@ -97,7 +99,19 @@ def test_response_examples_validate_against_their_models(client):
 
 
 def _without_times(answer: dict) -> dict:
-    return {k: v for k, v in answer.items() if k not in ("created_at", "solve_seconds")}
+    """``answer`` without its times, and its ids (random) as ``<id k>`` in order of first appearance.
+
+    So two answers compare equal when they name the same things in the same places.
+    """
+    import re
+
+    from service.ids import ID_PATTERN
+
+    text = json.dumps({k: v for k, v in answer.items() if k not in ("created_at", "solve_seconds")}, sort_keys=True)
+    seen: dict[str, str] = {}
+    text = re.sub(ID_PATTERN[1:-1], lambda m: seen.setdefault(m[0], f"<id {len(seen)}>"), text)
+    assert seen, "an answer with no id"
+    return json.loads(text)
 
 
 def test_response_examples_are_what_the_service_answers(client):
@@ -125,3 +139,58 @@ def test_response_examples_are_what_the_service_answers(client):
     assert _without_times(client.get(f"/v1/sweeps/{sweep['id']}").json()) == _without_times(
         example("/v1/sweeps/{sweep_id}", "get"))
     assert all(p["status"] == "optimal" for p in sweep["points"]) and sweep["points"][0]["cached"] is True
+
+
+def test_error_answers_are_declared_as_sent(client, make_client, settings):
+    # Issue 19: 422 was declared as FastAPI's (detail a list) while the service sends detail a string + errors.
+    spec = client.get("/openapi.json").json()
+    assert "HTTPValidationError" not in json.dumps(spec)
+    for path, method, op in _operations(spec, with_names=True):
+        for code, response in op["responses"].items():
+            if code[0] == "4":
+                assert _schema_ref(response) == "ErrorOut", (path, method, code)
+        if "requestBody" in op:
+            assert {"400", "413", "422"} <= set(op["responses"]), (path, method)
+        assert "401" not in op["responses"]  # auth off: no 401 anywhere
+    sent = client.post("/v1/plans", json={"stats_id": "x", "memory_budget_gib": -1}).json()
+    from service.schemas import ErrorOut
+
+    assert isinstance(ErrorOut.model_validate(sent).detail, str) and sent["errors"]
+    keyed = make_client(settings.model_copy(update={"api_keys": {KEY: "alpha"}})).get("/openapi.json").json()
+    for path, method, op in _operations(keyed, with_names=True):
+        assert ("401" in op["responses"]) == path.startswith("/v1/"), (method, path)
+
+
+def test_allow_names_every_method_of_the_path(client, example_id):
+    # Starlette named only the first matching route's methods (POST for /v1/stats, which also has GET).
+    spec = client.get("/openapi.json").json()
+    for path, methods in [("/v1/stats", {"GET", "POST"}), (f"/v1/stats/{example_id}", {"GET", "DELETE"}),
+                          ("/v1/plans", {"POST"})]:
+        r = client.request("PATCH", path)
+        assert r.status_code == 405 and set(r.headers["allow"].split(", ")) == methods, (path, r.headers)
+        template = path.replace(example_id, "{stats_id}")
+        assert {m.upper() for m in spec["paths"][template]} == methods
+
+
+def test_schema_valid_requests_are_accepted_or_the_schema_says_no(client, example_id):
+    spec = client.get("/openapi.json").json()
+    schemas = spec["components"]["schemas"]
+    # JSON Schema's integer 10338.0 is an integer: taken as 10338 (2.5 is not one: 422).
+    r = client.post("/v1/plans", json={"stats_id": example_id, "memory_budget_gib": 5.0, "world_size": 10338.0})
+    assert r.status_code == 201 and r.json()["world_size"] == 10338, r.text
+    assert schemas["PlanRequest"]["properties"]["world_size"]["type"] == "integer"
+    # An empty tag, or one with no key, is outside the documented pattern, and refused.
+    [tag] = [p for p in spec["paths"]["/v1/stats"]["get"]["parameters"] if p["name"] == "tag"]
+    import re
+
+    for value in ("", "=x"):
+        assert not re.search(tag["schema"]["pattern"], value)
+        assert client.get("/v1/stats", params={"tag": value}).status_code == 422
+    # A sweep must give its budgets one way: the document's oneOf says so; with none it is 422.
+    one_of = schemas["SweepRequest"]["oneOf"]
+    assert all(any("budgets_gib" in part.get("required", ()) or "points" in part.get("required", ())
+                   for part in alt["allOf"]) for alt in one_of)
+    assert client.post("/v1/sweeps", json={"stats_id": example_id}).status_code == 422
+    # Optional fields are not nullable, and an explicit null is refused as the document says.
+    assert "null" not in json.dumps(schemas["PlanRequest"]["properties"]["stats_id"])
+    assert client.post("/v1/plans", json={"stats_id": None, "stats": None, "memory_budget_gib": 5.0}).status_code == 422

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import psycopg
 
-from pg import find_binaries
+from pg import HEAD_TEMPLATE, find_binaries
 
 
 def test_the_server_is_the_suites_own(postgres):
@@ -23,8 +23,6 @@ def test_the_server_is_the_suites_own(postgres):
 
 
 def test_databases_copied_from_head_are_migrated_and_independent(postgres):
-    from conftest import HEAD_TEMPLATE
-
     empty, migrated = postgres.create_database(), postgres.create_database(template=HEAD_TEMPLATE)
     try:
         assert empty != migrated
@@ -39,3 +37,18 @@ def test_databases_copied_from_head_are_migrated_and_independent(postgres):
     finally:
         postgres.drop_database(empty)
         postgres.drop_database(migrated)
+
+
+def test_a_real_server_on_postgresql(pg_server, example_doc):
+    import httpx
+
+    pg_server.start()
+    with httpx.Client(base_url=pg_server.url, timeout=120) as c:
+        assert c.get("/readyz").json()["database"] == "postgresql"
+        stats_id = c.post("/v1/stats", json=example_doc).json()["id"]
+        plan = c.post("/v1/plans", json={"stats_id": stats_id, "memory_budget_gib": 4.5})
+        assert plan.status_code == 201, plan.text
+        assert c.get(f"/v1/plans/{plan.json()['id']}").json()["cached"] is True
+        assert c.get("/v1/stats", params={"model_name": "x\x00"}).status_code == 422
+    with psycopg.connect(pg_server.database_url.replace("postgresql+psycopg://", "postgresql://")) as conn:
+        assert conn.execute("SELECT count(*) FROM plans").fetchone()[0] == 1  # stored in that database

@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from planner import PLANNER_VERSION
+from service.ids import new_id
 from service.main import create_app
 from service.schemas import PlanOut
 from service.solver import SolverPool
@@ -105,7 +106,7 @@ def test_bad_plan_requests_are_422(client, example_id, count_rows, extra, field)
 
 
 def test_nan_budget_is_422(client, example_id):
-    body = b'{"stats_id": %d, "memory_budget_gib": NaN}' % example_id
+    body = b'{"stats_id": "%s", "memory_budget_gib": NaN}' % example_id.encode()
     r = client.post("/v1/plans", content=body, headers={"content-type": "application/json"})
     assert r.status_code == 422
     r = client.post("/v1/plans", content=b"stats_id=1", headers={"content-type": "text/plain"})
@@ -119,10 +120,14 @@ def test_planner_rejection_is_422_and_stores_nothing(client, example_id, count_r
     assert count_rows()["plans"] == 0
 
 
-def test_unknown_ids_are_404(client, example_id):
-    assert _plan(client, 999, 4.5).status_code == 404
-    assert client.get("/v1/plans/999").status_code == 404
-    assert client.get("/v1/plans/999/chart.png").status_code == 404
+@pytest.mark.parametrize("unknown", [new_id(), "999", "abc", "x" * 200, new_id().upper()])
+def test_unknown_and_malformed_ids_are_404_alike(client, example_id, unknown):
+    expected = {"detail": f"stats_id {unknown} does not exist"}
+    r = _plan(client, unknown, 4.5)
+    assert (r.status_code, r.json()) == (404, expected)
+    for path in (f"/v1/plans/{unknown}", f"/v1/plans/{unknown}/chart.png"):
+        r = client.get(path)
+        assert (r.status_code, r.json()) == (404, {"detail": f"plan id {unknown} does not exist"})
 
 
 def test_chart_is_a_png(client, example_id, assert_png):
@@ -219,9 +224,9 @@ def test_full_solver_queue_is_503_with_retry_after(settings, example_doc, count_
     ("extra", "field", "sent"),
     [({"memory_budget_gib": True}, "memory_budget_gib", "true"),  # was planned at 1 GiB
      ({"memory_budget_gib": "5"}, "memory_budget_gib", '"5"'),
-     ({"stats_id": "1"}, "stats_id", '"1"'), ({"stats_id": True}, "stats_id", "true"),
+     ({"stats_id": 1}, "stats_id", "1"), ({"stats_id": True}, "stats_id", "true"),
      ({"world_size": True}, "world_size", "true"), ({"world_size": "2"}, "world_size", '"2"'),
-     ({"world_size": 2.0}, "world_size", "2.0"), ({"world_size": 2**20 + 1}, "world_size", "1048577"),
+     ({"world_size": 2.5}, "world_size", "2.5"), ({"world_size": 2**20 + 1}, "world_size", "1048577"),
      ({"time_limit_s": "30"}, "time_limit_s", '"30"'), ({"time_limit_s": True}, "time_limit_s", "true"),
      ({"mip_rel_gap": "0.01"}, "mip_rel_gap", '"0.01"'), ({"mip_rel_gap": False}, "mip_rel_gap", "false")],
 )

@@ -19,7 +19,9 @@ def test_shutdown_joins_the_workers():
     pool.start()
     processes = [w.process for w in pool._all]
     assert len(processes) == 2
-    pool.shutdown()
+    # A grace far past a worker's start (spawn + numpy/scipy imports: over 5 s on a loaded 2-core machine,
+    # when the default grace killed them, exit code -9): this test is about joining, not about the grace.
+    pool.shutdown(grace_s=120)
     assert not any(p.is_alive() for p in processes)  # joined, not left to the interpreter's exit
     assert all(p.exitcode == 0 for p in processes)  # idle ones left by themselves
     pool.shutdown()  # twice is harmless

@@ -7,6 +7,7 @@ import json
 import pytest
 
 import planner
+from service.ids import is_id, new_id
 from planner import baseline_peak_bytes, compute_ms
 
 
@@ -63,9 +64,9 @@ def test_list_filters_and_pages(client, example_doc, l4_doc):
     everything = client.get("/v1/stats").json()
     assert everything["total"] == 4
     by_name = client.get("/v1/stats", params={"model_name": "two-layer-mlp"}).json()
-    assert sorted(s["id"] for s in by_name["items"]) == ids
+    assert [s["id"] for s in by_name["items"]] == ids[::-1]  # newest first
     team_a = client.get("/v1/stats", params={"tag": "team=a"}).json()
-    assert sorted(s["id"] for s in team_a["items"]) == ids[:2]
+    assert [s["id"] for s in team_a["items"]] == ids[1::-1]
     has_run = client.get("/v1/stats", params={"tag": "run"}).json()
     assert has_run["total"] == 3
     page = client.get("/v1/stats", params={"limit": 2, "offset": 1}).json()
@@ -81,11 +82,22 @@ def test_delete_then_404(client, example_id, count_rows):
     assert count_rows() == {"stats": 0, "stats_tags": 0, "plans": 0, "sweeps": 0}
 
 
-def test_unknown_and_out_of_range_ids(client):
-    assert client.get("/v1/stats/12345").status_code == 404
-    assert client.get("/v1/stats/123456789012345678901234567890").status_code == 422
-    assert client.get("/v1/stats/abc").status_code == 422
-    assert client.get("/v1/stats/12345/plans").status_code == 404
+@pytest.mark.parametrize("unknown", [new_id(), "12345", "123456789012345678901234567890", "abc"])
+def test_unknown_and_malformed_ids_are_404_alike(client, example_id, unknown):
+    expected = {"detail": f"stats_id {unknown} does not exist"}
+    for method, path in [("GET", f"/v1/stats/{unknown}"), ("GET", f"/v1/stats/{unknown}/plans"),
+                         ("DELETE", f"/v1/stats/{unknown}")]:
+        r = client.request(method, path)
+        assert (r.status_code, r.json()) == (404, expected), (method, path)
+    assert client.get(f"/v1/stats/{example_id}").status_code == 200
+
+
+def test_ids_are_opaque(client, example_doc):
+    # Ids follow no sequence: a second upload's id says nothing about how many came before.
+    other = json.loads(json.dumps(example_doc))
+    other["metadata"]["model_name"] = "other"
+    ids = [client.post("/v1/stats", json=d).json()["id"] for d in (example_doc, other)]
+    assert all(is_id(i) for i in ids) and len(set(ids)) == 2
 
 
 def test_invalid_stats_names_field_and_stores_nothing(client, example_doc, count_rows):

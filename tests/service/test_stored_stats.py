@@ -29,7 +29,7 @@ CASES = [
 ]
 
 
-def _check_409(r, stats_id: int, reason: str) -> None:
+def _check_409(r, stats_id: str, reason: str) -> None:
     assert r.status_code == 409, r.text
     body = r.json()
     detail = body["detail"]

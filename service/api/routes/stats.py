@@ -10,7 +10,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 from service.api.deps import IdPath, ProjectDep, RendererDep, SessionDep, SessionFactoryDep, SettingsDep
-from service.api.responses import ALREADY_UPLOADED, INVALID_STATS, STALE_STATS, STATS_NOT_FOUND, TOO_LARGE
+from service.api.responses import (
+    ALREADY_UPLOADED, INVALID_STATS, RENDER_BUSY, STALE_STATS, STATS_NOT_FOUND, TOO_LARGE,
+)
 from service.cache import get_stats
 from service.errors import InvalidInput
 from service.limits import UploadLimits
@@ -18,6 +20,7 @@ from service.examples import EXAMPLE_STATS
 from service.models import PlanRecord, StatsRecord, StatsTag, SweepRecord
 from service.rendering import raise_if_stale, stats_detail_job
 from service.schemas import PlanPage, StatsDetail, StatsPage, StatsSummary
+from service.text import check_storable
 from service.uploads import store_stats
 from service.views import plan_summary, stats_summary
 
@@ -56,14 +59,20 @@ async def upload_stats(doc: StatsBody, project: ProjectDep, factory: SessionFact
 def list_stats(
     project: ProjectDep,
     session: SessionDep,
-    model_name: Annotated[str | None, Query(max_length=256, description="Exact model name.")] = None,
-    tag: Annotated[str | None, Query(max_length=1200,
-                                     description="'key' (uploads having that tag) or 'key=value'.")] = None,
+    # The patterns are the document's account of what is refused below (no NUL: no database stores it;
+    # a tag starts with its key); the checks themselves are ours, to name the field and the character.
+    model_name: Annotated[str | None, Query(max_length=256, description="Exact model name.",
+                                            json_schema_extra={"pattern": "^[^\\x00]*$"})] = None,
+    tag: Annotated[str | None, Query(max_length=1200, description="'key' (uploads having that tag) or 'key=value'.",
+                                     json_schema_extra={"pattern": "^[^=\\x00][^\\x00]*$"})] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     offset: Annotated[int, Query(ge=0, le=2**62)] = 0,
 ) -> StatsPage:
     """List your stats uploads, newest first; filter by model name or tag."""
     query = select(StatsRecord).where(StatsRecord.project == project)
+    for name, value in (("model_name", model_name), ("tag", tag)):
+        if value is not None:
+            check_storable(value, ["query", name])
     if model_name is not None:
         query = query.where(StatsRecord.model_name == model_name)
     if tag is not None:
@@ -76,11 +85,12 @@ def list_stats(
             cond = cond & (StatsTag.value == value)
         query = query.where(StatsRecord.id.in_(select(StatsTag.stats_id).where(cond)))
     total = session.execute(select(func.count()).select_from(query.subquery())).scalar_one()
-    rows = session.execute(query.order_by(StatsRecord.id.desc()).limit(limit).offset(offset)).scalars()
+    newest_first = (StatsRecord.created_at.desc(), StatsRecord.id.desc())  # ids are random: time orders
+    rows = session.execute(query.order_by(*newest_first).limit(limit).offset(offset)).scalars()
     return StatsPage(items=[stats_summary(r) for r in rows], total=total, limit=limit, offset=offset)
 
 
-@router.get("/{stats_id}", response_model=StatsDetail, responses={**STATS_NOT_FOUND, **STALE_STATS})
+@router.get("/{stats_id}", response_model=StatsDetail, responses={**STATS_NOT_FOUND, **STALE_STATS, **RENDER_BUSY})
 async def read_stats(stats_id: IdPath, project: ProjectDep, factory: SessionFactoryDep,
                      renderer: RendererDep) -> Response:
     """One upload: its summary and module tree."""
@@ -90,10 +100,10 @@ async def read_stats(stats_id: IdPath, project: ProjectDep, factory: SessionFact
     return Response(body, media_type="application/json")
 
 
-def _summary_and_document(factory: sessionmaker[Session], project: str, stats_id: int) -> tuple[dict, str]:
+def _summary_and_document(factory: sessionmaker[Session], project: str, stats_id: str) -> tuple[str, str]:
     with factory() as session:
         row = get_stats(session, project, stats_id)
-        return stats_summary(row).model_dump(mode="json"), row.document
+        return stats_summary(row).model_dump_json(), row.document
 
 
 @router.delete("/{stats_id}", status_code=status.HTTP_204_NO_CONTENT, responses=STATS_NOT_FOUND)
@@ -120,6 +130,6 @@ def list_stats_plans(
     query = select(PlanRecord).where(PlanRecord.stats_id == stats_id)
     total = session.execute(select(func.count()).select_from(query.subquery())).scalar_one()
     rows = session.execute(
-        query.order_by(PlanRecord.memory_budget_gib, PlanRecord.id).limit(limit).offset(offset)
+        query.order_by(PlanRecord.memory_budget_gib, PlanRecord.created_at, PlanRecord.id).limit(limit).offset(offset)
     ).scalars()
     return PlanPage(items=[plan_summary(r) for r in rows], total=total, limit=limit, offset=offset)

@@ -12,10 +12,11 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 from service.api.deps import IdPath, ProjectDep, RendererDep, SessionDep, SessionFactoryDep, SettingsDep, SolverDep
-from service.api.responses import NOT_FOUND, PNG, SOLVE_ERRORS, SWEEP_FROM_CACHE
+from service.api.responses import NOT_FOUND, PNG, RENDER_BUSY, SOLVE_ERRORS, SWEEP_FROM_CACHE
 from service.cache import CachedPlan, get_stats, plans_for
 from service.db import insert_or_get, write_gate
 from service.errors import NotFound
+from service.ids import is_id
 from service.limits import UploadLimits, check_time_limit
 from service.models import PlanRecord, StatsRecord, SweepRecord
 from service.rendering import sweep_chart_job
@@ -27,7 +28,7 @@ from service.views import sweep_out, sweep_point
 router = APIRouter(prefix="/v1/sweeps", tags=["sweeps"])
 
 
-def _record(factory: sessionmaker[Session], project: str, stats_id: int, request: dict[str, Any],
+def _record(factory: sessionmaker[Session], project: str, stats_id: str, request: dict[str, Any],
             plans: list[CachedPlan]) -> tuple[SweepRecord, StatsRecord, bool]:
     """The sweep of these plans, stored now unless it already was; and whether this call stored it."""
     plan_ids = [p.id for p in plans]
@@ -72,15 +73,15 @@ async def create_sweep(
     return sweep_out(row, stats, points, cached=all(p.cached for p in plans))
 
 
-def _stats_row(factory: sessionmaker[Session], project: str, stats_id: int) -> StatsRecord:
+def _stats_row(factory: sessionmaker[Session], project: str, stats_id: str) -> StatsRecord:
     with factory() as session:
         return get_stats(session, project, stats_id)
 
 
-def _load(session: Session, project: str, sweep_id: int) -> tuple[SweepRecord, StatsRecord, list[CachedPlan]]:
+def _load(session: Session, project: str, sweep_id: str) -> tuple[SweepRecord, StatsRecord, list[CachedPlan]]:
     row = session.execute(
         select(SweepRecord).join(StatsRecord).where(SweepRecord.id == sweep_id, StatsRecord.project == project)
-    ).scalar_one_or_none()
+    ).scalar_one_or_none() if is_id(sweep_id) else None
     if row is None:
         raise NotFound(f"sweep id {sweep_id} does not exist")
     stats = get_stats(session, project, row.stats_id)
@@ -95,7 +96,7 @@ def read_sweep(sweep_id: IdPath, project: ProjectDep, session: SessionDep) -> Sw
     return sweep_out(row, stats, [sweep_point(p) for p in plans], cached=True)
 
 
-@router.get("/{sweep_id}/chart.png", response_class=Response, responses={**PNG, **NOT_FOUND})
+@router.get("/{sweep_id}/chart.png", response_class=Response, responses={**PNG, **NOT_FOUND, **RENDER_BUSY})
 async def sweep_chart(sweep_id: IdPath, project: ProjectDep, factory: SessionFactoryDep,
                       renderer: RendererDep) -> Response:
     """Recompute time against memory budget for the sweep's points."""
@@ -107,6 +108,6 @@ async def sweep_chart(sweep_id: IdPath, project: ProjectDep, factory: SessionFac
 
 
 def _load_with(factory: sessionmaker[Session], project: str,
-               sweep_id: int) -> tuple[SweepRecord, StatsRecord, list[CachedPlan]]:
+               sweep_id: str) -> tuple[SweepRecord, StatsRecord, list[CachedPlan]]:
     with factory() as session:
         return _load(session, project, sweep_id)

@@ -1,0 +1,36 @@
+"""Opaque ids: stats, plans and sweeps are named by random UUIDs, so an id tells nothing about other uploads.
+
+Sequential integers told every tenant how many uploads, plans and sweeps the
+others had made. A version 4 UUID (122 random bits) is unguessable and says
+nothing; lists are ordered by creation time instead. Ids are written in the
+canonical lowercase 36-character form; any other string names nothing (404,
+the same answer as an unknown id).
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+__all__ = ["ID_LENGTH", "ID_PATTERN", "new_id", "is_id", "EXAMPLE_IDS"]
+
+ID_LENGTH = 36
+ID_PATTERN = "^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$"
+_ID = re.compile(ID_PATTERN[1:-1])
+
+# Shown in the OpenAPI document's examples (fixed, so the document is the same on every start).
+EXAMPLE_IDS = {
+    "stats": "3f2b8c1e-9a47-4d2e-8b61-0c5d7e9f1a23",
+    "plan": "7c9e6679-7425-40de-944b-e07fc1f90ae7",
+    "sweep": "c1a5e0d2-4b8f-4e6a-9d3c-2f7b1e8a6d54",
+}
+
+
+def new_id() -> str:
+    """A fresh random id."""
+    return str(uuid.uuid4())
+
+
+def is_id(value: object) -> bool:
+    """Whether ``value`` is an id in canonical form (anything else names no row)."""
+    return isinstance(value, str) and len(value) == ID_LENGTH and _ID.fullmatch(value) is not None
