@@ -49,8 +49,9 @@ class PlanOptions(BaseModel):
         None, description="FSDP-wrapped modules (fqns): no checkpointed module may contain one; by default none.")
     time_limit_s: float = Field(
         60.0, gt=0.0, allow_inf_nan=False,
-        description="Solver time limit per budget, seconds; on expiry the best plan comes back as 'feasible' with "
-                    "its proven gap.")
+        description="Time limit of the whole request, seconds: one budget for all the points of a sweep, "
+                    "reading the stats included; on expiry the best plan comes back as 'feasible' with its proven "
+                    "gap, and budgets not reached as 'time_limit'.")
     mip_rel_gap: float = Field(
         1e-6, ge=0.0, lt=1.0, description="Relative gap at which a plan counts as optimal (its mip_gap is then at "
                                           "most this); below 1e-8 counts as 1e-8.")

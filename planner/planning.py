@@ -48,7 +48,8 @@ def plan(stats: StatsInput, memory_budget_gib: float, *, options: PlanOptions | 
         A :class:`planner.PlanOptions`, or its fields as keywords:
         ``world_size`` (ranks sharing parameters and gradients), ``ac_units``
         (only these may be checkpointed), ``fsdp_units`` (no checkpointed
-        module may contain one), ``time_limit_s`` (on expiry the best plan is
+        module may contain one), ``time_limit_s`` (one limit for the whole call, the
+        analysis of the stats included; on expiry the best plan is
         returned as ``feasible`` with its proven gap; ``feasible`` also comes
         back when the exact DP uses up its work allowance on deep stacks of
         identical blocks), ``mip_rel_gap`` (the gap at which a plan counts as
@@ -79,7 +80,9 @@ def sweep(stats: StatsInput, budgets_gib: Sequence[float], *, options: PlanOptio
 
     The module analysis, op classes, frontiers and the minimum feasible peak
     are computed once and shared by every budget. ``progress(i, n, plan)`` is
-    called after each budget. Options as for :func:`plan`.
+    called after each budget. Options as for :func:`plan`; ``time_limit_s`` is one
+    budget for the whole sweep (every point shares it): points not reached in time
+    come back as ``time_limit``.
     """
     opts = plan_options(options, **option_values)
     return _plans(_as_stats(stats), _budgets(budgets_gib, "budgets_gib"), opts, progress)
@@ -99,6 +102,8 @@ def min_feasible_budget_gib(stats: StatsInput, *, options: PlanOptions | None = 
 
 def _plans(stats: Stats, budgets: list[float], opts: PlanOptions,
            progress: Callable[[int, int, Plan], None] | None) -> list[Plan]:
+    # One time limit for the whole call: the analysis and every budget share it.
+    deadline = time.perf_counter() + opts.time_limit_s
     prob = prepare(stats, world_size=opts.world_size, ac_units=opts.ac_units, fsdp_units=opts.fsdp_units,
                    first_step_only=opts.first_step_only, reserve_bytes=opts.reserve_gib * GIB)
     baseline_bytes = prob.model.peak_bytes()
@@ -106,7 +111,7 @@ def _plans(stats: Stats, budgets: list[float], opts: PlanOptions,
     plans = []
     for i, budget in enumerate(budgets):
         started = time.perf_counter()
-        sol = _solve(prob, budget * GIB, baseline_bytes, opts, started)
+        sol = _solve(prob, budget * GIB, baseline_bytes, opts, started, deadline - started)
         min_budget = _min_feasible(prob) if sol.status == "infeasible" else None
         p = _to_plan(prob, sol, budget, opts, baseline, time.perf_counter() - started, min_budget)
         plans.append(p)
@@ -115,19 +120,23 @@ def _plans(stats: Stats, budgets: list[float], opts: PlanOptions,
     return plans
 
 
-def _solve(prob: Problem, budget_bytes: float, baseline_bytes: float, opts: PlanOptions, started: float) -> Solution:
-    """One budget, by the engines; a plan the inputs its modules hold put over the budget is solved again.
+def _solve(prob: Problem, budget_bytes: float, baseline_bytes: float, opts: PlanOptions, started: float,
+           time_left_s: float) -> Solution:
+    """One budget, in ``time_left_s``; a plan the inputs its modules hold put over the budget is solved again.
 
     The engines' needs leave out what a checkpointed module holds through its
     own backward (``held_input_bytes``: it depends on which modules are
     checkpointed, not only on how much is discarded before each moment);
     every plan's peak counts it (:meth:`MemoryModel.profile_bytes`). A plan
     it puts over the budget is solved again under the budget lowered by the
-    excess: a plan that fits, ``feasible`` (not proven optimal).
+    excess: a plan that fits, ``feasible`` (not proven optimal). Every retry
+    shares the one time limit.
     """
+    deadline = started + time_left_s
     target = budget_bytes
     for _ in range(_HELD_RETRIES):
-        sol = _solve_once(prob, target, baseline_bytes, opts, started)
+        now = time.perf_counter()
+        sol = _solve_once(prob, target, baseline_bytes, opts, now, deadline - now)
         if sol.peak_bytes is None and target != budget_bytes:
             break
         if sol.peak_bytes is None or sol.peak_bytes <= budget_bytes + NEED_TOL_BYTES:
@@ -147,23 +156,27 @@ def _solve(prob: Problem, budget_bytes: float, baseline_bytes: float, opts: Plan
 _HELD_RETRIES = 8
 
 
-def _solve_once(prob: Problem, budget_bytes: float, baseline_bytes: float, opts: PlanOptions,
-                started: float) -> Solution:
-    """One budget: answered at once when trivial, else by the engine the options ask for."""
+def _solve_once(prob: Problem, budget_bytes: float, baseline_bytes: float, opts: PlanOptions, started: float,
+                time_left_s: float) -> Solution:
+    """One budget, in ``time_left_s``: answered at once when trivial, else by the engine the options ask for."""
     gap = opts.effective_rel_gap
     if baseline_bytes <= budget_bytes:  # nothing to plan: no checkpointing fits, and nothing costs less
         return Solution.unplanned(prob, "no checkpointing needed: the step's peak fits the budget as it is")
+    if opts.solver in ("auto", "dp") and needs_peak_bytes(prob, _smallest_peak(prob)) > budget_bytes:
+        return Solution.infeasible()  # exact and cheap (once per problem): said even when the time is up
+    if time_left_s <= 0:
+        return Solution.without_plan("time_limit", "time_limit_s ran out before this budget was planned (one "
+                                                   "time limit covers the whole call, every budget of a sweep); "
+                                                   "raise time_limit_s")
     sol = None
     if opts.solver in ("auto", "dp"):
-        if needs_peak_bytes(prob, _smallest_peak(prob)) > budget_bytes:  # exact and cheap; once per problem
-            return Solution.infeasible()
-        sol = solve_dp(prob, budget_bytes, time_limit_s=opts.time_limit_s, mip_rel_gap=gap)
+        sol = solve_dp(prob, budget_bytes, time_limit_s=time_left_s, mip_rel_gap=gap)
         if sol is None and opts.solver == "dp":
             raise ValueError("solver 'dp' does not apply to these stats (a module frontier is too large); "
                              "use 'milp'")
     if sol is None:  # the MILP gets what is left of the time limit
         spent = time.perf_counter() - started
-        left = opts.time_limit_s - spent if spent < opts.time_limit_s else min(opts.time_limit_s, 1e-3)
+        left = time_left_s - spent if spent < time_left_s else min(time_left_s, 1e-3)
         sol = solve_budget(prob, budget_bytes, time_limit_s=left, mip_rel_gap=gap)
     return sol
 

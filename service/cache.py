@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import time
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -21,16 +22,19 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 import planner
-from planner import PLANNER_VERSION, Stats
-from service.db import insert_or_get
-from service.errors import InvalidInput, NotFound, StoredStatsInvalid
+from planner import PLANNER_VERSION, Plan, Stats
+from service import metrics
+from service.db import insert_or_get, write_gate
+from service.errors import InvalidInput, NotFound, SolverFailed, StoredStatsInvalid
 from service.ids import is_id
 from service.models import PlanRecord, StatsRecord
 from service.schemas import PlanOptions
-from service.solver import SolverPool, solve_job
+from service.solver import SolverPool, SolverStopped, solve_job
+from service.solving import solve_once
 from service.times import as_utc, iso_utc
 
-__all__ = ["CachedPlan", "plan_cache_key", "get_stats", "get_plan", "parse_stored_stats", "plans_for", "plan_json"]
+__all__ = ["CachedPlan", "plan_cache_key", "get_stats", "get_plan", "parse_stored_stats", "plans_for", "plan_json",
+           "stopped_plans"]
 
 
 @dataclass(frozen=True)
@@ -115,20 +119,28 @@ def _lookup(session: Session, project: str, stats_id: str, fields: dict[str, Any
     return keys, {r.cache_key: CachedPlan.of(r, cached=True) for r in rows}
 
 
-def _document(factory: sessionmaker[Session], stats_id: str) -> str:
+def _document(factory: sessionmaker[Session], stats_id: str) -> tuple[str, dict[str, Any]]:
+    """The stored document, and the upload's no-plan figures (world_size 1)."""
     with factory() as session:
-        doc = session.execute(select(StatsRecord.document).where(StatsRecord.id == stats_id)).scalar_one_or_none()
-    if doc is None:
+        row = session.execute(
+            select(StatsRecord.document, StatsRecord.baseline_peak_bytes, StatsRecord.compute_ms)
+            .where(StatsRecord.id == stats_id)
+        ).first()
+    if row is None:
         raise NotFound(f"stats_id {stats_id} does not exist")
-    return doc
+    return row.document, {"baseline_peak_bytes": row.baseline_peak_bytes, "compute_ms": row.compute_ms}
 
 
-def _store(factory: sessionmaker[Session], stats_id: str, entries: list[tuple[str, dict, dict]]) -> dict[str, CachedPlan]:
-    """Store solved plans; a plan another process stored first under the same key wins."""
+def _store(factory: sessionmaker[Session], stats_id: str,
+           entries: list[tuple[str, dict, dict, bool]]) -> dict[str, CachedPlan]:
+    """Store solved plans; a plan another process stored first under the same key wins.
+
+    Plans with status ``error`` and those of a stopped solve (``keep`` false) are answered, never stored.
+    """
     out: dict[str, CachedPlan] = {}
-    with factory() as session:
-        for key, request, plan in entries:
-            if plan["status"] == "error":
+    with write_gate(factory), factory() as session:
+        for key, request, plan, keep in entries:
+            if plan["status"] == "error" or not keep:
                 out[key] = CachedPlan(None, stats_id, None, request, json.dumps(plan), cached=False)
                 continue
             row = PlanRecord(
@@ -182,40 +194,90 @@ def _planner_rejection(message: str, options: PlanOptions) -> InvalidInput:
     return InvalidInput(message, errors=[{"loc": loc, "msg": message, "input": sent}])
 
 
+def stopped_plans(stopped: SolverStopped, budgets_gib: list[float], row_figures: dict[str, Any],
+                   world_size: int) -> tuple[list[dict[str, Any]], list[bool]]:
+    """The answer of a job stopped at its deadline or memory cap: the budgets it finished (stored), the others
+    ``time_limit`` (or ``error`` at the memory cap), never stored."""
+    base = next((p["base"] for p in stopped.partials if "base" in p), None)
+    if base is None:  # stopped while reading the stats: the upload's own figures (world_size 1)
+        base = {**row_figures, "world_size": world_size, "planner_version": PLANNER_VERSION}
+    done = {p["point"]: p["plan"] for p in stopped.partials if "point" in p}
+    status = "time_limit" if stopped.reason == "time_limit" else "error"
+    plans = [done.get(i) or Plan(**base, status=status, message=stopped.message, memory_budget_gib=b)
+             .model_dump(mode="json") for i, b in enumerate(budgets_gib)]
+    return plans, [i in done for i in range(len(budgets_gib))]
+
+
+async def _run_job(factory: sessionmaker[Session], pool: SolverPool, project: str, stats_id: str,
+                   budgets_gib: list[float], fields: dict[str, Any], deadline: float) -> dict[str, Any]:
+    """The solver's answer for the budgets, as JSON-able data (shared with identical requests elsewhere)."""
+    pool.admit(project)  # refuse before reading a large document
+    document, row_figures = await run_in_threadpool(_document, factory, stats_id)
+    solver_options = {**fields, "time_limit_s": max(deadline - time.monotonic(), 1e-3)}
+    try:
+        out = await pool.run(solve_job, document, budgets_gib, solver_options, project=project, deadline=deadline)
+    except SolverStopped as stopped:
+        metrics.SOLVES_FINISHED.labels(stopped.reason).inc()
+        plans, store = stopped_plans(stopped, budgets_gib, row_figures, fields.get("world_size", 1))
+        return {"plans": plans, "store": store}
+    except SolverFailed as exc:
+        metrics.SOLVES_FINISHED.labels("failed").inc()
+        return {"failed": exc.message}
+    status = next((k for k in ("invalid", "stored_stats_invalid") if k in out), "ok")
+    metrics.SOLVES_FINISHED.labels(status).inc()
+    return out
+
+
 async def plans_for(
     factory: sessionmaker[Session], pool: SolverPool, project: str, stats_id: str,
-    budgets_gib: list[float], options: PlanOptions,
+    budgets_gib: list[float], options: PlanOptions, *, started: float | None = None,
 ) -> list[CachedPlan]:
-    """One plan per budget: from the cache, else solved (once, however many ask) and stored."""
+    """One plan per budget: from the cache, else solved (once, however many ask, in any process) and stored.
+
+    ``started`` (``time.monotonic()`` when the request arrived) starts the clock of ``options.time_limit_s``.
+    """
     fields = options.cache_fields()
+    deadline = (started if started is not None else time.monotonic()) + options.time_limit_s
 
     # Two indexed reads, on the event loop: a thread hop costs more than they do,
     # and cache hits are the hot path (SQLite WAL readers never wait for writers).
     with factory() as session:
         keys, found = _lookup(session, project, stats_id, fields, budgets_gib)
+    if found:
+        metrics.CACHE_HITS.labels("store").inc(len(found))
     missing = [(k, b) for k, b in zip(keys, budgets_gib) if k not in found]
     if missing:
-        flight_key = f"{stats_id}:" + ",".join(k for k, _ in missing)
+        flight_key = hashlib.sha256(f"{stats_id}:{','.join(k for k, _ in missing)}".encode()).hexdigest()
 
-        async def solve() -> dict[str, CachedPlan]:
-            document = await run_in_threadpool(_document, factory, stats_id)
-            solver_options = {**fields, "time_limit_s": options.time_limit_s}
-            out = await pool.run(solve_job, document, [b for _, b in missing], solver_options)
-            if "stored_stats_invalid" in out:
-                raise StoredStatsInvalid(stats_id, out["stored_stats_invalid"], errors=out["errors"])
-            if "invalid" in out:
-                raise _PlannerRejected(out["invalid"])  # told in each caller's own terms below
-            request = {**fields}
-            entries = [
-                (k, {**request, "memory_budget_gib": b}, plan) for (k, b), plan in zip(missing, out["plans"])
-            ]
-            return await run_in_threadpool(_store, factory, stats_id, entries)
+        async def solve() -> tuple[dict[str, CachedPlan], bool]:
+            budgets = [b for _, b in missing]
+            out, elsewhere = await solve_once(
+                factory, flight_key, project,
+                lambda: _run_job(factory, pool, project, stats_id, budgets, fields, deadline),
+                wait_s=options.time_limit_s + pool.grace_s + 60, share=(pool.per_project, pool.retry_after_s))
+            return await _answer(factory, stats_id, missing, fields, out), elsewhere
 
         try:
-            solved, joined = await pool.single_flight(flight_key, solve)
+            (solved, elsewhere), joined = await pool.single_flight(flight_key, solve)
         except _PlannerRejected as exc:
             # callers sharing a flight may list their units in other orders: map the message to this one's
             raise _planner_rejection(exc.message, options) from None
         for k, p in solved.items():
-            found[k] = CachedPlan(p.id, p.stats_id, p.created_at, p.request, p.result, cached=p.cached or joined)
+            found[k] = CachedPlan(p.id, p.stats_id, p.created_at, p.request, p.result,
+                                  cached=p.cached or joined or elsewhere)
     return [found[k] for k in keys]
+
+
+async def _answer(factory: sessionmaker[Session], stats_id: str, missing: list[tuple[str, float]],
+                  fields: dict[str, Any], out: dict[str, Any]) -> dict[str, CachedPlan]:
+    """The solver's answer ``out`` as plans, stored (each caller does this: the first stores, the rest find)."""
+    if "failed" in out:
+        raise SolverFailed(out["failed"])
+    if "stored_stats_invalid" in out:
+        raise StoredStatsInvalid(stats_id, out["stored_stats_invalid"], errors=out["errors"])
+    if "invalid" in out:
+        raise _PlannerRejected(out["invalid"])  # told in each caller's own terms
+    store = out.get("store") or [True] * len(missing)
+    entries = [(k, {**fields, "memory_budget_gib": b}, plan, keep)
+               for (k, b), plan, keep in zip(missing, out["plans"], store)]
+    return await run_in_threadpool(_store, factory, stats_id, entries)

@@ -16,10 +16,13 @@ TRACE = 5  # uvicorn's "trace" log level
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    serve = subparsers.add_parser("serve", help="run the HTTP service (Swagger UI at /docs)")
+    serve = subparsers.add_parser("serve", help="run the HTTP service (Swagger UI at /docs)",
+                                  epilog=_settings_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    serve.add_argument("--workers", type=int, default=1, help="uvicorn worker processes (default 1)")
+    serve.add_argument("--workers", type=int, default=1,
+                       help="uvicorn worker processes (default 1); identical plan requests are still solved once "
+                            "across them (and across replicas on one database), and /metrics adds them all up")
     _data_dir_argument(serve)
     serve.add_argument("--log-level", default=None, help="uvicorn log level (default: SACPLAN_LOG_LEVEL or info)")
     serve.add_argument("--no-access-log", action="store_true", help="do not log each request")
@@ -31,6 +34,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _data_dir_argument(up)
     up.add_argument("--revision", default="head", help="target revision (default head)")
     up.set_defaults(handler=_db_upgrade)
+
+
+def _settings_help() -> str:
+    """Every SACPLAN_* setting with its default and meaning, from the one Settings class."""
+    import textwrap
+
+    from service.config import Settings
+
+    lines = ["settings (environment variables; a request's time_limit_s bounds its whole work, a sweep's all "
+             "its points together):"]
+    for name, field in Settings.model_fields.items():
+        default = "" if field.default_factory is not None or field.default is None else f" (default {field.default})"
+        text = f"SACPLAN_{name.upper()}{default}: {field.description or ''}".rstrip(": ")
+        lines += textwrap.wrap(text, 100, initial_indent="  ", subsequent_indent="      ")
+    return "\n".join(lines)
 
 
 def _data_dir_argument(parser: argparse.ArgumentParser) -> None:
@@ -78,6 +96,25 @@ def configure_logging(level: str) -> None:
     logging.getLogger("alembic").setLevel(logging.WARNING if quiet else logging.NOTSET)
 
 
+def _metrics_dir() -> None:
+    """Where every worker process writes its metrics (prometheus_client's multiprocess mode), set before any
+    worker starts: a fresh directory, removed at exit; or PROMETHEUS_MULTIPROC_DIR emptied of an earlier run's."""
+    import atexit
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    given = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if given:
+        Path(given).mkdir(parents=True, exist_ok=True)
+        for old in Path(given).glob("*.db"):
+            old.unlink()
+        return
+    made = tempfile.mkdtemp(prefix="sacplan-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = made
+    atexit.register(shutil.rmtree, made, ignore_errors=True)
+
+
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -88,6 +125,7 @@ def _serve(args: argparse.Namespace) -> int:
     level = args.log_level or settings.log_level
     configure_logging(level)
     install_log_redaction(settings)
+    _metrics_dir()
     # a new or old database is brought to head before serving
     logging.getLogger("service").info("%s", describe_upgrade(upgrade(settings.sqlalchemy_url)))
     uvicorn.run(

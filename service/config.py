@@ -6,7 +6,9 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field, SecretStr
+from typing import Literal
+
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = ["Settings", "get_settings", "default_data_dir"]
@@ -41,6 +43,31 @@ class Settings(BaseSettings):
     solver_queue_size: int = Field(8, ge=0, le=10_000, description="Solves waiting beyond the running ones; then 503.")
     retry_after_s: int = Field(5, ge=1, description="Retry-After sent with 503 when the solver queue is full.")
     max_time_limit_s: float = Field(600.0, gt=0, description="Upper bound on a request's time_limit_s.")
+    solver_grace_s: float = Field(
+        1.0, ge=0, le=60, description="A solve still running this long after its time_limit_s is stopped (its "
+                                      "process killed and replaced) and answered time_limit.")
+    solver_memory_mb: int = Field(
+        4096, ge=256, description="Memory cap of a solver process (resident, MiB): a solve passing it is stopped "
+                                  "(answered error) and its process replaced.")
+    solver_idle_memory_mb: int = Field(
+        1024, ge=128, description="A solver process holding more than this (MiB) after a solve is replaced.")
+    solver_per_project: int = Field(
+        4, ge=1, description="Solves one project may have running or waiting per service process; beyond: 429.")
+    auth_failures_per_window: int = Field(
+        20, ge=1, description="Failed authentications one client address may make per window; beyond: 429.")
+    auth_failure_window_s: int = Field(60, ge=1, description="That window, seconds.")
+    max_upload_modules: int = Field(200_000, ge=1, description="Modules a stats document may have (413 beyond).")
+    max_upload_ops: int = Field(5_000_000, ge=1, description="Ops a stats document may have, all modules (413).")
+    # The default is the deepest tree the stats format allows (names of at most 1024 characters): such trees
+    # read back (service.views.module_tree_json), so only an operator who wants less sets one.
+    max_upload_depth: int = Field(
+        512, ge=1, description="Nesting depth of a stats document's module tree (the root is 1; 413 beyond).")
+    metrics: Literal["off", "public", "key"] = Field(
+        "public", description="GET /metrics: off (404), public, or key (needs SACPLAN_METRICS_KEY as a Bearer token).")
+    metrics_key: SecretStr | None = Field(None, description="The token /metrics asks for when metrics is 'key'.")
+    render_workers: int = Field(1, ge=1, le=16, description="Processes rendering charts and large stats read-backs.")
+    render_queue_size: int = Field(4, ge=0, description="Renders waiting beyond the running ones; then 503.")
+    chart_cache_entries: int = Field(64, ge=0, description="Chart PNGs kept in memory per process.")
     sqlite_busy_timeout_ms: int = Field(10_000, ge=0)
     plan_response_cache_entries: int = Field(
         1024, ge=0, description="Cached plan responses kept in memory per process for the fast path; 0: off."
@@ -56,6 +83,12 @@ class Settings(BaseSettings):
     trusted_proxies: str = Field(
         "", description="Comma-separated addresses or networks whose X-Forwarded-For / X-Forwarded-Proto are "
                         "believed; empty: nobody's (the peer address is the client).")
+
+    @model_validator(mode="after")
+    def _metrics_key(self) -> Settings:
+        if self.metrics == "key" and not (self.metrics_key and self.metrics_key.get_secret_value()):
+            raise ValueError("SACPLAN_METRICS is 'key' but SACPLAN_METRICS_KEY is not set")
+        return self
 
     @property
     def sqlalchemy_url(self) -> str:

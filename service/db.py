@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -12,9 +14,14 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
+try:
+    import fcntl
+except ImportError:  # not POSIX: SQLite's own busy handler alone
+    fcntl = None
+
 __all__ = [
     "make_engine", "make_sessionmaker", "session_scope", "insert_or_get", "upgrade", "Upgraded", "alembic_config",
-    "redacted_url", "head_revision",
+    "redacted_url", "head_revision", "write_gate",
 ]
 
 Row = TypeVar("Row")
@@ -44,6 +51,35 @@ def make_engine(url: str, *, sqlite_busy_timeout_ms: int = 10_000) -> Engine:
         cur.close()
 
     return engine
+
+
+@contextmanager
+def write_gate(bind: Engine | sessionmaker[Session]) -> Iterator[None]:
+    """Hold the write gate of a SQLite file for one write transaction (no-op on other databases).
+
+    SQLite lets one writer at a time in and makes the others retry on a sleep
+    schedule that grows to 100 ms, so under many concurrent writers a write
+    waits several of those sleeps: the long tail of uploads under load. An
+    exclusive ``flock`` on ``<database>-writegate`` held by every writer, in
+    every thread and process, queues them instead and wakes the next at once.
+    """
+    path = _gate_path(bind.kw["bind"] if isinstance(bind, sessionmaker) else bind)
+    if path is None or fcntl is None:
+        yield
+        return
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _gate_path(engine: Engine) -> str | None:
+    url = engine.url
+    if url.get_backend_name() != "sqlite" or not url.database or url.database == ":memory:":
+        return None
+    return url.database + "-writegate"
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:

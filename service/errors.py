@@ -8,7 +8,7 @@ from planner import PLANNER_VERSION
 
 __all__ = [
     "ServiceError", "NotFound", "InvalidInput", "Unauthorized", "SolverBusy", "SolverFailed", "PayloadTooLarge",
-    "StoredStatsInvalid",
+    "StoredStatsInvalid", "ProjectBusy", "TooManyAuthFailures",
 ]
 
 
@@ -65,8 +65,34 @@ class PayloadTooLarge(ServiceError):
 class SolverBusy(ServiceError):
     status_code = 503
 
-    def __init__(self, retry_after_s: int):
+    def __init__(self, retry_after_s: int, queue: str = "solver"):
         super().__init__(
-            f"the solver queue is full; retry in {retry_after_s} s",
+            f"the {queue} queue is full; retry in {retry_after_s} s",
+            headers={"Retry-After": str(retry_after_s)},
+        )
+
+
+class ProjectBusy(ServiceError):
+    """One project holds its share of the solver: 429 for it, the other projects unaffected."""
+
+    status_code = 429
+
+    def __init__(self, project: str, share: int, retry_after_s: int):
+        super().__init__(
+            f"project {project!r} already has {share} solves running or waiting, its share of this service "
+            f"(SACPLAN_SOLVER_PER_PROJECT={share}); retry in {retry_after_s} s",
+            headers={"Retry-After": str(retry_after_s)},
+        )
+
+
+class TooManyAuthFailures(ServiceError):
+    """Too many wrong API keys from one client address: 429 until the window passes."""
+
+    status_code = 429
+
+    def __init__(self, failures: int, window_s: int, retry_after_s: int):
+        super().__init__(
+            f"{failures} failed authentications from this address in {window_s} s "
+            f"(SACPLAN_AUTH_FAILURES_PER_WINDOW); retry in {retry_after_s} s",
             headers={"Retry-After": str(retry_after_s)},
         )

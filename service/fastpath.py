@@ -35,7 +35,9 @@ from typing import Any
 from sqlalchemy import Engine, bindparam, select
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.api.deps import DEFAULT_PROJECT, project_for_key
+from service import metrics
+from service.api.deps import DEFAULT_PROJECT, client_address, project_for_key
+from service.throttle import AuthThrottle
 from service.config import Settings
 from service.ids import ID_PATTERN
 from service.middleware import replay_body
@@ -114,8 +116,10 @@ def _header(scope: Scope, name: bytes) -> bytes | None:
 class PlanFastPath:
     """ASGI middleware answering repeated cached plan reads from :class:`PlanResponseCache`."""
 
-    def __init__(self, app: ASGIApp, *, settings: Settings, engine: Engine, cache: PlanResponseCache):
+    def __init__(self, app: ASGIApp, *, settings: Settings, engine: Engine, cache: PlanResponseCache,
+                 throttle: AuthThrottle):
         self.app = app
+        self.throttle = throttle
         self.settings = settings
         self.engine = engine
         self.cache = cache
@@ -163,6 +167,7 @@ class PlanFastPath:
                 stored = False
             if stored:
                 self.cache.hits += 1
+                metrics.CACHE_HITS.labels("fastpath").inc()
                 await send(entry.start)
                 await send({"type": "http.response.body", "body": entry.body})
                 return
@@ -173,6 +178,8 @@ class PlanFastPath:
         """The caller's project, exactly as ``deps.get_project`` decides it; None for a missing or bad key."""
         if not self.settings.auth_enabled:
             return DEFAULT_PROJECT
+        if self.throttle.retry_after_s(client_address(scope)) is not None:
+            return None  # the routes answer 429
         header = _header(scope, b"authorization")
         if not header:
             return None

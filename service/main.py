@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -12,7 +13,10 @@ from service.db import make_engine, make_sessionmaker
 from service.docs import install_docs
 from service.fastpath import PlanFastPath, PlanResponseCache
 from service.handlers import AsciiJSONResponse, install_error_handlers
+from service.metrics import RequestMetrics, mark_process_dead
 from service.middleware import BodySizeLimit
+from service.rendering import Renderer
+from service.throttle import AuthThrottle
 from service.openapi import install_openapi
 from service.solver import SolverPool
 from service.transport import install_log_redaction
@@ -52,7 +56,10 @@ def create_app(settings: Settings | None = None, *, solver: SolverPool | None = 
     settings = settings or get_settings()
     engine = make_engine(settings.sqlalchemy_url, sqlite_busy_timeout_ms=settings.sqlite_busy_timeout_ms)
     owns_solver = solver is None
-    pool = solver or SolverPool(settings.solver_workers, settings.solver_queue_size, settings.retry_after_s)
+    pool = solver or SolverPool(
+        settings.solver_workers, settings.solver_queue_size, settings.retry_after_s,
+        per_project=settings.solver_per_project, memory_cap_bytes=settings.solver_memory_mb * 2**20,
+        idle_memory_bytes=settings.solver_idle_memory_mb * 2**20, grace_s=settings.solver_grace_s)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -61,6 +68,8 @@ def create_app(settings: Settings | None = None, *, solver: SolverPool | None = 
         yield
         if owns_solver:
             pool.shutdown()
+        app.state.renderer.shutdown()
+        mark_process_dead(os.getpid())
         engine.dispose()
 
     app = FastAPI(
@@ -84,6 +93,9 @@ def create_app(settings: Settings | None = None, *, solver: SolverPool | None = 
     app.state.engine = engine
     app.state.session_factory = make_sessionmaker(engine)
     app.state.solver = pool
+    app.state.auth_failures = AuthThrottle(settings.auth_failures_per_window, settings.auth_failure_window_s)
+    app.state.renderer = Renderer(settings.render_workers, settings.render_queue_size, settings.retry_after_s,
+                                  settings.chart_cache_entries)
     install_error_handlers(app)
     install_openapi(app, settings)
     install_docs(app)
@@ -92,6 +104,8 @@ def create_app(settings: Settings | None = None, *, solver: SolverPool | None = 
     app.state.plan_responses = PlanResponseCache(settings.plan_response_cache_entries,
                                                  settings.plan_response_cache_mib * 2**20)
     # Starlette runs the last added middleware first: the body limit holds for the fast path too.
-    app.add_middleware(PlanFastPath, settings=settings, engine=engine, cache=app.state.plan_responses)
+    app.add_middleware(PlanFastPath, settings=settings, engine=engine, cache=app.state.plan_responses,
+                       throttle=app.state.auth_failures)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(RequestMetrics)  # outermost: counts every answer, the fast path's and 413s too
     return app

@@ -10,7 +10,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 from service.ids import ID_LENGTH, new_id
 
-__all__ = ["Base", "StatsRecord", "StatsTag", "PlanRecord", "SweepRecord", "utcnow"]
+__all__ = ["Base", "StatsRecord", "StatsTag", "PlanRecord", "SweepRecord", "SolveClaim", "utcnow"]
 
 # Stable constraint names, so migrations name what the models name.
 NAMING_CONVENTION = {
@@ -105,3 +105,20 @@ class SweepRecord(Base):
     request: Mapped[dict[str, Any]] = mapped_column(JSON)
     plan_ids: Mapped[list[str]] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class SolveClaim(Base):
+    """A solve under way somewhere (this process, another worker, another replica) for one set of plan keys.
+
+    The first request to insert the row solves; identical requests wait for its
+    ``outcome``. The owner keeps ``expires_at`` ahead while it works, so a claim
+    of a crashed process lapses and another request takes it over.
+    """
+
+    __tablename__ = "solve_claims"
+
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    project: Mapped[str] = mapped_column(String(128))
+    owner: Mapped[str] = mapped_column(String(64))
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    outcome: Mapped[str | None] = mapped_column(Text, deferred=True)  # the solver's answer as JSON, once done

@@ -57,13 +57,16 @@ _BODY_ERRORS = {
     "413": "The body is larger than this service's limit (SACPLAN_MAX_BODY_BYTES)",
 }
 _UNAUTHORIZED = "Missing or invalid API key: send 'Authorization: Bearer <key>'"
+_THROTTLED = ("Too many wrong API keys from this address (SACPLAN_AUTH_FAILURES_PER_WINDOW): "
+              "retry after Retry-After seconds")
 
 
 def _declare_errors(schema: dict[str, Any], *, auth: bool) -> None:
     """The error answers as the service sends them (``ErrorOut``: ``detail`` a string, ``errors`` on 422).
 
     FastAPI declares its own 422 body (``detail`` a list), which this service never sends;
-    and it knows nothing of the answers given before routing (400, 413) or of the API keys (401).
+    and it knows nothing of the answers given before routing (400, 413) or of the API keys (401, and 429
+    for an address throttled after failed ones).
     """
     for path, methods in schema.get("paths", {}).items():
         for operation in methods.values():
@@ -75,6 +78,9 @@ def _declare_errors(schema: dict[str, Any], *, auth: bool) -> None:
                     responses.setdefault(code, {"description": description, "content": _ERROR})
             if auth and path.startswith("/v1/"):
                 responses.setdefault("401", {"description": _UNAUTHORIZED, "content": _ERROR})
+                busy = responses.setdefault("429", {"description": _THROTTLED, "content": _ERROR})
+                if busy["description"] != _THROTTLED:  # the route's own 429 (a project's solver share) too
+                    busy["description"] += f"; or: {_THROTTLED}"
     components = schema.get("components", {}).get("schemas", {})
     for unused in ("HTTPValidationError", "ValidationError"):
         components.pop(unused, None)

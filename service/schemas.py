@@ -47,18 +47,12 @@ class ErrorOut(BaseModel):
     )
 
 
-class SolverStatsOut(BaseModel):
-    workers: int
-    capacity: int = Field(description="Solves running or queued at most; beyond it: 503 with Retry-After.")
-    in_flight: int
-    solves_started: int = Field(description="Solver jobs started by this service process since it started.")
-
-
 class HealthOut(BaseModel):
+    """Liveness only: nothing about the service's load or its tenants (see /metrics)."""
+
     status: str = "ok"
     service_version: str
     planner_version: str
-    solver: SolverStatsOut
 
 
 class ReadyOut(BaseModel):

@@ -1,9 +1,16 @@
-"""Solves off the event loop: a bounded process pool with single-flight per cache key.
+"""Solves off the event loop: solver processes with hard deadlines, a memory cap and per-project shares.
 
-Solver processes are spawned (not forked: the service has threads) and reused.
-At most ``workers + queue_size`` solves are running or waiting; one more gets
-:class:`SolverBusy` (503 + Retry-After). Concurrent requests for the same key
-share one solve.
+Each solver process is spawned (not forked: the service has threads), runs one
+job at a time and is reused. What makes a request's ``time_limit_s`` a bound
+rather than a wish: a job still running at its deadline plus a grace is
+stopped by killing its process, which is replaced. A process whose resident
+memory passes ``memory_cap_bytes`` while solving is killed the same way; one
+that holds more than ``idle_memory_bytes`` after a job is replaced.
+
+At most ``workers + queue_size`` jobs are running or waiting (503 SolverBusy
+beyond that), and at most ``per_project`` of them for one project (429
+ProjectBusy, the others unaffected). Concurrent requests for the same key share
+one solve (:meth:`SolverPool.single_flight`).
 """
 
 from __future__ import annotations
@@ -12,89 +19,237 @@ import asyncio
 import logging
 import multiprocessing
 import os
-import signal
-import threading
+import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
-from concurrent.futures import Executor, ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
-from functools import lru_cache
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from service.errors import SolverBusy, SolverFailed
-from service.lifeline import die_with_parent
+from service import metrics
+from service.errors import ProjectBusy, SolverBusy, SolverFailed
+from service.solver_process import process_main, rss_bytes, solve_job
 
-__all__ = ["SolverPool", "solve_job"]
+__all__ = ["SolverPool", "SolverStopped", "solve_job"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+_WATCH_S = 0.1  # how often a running job's deadline and memory are looked at
+
+
+class SolverStopped(Exception):
+    """A job stopped before it answered: ``reason`` 'time_limit' or 'memory', with what it reported so far."""
+
+    def __init__(self, reason: str, message: str, partials: list[Any]):
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+        self.partials = partials
+
+
+@dataclass
+class _Process:
+    process: Any
+    conn: Any
+    jobs: int = 0
+
+    def alive(self) -> bool:
+        return self.process.is_alive()
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.join(5)
+        self.conn.close()
+
+
+@dataclass
+class _Job:
+    partials: list[Any] = field(default_factory=list)
+    peak_rss_bytes: int = 0
 
 
 class SolverPool:
     """Runs solver jobs in worker processes; never blocks the event loop."""
 
-    def __init__(self, workers: int = 1, queue_size: int = 8, retry_after_s: int = 5):
+    def __init__(self, workers: int = 1, queue_size: int = 8, retry_after_s: int = 5, *,
+                 per_project: int | None = None, memory_cap_bytes: int | None = None,
+                 idle_memory_bytes: int | None = None, grace_s: float = 1.0):
         self.workers = workers
         self.capacity = workers + queue_size
         self.retry_after_s = retry_after_s
+        self.per_project = per_project or self.capacity
+        self.memory_cap_bytes = memory_cap_bytes
+        self.idle_memory_bytes = idle_memory_bytes
+        self.grace_s = grace_s
         self.in_flight = 0
         self.solves_started = 0
-        self._executor: Executor | None = None
+        self.peak_rss_bytes = 0  # the largest solver process seen while solving
+        self._by_project: Counter[str] = Counter()
+        self._idle: list[_Process] = []
+        self._all: list[_Process] = []
+        self._waiters: list[asyncio.Future[None]] = []
         self._flights: dict[str, asyncio.Future[Any]] = {}
+        self._context = multiprocessing.get_context("spawn")
 
-    def _pool(self) -> Executor:
-        if self._executor is None:
-            self._executor = ProcessPoolExecutor(
-                max_workers=self.workers, mp_context=multiprocessing.get_context("spawn"), initializer=_warm_up,
-                initargs=(os.getpid(),),
-            )
-        return self._executor
+    # --- processes -------------------------------------------------------------------------------
+
+    def _spawn(self) -> _Process:
+        parent, child = self._context.Pipe()
+        process = self._context.Process(target=process_main, args=(child, os.getpid()), name="sacplan-solver", daemon=True)
+        process.start()
+        child.close()
+        worker = _Process(process, parent)
+        self._all.append(worker)
+        return worker
+
+    def _retire(self, worker: _Process) -> None:
+        if worker in self._all:
+            self._all.remove(worker)
+        worker.kill()
 
     def start(self) -> None:
         """Start the worker processes now instead of on the first solve."""
-        pool = self._pool()
-        for _ in range(self.workers):
-            pool.submit(_noop)
+        while len(self._all) < self.workers:
+            self._idle.append(self._spawn())
 
     def shutdown(self, wait: bool = True, grace_s: float = 5.0) -> None:
-        """Stop the workers; queued solves are cancelled.
+        """Stop the workers: an idle one at once, one still solving after ``grace_s`` (killed)."""
+        deadline = time.monotonic() + (grace_s if wait else 0.0)
+        for worker in list(self._all):
+            worker.conn.close()  # an idle process sees its pipe close and exits
+        for worker in list(self._all):
+            worker.process.join(max(0.0, deadline - time.monotonic()))
+            if worker.process.is_alive():
+                log.warning("a solve still running at shutdown: killing its process")
+                worker.process.kill()
+                worker.process.join()
+        self._all.clear()
+        self._idle.clear()
 
-        With ``wait`` (service shutdown), a running solve gets ``grace_s`` seconds,
-        then its process is killed; either way the processes are joined and the
-        pool's queues released before this returns. Not waiting left them to the
-        interpreter's exit, which a SIGTERM skips: "leaked semaphore objects".
-        """
-        executor, self._executor = self._executor, None
-        if executor is None:
-            return
-        if not wait:
-            executor.shutdown(wait=False, cancel_futures=True)
-            return
-        processes = list((getattr(executor, "_processes", None) or {}).values())
-        stopping = threading.Thread(target=executor.shutdown, kwargs={"wait": True, "cancel_futures": True},
-                                    name="solver-pool-shutdown")
-        stopping.start()
-        stopping.join(grace_s)
-        if stopping.is_alive():
-            log.warning("a solve still running after %.0f s at shutdown: killing its process", grace_s)
-            for process in processes:  # the workers ignore SIGTERM (see _warm_up): kill
-                process.kill()
-            stopping.join()
+    async def _acquire(self) -> _Process:
+        while True:
+            while self._idle:
+                worker = self._idle.pop()
+                if worker.alive():
+                    return worker
+                self._retire(worker)
+            if len(self._all) < self.workers:
+                return self._spawn()
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            finally:
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
 
-    async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn(*args)`` in a worker process, or raise SolverBusy when the queue is full."""
+    def _release(self, worker: _Process | None) -> None:
+        if worker is not None:
+            self._idle.append(worker)
+        # wake one waiter, whichever event loop it waits on (tests share one pool across loops)
+        while self._waiters:
+            waiter = self._waiters.pop(0)
+            if not waiter.done():
+                waiter.get_loop().call_soon_threadsafe(_wake, waiter)
+                return
+
+    # --- jobs ------------------------------------------------------------------------------------
+
+    def admit(self, project: str) -> None:
+        """Raise SolverBusy (503) when the queue is full, ProjectBusy (429) when ``project`` has its share."""
         if self.in_flight >= self.capacity:
             raise SolverBusy(self.retry_after_s)
+        if self._by_project[project] >= self.per_project:
+            raise ProjectBusy(project, self.per_project, self.retry_after_s)
+
+    async def run(self, fn: Callable[..., T], *args: Any, project: str = "default",
+                  deadline: float | None = None) -> T:
+        """``fn(*args)`` in a worker process; SolverStopped when it passes ``deadline`` (monotonic) + grace.
+
+        Raises SolverBusy or ProjectBusy first when there is no room (see :meth:`admit`).
+        """
+        self.admit(project)
         self.in_flight += 1
-        self.solves_started += 1
+        self._by_project[project] += 1
+        metrics.queue_depth(+1)
+        worker = None
         try:
-            loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(self._pool(), fn, *args)
-        except BrokenProcessPool:
-            log.error("a solver process died; restarting the pool")
-            self.shutdown(wait=False)
-            raise SolverFailed("the solver process died (out of memory?); the pool was restarted; retry") from None
+            worker = await self._acquire()
+            self.solves_started += 1
+            metrics.SOLVES_STARTED.inc()
+            kind, result, rss = await self._exchange(worker, fn, args, deadline)
+            if self.idle_memory_bytes and rss and rss > self.idle_memory_bytes:
+                # it keeps what it grew to (allocator arenas, cached stats): the next job gets a fresh process
+                metrics.SOLVER_RECYCLED.labels(reason="idle_memory").inc()
+                self._retire(worker)
+                worker = None
+            if kind == "failed":
+                raise RuntimeError(result)
+            return result
+        except (SolverStopped, SolverFailed, asyncio.CancelledError):
+            # stopped, dead, or cancelled mid-job (it may hold a half-sent job): never reused
+            if worker is not None:
+                self._retire(worker)
+                worker = None
+            raise
         finally:
             self.in_flight -= 1
+            self._by_project[project] -= 1
+            if not self._by_project[project]:
+                del self._by_project[project]
+            metrics.queue_depth(-1)
+            self._release(worker)
+
+    async def _exchange(self, worker: _Process, fn: Callable[..., Any], args: tuple,
+                        deadline: float | None) -> tuple[str, Any, int | None]:
+        loop = asyncio.get_running_loop()
+        ready = asyncio.Event()
+        job = _Job()
+        fd = worker.conn.fileno()
+        loop.add_reader(fd, ready.set)
+        try:
+            await loop.run_in_executor(None, worker.conn.send, (fn, args))  # a large document: off the loop
+            while True:
+                try:
+                    await asyncio.wait_for(ready.wait(), _WATCH_S)
+                except TimeoutError:
+                    pass
+                ready.clear()
+                answer = self._read(worker, job)
+                if answer is not None:
+                    if answer[2]:
+                        self.peak_rss_bytes = max(self.peak_rss_bytes, answer[2])
+                    return answer
+                self._watch(worker, job, deadline)
+        finally:
+            loop.remove_reader(fd)
+
+    def _read(self, worker: _Process, job: _Job) -> tuple | None:
+        try:
+            while worker.conn.poll():
+                message = worker.conn.recv()
+                if message[0] != "partial":
+                    return message
+                job.partials.append(message[1])
+        except (EOFError, OSError):
+            raise SolverFailed("the solver process died (out of memory?); it was replaced; retry") from None
+        return None
+
+    def _watch(self, worker: _Process, job: _Job, deadline: float | None) -> None:
+        if not worker.alive():
+            raise SolverFailed("the solver process died (out of memory?); it was replaced; retry")
+        rss = rss_bytes(worker.process.pid) or 0
+        job.peak_rss_bytes = max(job.peak_rss_bytes, rss)
+        self.peak_rss_bytes = max(self.peak_rss_bytes, rss)
+        if self.memory_cap_bytes and rss > self.memory_cap_bytes:
+            metrics.SOLVER_RECYCLED.labels(reason="memory").inc()
+            raise SolverStopped("memory", f"the solve passed the solver's memory cap of "
+                                          f"{self.memory_cap_bytes // 2**20} MiB and was stopped", job.partials)
+        if deadline is not None and time.monotonic() > deadline + self.grace_s:
+            metrics.TIME_LIMIT_STOPS.inc()
+            raise SolverStopped("time_limit", "time_limit_s passed before the solve finished: it was stopped",
+                                job.partials)
+
+    # --- one solve per key -----------------------------------------------------------------------
 
     async def single_flight(self, key: str, work: Callable[[], Awaitable[T]]) -> tuple[T, bool]:
         """Await ``work()`` once per key at a time; returns (result, joined an existing flight).
@@ -117,64 +272,7 @@ class SolverPool:
             task.exception()  # retrieved here so an unawaited failure is not logged as lost
 
 
-# --- runs in the worker processes --------------------------------------------------------------
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
-
-def _warm_up(service_pid: int) -> None:
-    # A Ctrl-C reaches the whole process group: the service stops the workers itself
-    # (no traceback per worker). SIGTERM still ends a worker: the pool's own cleanup of
-    # a broken pool and an operator's kill of orphans both rely on it.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    die_with_parent(service_pid)  # a killed service leaves no solver (nor resource tracker) behind
-    import planner  # noqa: F401  (pay numpy/scipy import once per worker, not per solve)
-
-
-def _noop() -> None:
-    return None
-
-
-@lru_cache(maxsize=8)
-def _parse(document: str):
-    import json
-
-    import planner
-
-    return planner.parse_stats(json.loads(document))
-
-
-def solve_job(document: str, budgets_gib: list[float], options: dict[str, Any]) -> dict[str, Any]:
-    """Plan the canonical stats ``document`` at each budget (worker side).
-
-    Returns ``{"plans": [plan dicts]}``; ``{"invalid": message}`` when the
-    planner rejects a request field (ValueError), so the service answers 422;
-    ``{"stored_stats_invalid": message, "errors": [...]}`` when this planner's
-    validation rejects the stored document itself (stored by an older planner: 409).
-    A planner crash becomes plans with status ``error`` (never stored).
-    """
-    import planner
-    from planner import baseline_peak_bytes, compute_ms
-
-    try:
-        stats = _parse(document)
-    except planner.StatsError as exc:
-        return {"stored_stats_invalid": str(exc), "errors": exc.errors}
-    try:
-        if len(budgets_gib) == 1:
-            plans = [planner.plan(stats, budgets_gib[0], **options)]
-        else:
-            plans = planner.sweep(stats, budgets_gib, **options)
-    except ValueError as exc:
-        return {"invalid": str(exc)}
-    except Exception as exc:  # the planner failed: say so, as the plan format allows
-        logging.getLogger(__name__).exception("planner failed")
-        world_size = options.get("world_size", 1)
-        base = {
-            "status": "error",
-            "message": f"{type(exc).__name__}: {exc}",
-            "world_size": world_size,
-            "baseline_peak_bytes": baseline_peak_bytes(stats, world_size=world_size),
-            "compute_ms": compute_ms(stats),
-            "planner_version": planner.PLANNER_VERSION,
-        }
-        return {"plans": [dict(base, memory_budget_gib=b) for b in budgets_gib]}
-    return {"plans": [p.model_dump(mode="json") for p in plans]}

@@ -13,13 +13,16 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from service.config import Settings
 from service.db import session_scope
-from service.errors import Unauthorized
+from service import metrics
+from service.errors import TooManyAuthFailures, Unauthorized
+from service.rendering import Renderer
 from service.solver import SolverPool
 
 # The cheap dependencies are ``async def``: FastAPI runs sync ones in the thread
 # pool, and a thread hop per dependency is most of a cached read's cost.
 
-__all__ = ["IdPath", "SessionDep", "SessionFactoryDep", "SettingsDep", "SolverDep", "ProjectDep", "DEFAULT_PROJECT", "project_for_key"]
+__all__ = ["IdPath", "SessionDep", "SessionFactoryDep", "SettingsDep", "SolverDep", "RendererDep", "ProjectDep", "DEFAULT_PROJECT", "project_for_key",
+           "client_address"]
 
 DEFAULT_PROJECT = "default"
 
@@ -43,21 +46,43 @@ async def get_solver(request: Request) -> SolverPool:
     return request.app.state.solver
 
 
+async def get_renderer(request: Request) -> Renderer:
+    return request.app.state.renderer
+
+
 def _digest(key: str) -> bytes:
     return hashlib.sha256(key.encode()).digest()
 
 
 async def get_project(
+    request: Request,
     settings: Annotated[Settings, Depends(get_settings)],
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> str:
-    """The project the caller's API key belongs to (everything is 'default' when auth is off)."""
+    """The project the caller's API key belongs to (everything is 'default' when auth is off).
+
+    An address with too many failed keys in the window gets 429 whatever key it sends.
+    """
     if not settings.auth_enabled:
         return DEFAULT_PROJECT
+    throttle = request.app.state.auth_failures
+    address = client_address(request.scope)
+    wait_s = throttle.retry_after_s(address)
+    if wait_s is not None:
+        metrics.AUTH_FAILURES.labels("throttled").inc()
+        raise TooManyAuthFailures(throttle.failures, throttle.window_s, wait_s)
     project = project_for_key(settings, credentials.credentials) if credentials is not None else None
     if project is None:
+        throttle.failed(address)
+        metrics.AUTH_FAILURES.labels("wrong_key").inc()
         raise Unauthorized()
     return project
+
+
+def client_address(scope) -> str:
+    """The peer's address as the server saw it ("unknown" without one)."""
+    client = scope.get("client")
+    return client[0] if client else "unknown"
 
 
 def project_for_key(settings: Settings, offered_key: str) -> str | None:
@@ -75,6 +100,7 @@ SettingsDep = Annotated[Settings, Depends(get_settings)]
 SessionDep = Annotated[Session, Depends(get_db, scope="function")]
 SessionFactoryDep = Annotated[sessionmaker[Session], Depends(get_session_factory)]
 SolverDep = Annotated[SolverPool, Depends(get_solver)]
+RendererDep = Annotated[Renderer, Depends(get_renderer)]
 ProjectDep = Annotated[str, Depends(get_project)]
 # Ids are opaque (service.ids): any string is taken, and one that names nothing of the caller's is 404.
 IdPath = Annotated[str, Path(description="An opaque id, as the service answered it.")]

@@ -11,7 +11,8 @@ from service.schemas import ErrorOut, PlanOut, StatsSummary, SweepOut
 
 __all__ = [
     "PNG", "NOT_FOUND", "STATS_NOT_FOUND", "STALE_STATS", "INVALID_REQUEST", "INVALID_STATS", "SOLVER_BUSY",
-    "SOLVE_ERRORS", "ALREADY_UPLOADED", "PLAN_FROM_CACHE", "SWEEP_FROM_CACHE", "DATABASE_UNREACHABLE",
+    "SOLVE_ERRORS", "TOO_LARGE", "RENDER_BUSY", "ALREADY_UPLOADED", "PLAN_FROM_CACHE", "SWEEP_FROM_CACHE",
+    "DATABASE_UNREACHABLE",
 ]
 
 Responses = dict[int | str, dict[str, Any]]
@@ -40,9 +41,19 @@ INVALID_STATS: Responses = {
     422: {"model": ErrorOut, "description": "Invalid stats: the field and value named; nothing stored"}
 }
 SOLVER_BUSY: Responses = {
-    503: {"model": ErrorOut, "description": "Solver queue full: retry after Retry-After seconds"}
+    503: {"model": ErrorOut, "description": "Solver queue full: retry after Retry-After seconds"},
+    429: {"model": ErrorOut, "description": "Your project has its share of the solver running or waiting "
+                                            "(SACPLAN_SOLVER_PER_PROJECT): retry after Retry-After seconds"},
+}
+TOO_LARGE: Responses = {
+    413: {"model": ErrorOut, "description": "The stats pass one of this service's upload limits (modules, ops, "
+                                            "nesting depth) or the body size limit: the limit and value named"}
+}
+RENDER_BUSY: Responses = {
+    503: {"model": ErrorOut, "description": "Render queue full (SACPLAN_RENDER_WORKERS / SACPLAN_RENDER_QUEUE_SIZE): "
+                                            "retry after Retry-After seconds"}
 }
 DATABASE_UNREACHABLE: Responses = {503: {"description": "Database unreachable"}}
 
 # Everything a request that may solve can answer instead of a plan.
-SOLVE_ERRORS: Responses = {**NOT_FOUND, **STALE_STATS, **INVALID_REQUEST, **SOLVER_BUSY}
+SOLVE_ERRORS: Responses = {**NOT_FOUND, **STALE_STATS, **INVALID_REQUEST, **SOLVER_BUSY, **TOO_LARGE}

@@ -456,3 +456,15 @@ def test_milp_is_honest_at_budgets_equal_to_a_plans_peak():
             a = plan(stats, budget / GIB, world_size=ws)
             assert a.status == "optimal" and a.recompute_ms == pytest.approx(want, rel=1e-6, abs=1e-9)
     assert seen.get("optimal", 0) >= 100 and seen.get("feasible", 0) + seen.get("error", 0) >= 1
+
+
+def test_a_sweep_shares_one_time_limit(l4):
+    # 1 ns for the whole sweep: the analysis alone takes longer, so every budget that needs a plan comes back
+    # time_limit without a solve, saying the one limit ran out; a budget the step fits as it is still has its
+    # answer (no checkpointing), and per-budget limits (the old meaning) would have let each budget run its DP.
+    baseline_gib = plan(l4, 1000.0).baseline_peak_bytes / GIB
+    budgets = [4.5, 5.0, 5.5, math.ceil(baseline_gib) + 1.0]
+    plans = sweep(l4, budgets, time_limit_s=1e-9)
+    assert [p.status for p in plans[:3]] == ["time_limit"] * 3
+    assert all("one time limit covers the whole call" in p.message for p in plans[:3])
+    assert plans[3].status == "optimal" and plans[3].modules == []

@@ -30,10 +30,12 @@ def serve_command() -> list[str]:
 class Server:
     """``sacplan serve`` over ``data_dir`` (or ``database_url``), its output in ``data_dir/server.log``."""
 
-    def __init__(self, data_dir: Path, *, database_url: str | None = None, env: dict[str, str] | None = None):
+    def __init__(self, data_dir: Path, *, database_url: str | None = None, env: dict[str, str] | None = None,
+                 workers: int = 1):
         self.data_dir = data_dir
         self.database_url = database_url
         self.extra_env = dict(env or {})
+        self.workers = workers
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
@@ -46,7 +48,7 @@ class Server:
             env["SACPLAN_DATABASE_URL"] = self.database_url
         env.update(self.extra_env)
         cmd = serve_command() + ["serve", "--host", "127.0.0.1", "--port", str(self.port),
-                            "--data-dir", str(self.data_dir)]
+                                 "--data-dir", str(self.data_dir), "--workers", str(self.workers)]
         # Its own process group: a signal to the group (a terminal's Ctrl-C) reaches only it and its workers.
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=self.log.open("ab"), stderr=subprocess.STDOUT,
                                      start_new_session=True)

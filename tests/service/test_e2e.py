@@ -8,6 +8,7 @@ import signal
 import httpx
 import pytest
 from live_server import REPO
+from metrics_text import sample
 
 from service.db import head_revision
 
@@ -33,12 +34,12 @@ def test_serve_upload_plan_cache_chart_restart(server, assert_png):
             assert r.json()["status"] in ("optimal", "feasible"), r.json()["message"]
             assert r.json()["peak_bytes"] <= budget * 2**30
             plans[budget] = r.json()
-        solves = c.get("/healthz").json()["solver"]["solves_started"]
+        solves = sample(c.get("/metrics").text, "sacplan_solves_started_total")
         assert solves == 3
 
         again = c.post("/v1/plans", json={"stats_id": stats_id, "memory_budget_gib": 5.0, "time_limit_s": 60})
         assert again.json()["cached"] is True and again.json()["id"] == plans[5.0]["id"]
-        assert c.get("/healthz").json()["solver"]["solves_started"] == solves
+        assert sample(c.get("/metrics").text, "sacplan_solves_started_total") == solves
         assert c.get(f"/v1/stats/{stats_id}/plans").json()["total"] == 3
 
         chart = c.get(f"/v1/plans/{plans[4.0]['id']}/chart.png")
@@ -53,7 +54,7 @@ def test_serve_upload_plan_cache_chart_restart(server, assert_png):
         assert c.post("/v1/stats", json=doc).status_code == 200  # known after the restart
         r = c.post("/v1/plans", json={"stats_id": stats_id, "memory_budget_gib": 6.0, "time_limit_s": 60})
         assert r.json()["cached"] is True and r.json()["id"] == plans[6.0]["id"]
-        assert c.get("/healthz").json()["solver"]["solves_started"] == 0  # a fresh process solved nothing
+        assert sample(c.get("/metrics").text, "sacplan_solves_started_total") == 0  # a fresh server solved nothing
         assert c.get(f"/v1/plans/{plans[4.0]['id']}").json()["recompute_ms"] == plans[4.0]["recompute_ms"]
     # One line of ours says what became of the database at each start; no library chatter.
     log = server.log.read_text()

@@ -50,18 +50,21 @@ def test_upgrade_is_idempotent_and_sqlite_uses_wal(tmp_path):
 
 
 def test_migrations_render_for_postgresql():
-    # The schema migration renders as PostgreSQL SQL (offline mode); 0002 converts data, so it runs only
-    # against a live database (test_opaque_ids_migration.py, on the suite's PostgreSQL server).
+    # The schema migrations (0001, 0003) render as PostgreSQL SQL (offline mode); 0002 converts data, so it runs
+    # only against a live database (test_opaque_ids_migration.py, on the suite's PostgreSQL server).
     import io
 
     from alembic import command
 
     from service.db import alembic_config
 
-    cfg = alembic_config("postgresql+psycopg://user:pw@localhost/sacplan")
-    cfg.output_buffer = io.StringIO()
-    command.upgrade(cfg, "0001", sql=True)
-    sql = cfg.output_buffer.getvalue()
+    def render(revisions: str) -> str:
+        cfg = alembic_config("postgresql+psycopg://user:pw@localhost/sacplan")
+        cfg.output_buffer = io.StringIO()
+        command.upgrade(cfg, revisions, sql=True)
+        return cfg.output_buffer.getvalue()
+
+    sql = render("0001") + render("0002:0003")
     for table in Base.metadata.tables:
         assert f"CREATE TABLE {table} (" in sql
     assert "TIMESTAMP WITH TIME ZONE" in sql and "ON DELETE CASCADE" in sql

@@ -13,13 +13,14 @@ from service.ids import new_id
 from service.main import create_app
 from service.schemas import PlanOut
 from service.solver import SolverPool
+from metrics_text import sample
 
 def _plan(client, stats_id, budget, **extra):
     return client.post("/v1/plans", json={"stats_id": stats_id, "memory_budget_gib": budget, **extra})
 
 
-def _solves(client) -> int:
-    return client.get("/healthz").json()["solver"]["solves_started"]
+def _solves(client) -> float:
+    return sample(client.get("/metrics").text, "sacplan_solves_started_total")
 
 
 def test_plan_then_cached_without_a_solve(client, example_id, count_rows):
@@ -204,16 +205,18 @@ def test_full_solver_queue_is_503_with_retry_after(settings, example_doc, count_
                 await asyncio.sleep(0.01)
             r = await c.post("/v1/plans", json={"stats_id": stats_id, "memory_budget_gib": 5.0})
             health = await c.get("/healthz")  # not blocked by the running job
+            page = (await c.get("/metrics")).text
             await busy
-            return r, health
+            return r, health, page
 
     try:
-        r, health = asyncio.run(run())
+        r, health, page = asyncio.run(run())
     finally:
         pool.shutdown()
     assert r.status_code == 503
     assert r.headers["retry-after"] == "7"
-    assert health.status_code == 200 and health.json()["solver"]["in_flight"] == 1
+    assert health.status_code == 200
+    assert sample(page, "sacplan_solver_queue_depth") == 1
     assert count_rows()["plans"] == 0
 
 

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response, status
+import time
 
-from service.api.deps import IdPath, ProjectDep, SessionDep, SessionFactoryDep, SettingsDep, SolverDep
-from service.api.responses import NOT_FOUND, PLAN_FROM_CACHE, PNG, SOLVE_ERRORS, STALE_STATS
-from service.cache import CachedPlan, get_plan, get_stats, parse_stored_stats, plan_json, plans_for
-from service.charts import plan_chart_png
-from service.limits import check_time_limit
+from fastapi import APIRouter, Response, status
+from sqlalchemy.orm import Session, sessionmaker
+from starlette.concurrency import run_in_threadpool
+
+from service.api.deps import IdPath, ProjectDep, RendererDep, SessionFactoryDep, SettingsDep, SolverDep
+from service.api.responses import NOT_FOUND, PLAN_FROM_CACHE, PNG, RENDER_BUSY, SOLVE_ERRORS, STALE_STATS
+from service.cache import CachedPlan, get_plan, get_stats, plan_json, plans_for
+from service.limits import UploadLimits, check_time_limit
+from service.rendering import plan_chart_job, raise_if_stale
 from service.schemas import PlanOut, PlanRequest
+from service.times import iso_utc
 from service.uploads import stats_id_of
 
 router = APIRouter(prefix="/v1/plans", tags=["plans"])
@@ -32,9 +37,10 @@ async def create_plan(
 
     Name the stats by ``stats_id``, or send them inline as ``stats`` (stored as ``POST /v1/stats`` would).
     """
+    started = time.monotonic()  # time_limit_s counts from here: storing inline stats and reading them included
     check_time_limit(body.time_limit_s, settings.max_time_limit_s)
-    stats_id = await stats_id_of(factory, project, body)
-    [plan] = await plans_for(factory, solver, project, stats_id, [body.memory_budget_gib], body)
+    stats_id = await stats_id_of(factory, project, body, UploadLimits.of(settings))
+    [plan] = await plans_for(factory, solver, project, stats_id, [body.memory_budget_gib], body, started=started)
     return plan_response(plan)
 
 
@@ -47,12 +53,21 @@ async def read_plan(plan_id: IdPath, project: ProjectDep, factory: SessionFactor
         return plan_response(CachedPlan.of(get_plan(session, project, plan_id), cached=True))
 
 
-@router.get("/{plan_id}/chart.png", response_class=Response, responses={**PNG, **NOT_FOUND, **STALE_STATS})
-def plan_chart(plan_id: IdPath, project: ProjectDep, session: SessionDep) -> Response:
+@router.get("/{plan_id}/chart.png", response_class=Response,
+            responses={**PNG, **NOT_FOUND, **STALE_STATS, **RENDER_BUSY})
+async def plan_chart(plan_id: IdPath, project: ProjectDep, factory: SessionFactoryDep,
+                     renderer: RendererDep) -> Response:
     """Memory per module across the step, without and with the plan, and the budget line."""
-    plan = CachedPlan.of(get_plan(session, project, plan_id), cached=True)
-    stats = parse_stored_stats(plan.stats_id, get_stats(session, project, plan.stats_id).document)
-    return Response(plan_chart_png(stats, plan.plan()), media_type="image/png")
+    plan, document = await run_in_threadpool(_plan_and_document, factory, project, plan_id)
+    key = ("plan", plan.id, iso_utc(plan.created_at))
+    png = raise_if_stale(await renderer.chart(key, plan_chart_job, plan.stats_id, document, plan.result))
+    return Response(png, media_type="image/png")
+
+
+def _plan_and_document(factory: sessionmaker[Session], project: str, plan_id: str) -> tuple[CachedPlan, str]:
+    with factory() as session:
+        plan = CachedPlan.of(get_plan(session, project, plan_id), cached=True)
+        return plan, get_stats(session, project, plan.stats_id).document
 
 
 __all__ = ["router"]

@@ -6,17 +6,23 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Query, Response, status
 from sqlalchemy import delete, func, select
+from sqlalchemy.orm import Session, sessionmaker
+from starlette.concurrency import run_in_threadpool
 
-from service.api.deps import IdPath, ProjectDep, SessionDep
-from service.api.responses import ALREADY_UPLOADED, INVALID_STATS, STALE_STATS, STATS_NOT_FOUND
-from service.cache import get_stats, parse_stored_stats
+from service.api.deps import IdPath, ProjectDep, RendererDep, SessionDep, SessionFactoryDep, SettingsDep
+from service.api.responses import (
+    ALREADY_UPLOADED, INVALID_STATS, RENDER_BUSY, STALE_STATS, STATS_NOT_FOUND, TOO_LARGE,
+)
+from service.cache import get_stats
 from service.errors import InvalidInput
+from service.limits import UploadLimits
 from service.examples import EXAMPLE_STATS
 from service.models import PlanRecord, StatsRecord, StatsTag, SweepRecord
+from service.rendering import raise_if_stale, stats_detail_job
 from service.schemas import PlanPage, StatsDetail, StatsPage, StatsSummary
 from service.text import check_storable
 from service.uploads import store_stats
-from service.views import module_tree_json, plan_summary, stats_summary
+from service.views import plan_summary, stats_summary
 
 router = APIRouter(prefix="/v1/stats", tags=["stats"])
 
@@ -35,11 +41,15 @@ StatsBody = Annotated[
     "",
     response_model=StatsSummary,
     status_code=status.HTTP_201_CREATED,
-    responses={**ALREADY_UPLOADED, **INVALID_STATS},
+    responses={**ALREADY_UPLOADED, **INVALID_STATS, **TOO_LARGE},
 )
-def upload_stats(doc: StatsBody, project: ProjectDep, session: SessionDep, response: Response) -> StatsSummary:
-    """Upload stats; the same document again returns the existing id (200) instead of a new one (201)."""
-    row, inserted = store_stats(session, project, doc)
+async def upload_stats(doc: StatsBody, project: ProjectDep, factory: SessionFactoryDep, settings: SettingsDep,
+                       response: Response) -> StatsSummary:
+    """Upload stats; the same document again returns the existing id (200) instead of a new one (201).
+
+    Documents past this service's limits on modules, ops or nesting depth are refused (413) before validation.
+    """
+    row, inserted = await store_stats(factory, project, doc, limits=UploadLimits.of(settings))
     if not inserted:  # the same document uploaded before: its existing id
         response.status_code = status.HTTP_200_OK
     return stats_summary(row)
@@ -80,15 +90,20 @@ def list_stats(
     return StatsPage(items=[stats_summary(r) for r in rows], total=total, limit=limit, offset=offset)
 
 
-@router.get("/{stats_id}", response_model=StatsDetail, responses={**STATS_NOT_FOUND, **STALE_STATS})
-def read_stats(stats_id: IdPath, project: ProjectDep, session: SessionDep) -> Response:
+@router.get("/{stats_id}", response_model=StatsDetail, responses={**STATS_NOT_FOUND, **STALE_STATS, **RENDER_BUSY})
+async def read_stats(stats_id: IdPath, project: ProjectDep, factory: SessionFactoryDep,
+                     renderer: RendererDep) -> Response:
     """One upload: its summary and module tree."""
-    row = get_stats(session, project, stats_id)
-    stats = parse_stored_stats(row.id, row.document)
-    summary = stats_summary(row).model_dump_json()
-    # The tree is written by hand (any depth the format allows); the summary by its model.
-    body = f'{summary[:-1]},"module_tree":{module_tree_json(stats)}}}'
-    return Response(body.encode(), media_type="application/json")
+    summary, document = await run_in_threadpool(_summary_and_document, factory, project, stats_id)
+    # validating a large document again is seconds of CPU: in a render process, never on the event loop
+    body = raise_if_stale(await renderer.run(stats_detail_job, stats_id, document, summary))
+    return Response(body, media_type="application/json")
+
+
+def _summary_and_document(factory: sessionmaker[Session], project: str, stats_id: str) -> tuple[str, str]:
+    with factory() as session:
+        row = get_stats(session, project, stats_id)
+        return stats_summary(row).model_dump_json(), row.document
 
 
 @router.delete("/{stats_id}", status_code=status.HTTP_204_NO_CONTENT, responses=STATS_NOT_FOUND)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import time
 from typing import Any
 
 from fastapi import APIRouter, Response, status
@@ -10,16 +11,17 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
-from service.api.deps import IdPath, ProjectDep, SessionDep, SessionFactoryDep, SettingsDep, SolverDep
-from service.api.responses import NOT_FOUND, PNG, SOLVE_ERRORS, SWEEP_FROM_CACHE
+from service.api.deps import IdPath, ProjectDep, RendererDep, SessionDep, SessionFactoryDep, SettingsDep, SolverDep
+from service.api.responses import NOT_FOUND, PNG, RENDER_BUSY, SOLVE_ERRORS, SWEEP_FROM_CACHE
 from service.cache import CachedPlan, get_stats, plans_for
-from service.charts import sweep_chart_png
-from service.db import insert_or_get
+from service.db import insert_or_get, write_gate
 from service.errors import NotFound
 from service.ids import is_id
-from service.limits import check_time_limit
+from service.limits import UploadLimits, check_time_limit
 from service.models import PlanRecord, StatsRecord, SweepRecord
+from service.rendering import sweep_chart_job
 from service.schemas import SweepOut, SweepRequest
+from service.times import iso_utc
 from service.uploads import stats_id_of
 from service.views import sweep_out, sweep_point
 
@@ -31,7 +33,7 @@ def _record(factory: sessionmaker[Session], project: str, stats_id: str, request
     """The sweep of these plans, stored now unless it already was; and whether this call stored it."""
     plan_ids = [p.id for p in plans]
     key = hashlib.sha256(",".join(str(i) for i in plan_ids).encode()).hexdigest()
-    with factory() as session:
+    with write_gate(factory), factory() as session:
         stats = get_stats(session, project, stats_id)
         find = select(SweepRecord).where(SweepRecord.stats_id == stats_id, SweepRecord.cache_key == key)
         row = session.execute(find).scalar_one_or_none()
@@ -52,10 +54,11 @@ async def create_sweep(
 ) -> SweepOut:
     """Plans at each budget (missing ones solved in one job), stored as a new sweep (201) or the same as
     before (200); the curve is also a chart."""
+    started = time.monotonic()  # one time_limit_s for the whole sweep, from here
     check_time_limit(body.time_limit_s, settings.max_time_limit_s)
     budgets = body.budgets()
-    stats_id = await stats_id_of(factory, project, body)
-    plans = await plans_for(factory, solver, project, stats_id, budgets, body)
+    stats_id = await stats_id_of(factory, project, body, UploadLimits.of(settings))
+    plans = await plans_for(factory, solver, project, stats_id, budgets, body, started=started)
     points = [sweep_point(p) for p in plans]
     if any(p.id is None for p in plans):  # a solver error: answer, but store no sweep of it
         response.status_code = status.HTTP_200_OK
@@ -93,9 +96,18 @@ def read_sweep(sweep_id: IdPath, project: ProjectDep, session: SessionDep) -> Sw
     return sweep_out(row, stats, [sweep_point(p) for p in plans], cached=True)
 
 
-@router.get("/{sweep_id}/chart.png", response_class=Response, responses={**PNG, **NOT_FOUND})
-def sweep_chart(sweep_id: IdPath, project: ProjectDep, session: SessionDep) -> Response:
+@router.get("/{sweep_id}/chart.png", response_class=Response, responses={**PNG, **NOT_FOUND, **RENDER_BUSY})
+async def sweep_chart(sweep_id: IdPath, project: ProjectDep, factory: SessionFactoryDep,
+                      renderer: RendererDep) -> Response:
     """Recompute time against memory budget for the sweep's points."""
-    _, stats, plans = _load(session, project, sweep_id)
-    png = sweep_chart_png(stats.model_name, [p.plan() for p in plans], stats.baseline_peak_bytes)
+    row, stats, plans = await run_in_threadpool(_load_with, factory, project, sweep_id)
+    key = ("sweep", row.id, iso_utc(row.created_at))
+    png = await renderer.chart(key, sweep_chart_job, stats.model_name, [p.result for p in plans],
+                               stats.baseline_peak_bytes)
     return Response(png, media_type="image/png")
+
+
+def _load_with(factory: sessionmaker[Session], project: str,
+               sweep_id: str) -> tuple[SweepRecord, StatsRecord, list[CachedPlan]]:
+    with factory() as session:
+        return _load(session, project, sweep_id)

@@ -1,0 +1,175 @@
+"""Hard bounds of the service, measured on a real ``sacplan serve``: time limits, the solver memory cap, big reads.
+
+A synthetic transformer of about 20,000 modules (``bench/synthetic.py``: the
+L4 sample's middle block repeated) is uploaded once; then, each timed from
+sending the request to the whole answer:
+
+* ``POST /v1/plans`` with ``time_limit_s=3`` (done when: answered within 6 s);
+* ``POST /v1/sweeps`` of 64 budgets with ``time_limit_s=10`` (done when: within 12 s);
+* the largest resident memory of any solver process during both, sampled every
+  20 ms, against ``SACPLAN_SOLVER_MEMORY_MB``;
+* ``GET /v1/stats/{id}`` of the big upload, while ``/healthz`` is asked every
+  50 ms: the slowest ``/healthz`` answer meanwhile (the event loop never waits
+  for the read-back);
+* the server processes' own resident memory after all that.
+
+    python bench/bench_limits.py --write
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_service import _free_port, machine, start_server, write_results  # noqa: E402
+from synthetic import make_layers  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+L4 = REPO / "tests" / "data" / "torch_format_transformer_L4.json"
+SECTION = "## Service limits"
+MIB = 2**20
+
+
+class PeakRss:
+    """The largest RSS of any spawned child of the server (its solver processes) while running."""
+
+    def __init__(self, server_pid: int):
+        self.server = psutil.Process(server_pid)
+        self.peak_bytes = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _watch(self) -> None:
+        while not self._stop.is_set():
+            for child in self.server.children(recursive=True):
+                try:  # spawned children: during a solve, that is the solver process (render ones idle)
+                    if "spawn_main" in " ".join(child.cmdline()):
+                        self.peak_bytes = max(self.peak_bytes, child.memory_info().rss)
+                except psutil.Error:
+                    pass
+            time.sleep(0.02)
+
+    def __enter__(self) -> PeakRss:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def timed(c: httpx.Client, method: str, path: str, **kw) -> tuple[float, httpx.Response]:
+    t0 = time.perf_counter()
+    r = c.request(method, path, **kw)
+    return time.perf_counter() - t0, r
+
+
+def slowest_healthz_during(url: str, work) -> tuple[float, float, object]:
+    """Run ``work()`` while asking /healthz every 50 ms: (slowest /healthz s, work's own s, work's result)."""
+    slowest = 0.0
+    done = threading.Event()
+
+    def probe() -> None:
+        nonlocal slowest
+        with httpx.Client(base_url=url, timeout=60) as c:
+            while not done.is_set():
+                seconds, r = timed(c, "GET", "/healthz")
+                assert r.status_code == 200
+                slowest = max(slowest, seconds)
+                time.sleep(0.05)
+
+    prober = threading.Thread(target=probe)
+    prober.start()
+    t0 = time.perf_counter()
+    try:
+        result = work()
+    finally:
+        spent = time.perf_counter() - t0
+        done.set()
+        prober.join()
+    return slowest, spent, result
+
+
+def server_rss_mib(pid: int) -> float:
+    """RSS of the server process itself (not its solver or render children), MiB."""
+    return psutil.Process(pid).memory_info().rss / MIB
+
+
+def run(args) -> list[str]:
+    source = json.loads(L4.read_text())
+    doc = make_layers(source, args.layers)
+    body = json.dumps(doc).encode()
+    modules = len(doc["module_info"]["mod_stats"])
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    lines = []
+    settings = {"SACPLAN_SOLVER_MEMORY_MB": str(args.memory_mb)}
+    with tempfile.TemporaryDirectory() as tmp:
+        proc = start_server(Path(tmp) / "data", port, 1, settings=settings)
+        try:
+            with httpx.Client(base_url=url, timeout=600) as c:
+                up_s, up = timed(c, "POST", "/v1/stats", content=body, headers={"content-type": "application/json"})
+                assert up.status_code == 201, up.text[:500]
+                stats_id = up.json()["id"]
+                baseline_gib = up.json()["baseline_peak_gib"]
+                lines.append(f"| upload ({len(body) / MIB:.0f} MiB, {modules} modules) | - | {up_s:.1f} | "
+                             f"{up.status_code} | |")
+                with PeakRss(proc.pid) as rss:
+                    budget = round(baseline_gib * 0.6, 3)
+                    plan_s, plan = timed(c, "POST", "/v1/plans", json={
+                        "stats_id": stats_id, "memory_budget_gib": budget, "time_limit_s": 3})
+                    p = plan.json()
+                    lines.append(f"| plan, 1 budget ({budget} GiB) | 3 | {plan_s:.2f} | {plan.status_code} | "
+                                 f"{p.get('status')} |")
+                    budgets = [round(baseline_gib * (0.3 + 0.7 * k / 63), 4) for k in range(64)]
+                    sweep_s, sweep = timed(c, "POST", "/v1/sweeps", json={
+                        "stats_id": stats_id, "budgets_gib": budgets, "time_limit_s": 10})
+                    points = sweep.json().get("points", [])
+                    counts: dict[str, int] = {}
+                    for pt in points:
+                        counts[pt["status"]] = counts.get(pt["status"], 0) + 1
+                    said = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+                    lines.append(f"| sweep, 64 budgets | 10 | {sweep_s:.2f} | {sweep.status_code} | {said} |")
+                slowest, read_s, read = slowest_healthz_during(url, lambda: c.get(f"/v1/stats/{stats_id}"))
+                lines.append(f"| GET /v1/stats/{{id}} ({len(read.content) / MIB:.0f} MiB answer) | - | "
+                             f"{read_s:.2f} | {read.status_code} | slowest /healthz meanwhile "
+                             f"{slowest * 1000:.0f} ms |")
+                after_mib = server_rss_mib(proc.pid)
+        finally:
+            proc.send_signal(2)
+            proc.wait(timeout=60)
+    return [f"| request | time_limit_s | answered in s | HTTP | result |", "|---|---:|---:|---:|---|", *lines,
+            "", f"Largest solver process RSS during the plan and the sweep: **{rss.peak_bytes / MIB:.0f} MiB** "
+                f"(cap SACPLAN_SOLVER_MEMORY_MB={args.memory_mb}). Server process RSS afterwards "
+                f"(without its solver and render processes): {after_mib:.0f} MiB."]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=1428, help="blocks of the synthetic model (1428: ~20,000 modules)")
+    parser.add_argument("--memory-mb", type=int, default=2048, help="SACPLAN_SOLVER_MEMORY_MB of the server")
+    parser.add_argument("--write", action="store_true", help="write the table into bench/RESULTS.md")
+    args = parser.parse_args()
+    lines = run(args)
+    text = "\n".join([
+        SECTION, "",
+        f"A real `sacplan serve` (1 worker, SQLite in a temp dir) on 127.0.0.1; machine: {machine()}, shared with "
+        f"other sessions. Command: `python bench/bench_limits.py{' --write' if args.write else ''}`. Synthetic "
+        f"stats: the L4 sample's middle block repeated {args.layers} times (`bench/synthetic.py`). Each time is "
+        f"from sending the request to the end of the answer (wall clock).", "", *lines])
+    print(text)
+    if args.write:
+        write_results(text, SECTION)
+
+
+if __name__ == "__main__":
+    main()
