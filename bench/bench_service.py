@@ -256,6 +256,16 @@ def main_wrk(args, wrk: str) -> list[tuple[str, dict]]:
     return rows
 
 
+def server_stack() -> str:
+    """What serves the requests: uvicorn with the service's h11 protocol, on uvloop when it is installed."""
+    import importlib.util
+
+    import uvicorn
+
+    loop = "uvloop" if importlib.util.find_spec("uvloop") else "the asyncio event loop"
+    return f"uvicorn {uvicorn.__version__}, the service's h11 protocol (`service/transport.py`), {loop}"
+
+
 def machine() -> str:
     cpu = cpu_model()
     return f"{os.cpu_count()} CPU cores ({cpu}), Linux, Python {platform.python_version()}"
@@ -389,8 +399,8 @@ def main() -> None:
     else:
         client = "httpx"
         how = "driven by an httpx async client in the benchmark process (it needs about as much CPU as the server)"
-    text = (f"{SECTION}\n\nA real `sacplan serve --workers {args.workers} --no-access-log` (uvicorn with uvloop and "
-            f"httptools; SQLite in a temp dir) on 127.0.0.1, {how}; closed loop, no think time, {pinning}. "
+    text = (f"{SECTION}\n\nA real `sacplan serve --workers {args.workers} --no-access-log` ({server_stack()}; SQLite "
+            f"in a temp dir) on 127.0.0.1, {how}; closed loop, no think time, {pinning}. "
             f"Machine: {machine()}.\n"
             f"Load average (1 min) {load_before:.1f} before and {load_after:.1f} after the run (the last column says "
             f"how much other work shared the cores).\nCommand: `{cmd.strip()}`. The plan is the L4 transformer at 5 GiB (solved once before "
