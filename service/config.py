@@ -56,6 +56,9 @@ class Settings(BaseSettings):
     auth_failures_per_window: int = Field(
         20, ge=1, description="Failed authentications one client address may make per window; beyond: 429.")
     auth_failure_window_s: int = Field(60, ge=1, description="That window, seconds.")
+    auth_failure_sync_s: float = Field(
+        1.0, ge=0, description="How stale a process's view of the failures other processes and replicas recorded "
+                               "may be, seconds (0: read the database on every authenticated request).")
     max_upload_modules: int = Field(200_000, ge=1, description="Modules a stats document may have (413 beyond).")
     max_upload_ops: int = Field(5_000_000, ge=1, description="Ops a stats document may have, all modules (413).")
     # The default is the deepest tree the stats format allows (names of at most 1024 characters): such trees

@@ -93,7 +93,8 @@ def create_app(settings: Settings | None = None, *, solver: SolverPool | None = 
     app.state.engine = engine
     app.state.session_factory = make_sessionmaker(engine)
     app.state.solver = pool
-    app.state.auth_failures = AuthThrottle(settings.auth_failures_per_window, settings.auth_failure_window_s)
+    app.state.auth_failures = AuthThrottle(app.state.session_factory, settings.auth_failures_per_window,
+                                           settings.auth_failure_window_s, sync_s=settings.auth_failure_sync_s)
     app.state.renderer = Renderer(settings.render_workers, settings.render_queue_size, settings.retry_after_s,
                                   settings.chart_cache_entries)
     install_error_handlers(app)

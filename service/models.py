@@ -10,7 +10,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 from service.ids import ID_LENGTH, new_id
 
-__all__ = ["Base", "StatsRecord", "StatsTag", "PlanRecord", "SweepRecord", "SolveClaim", "utcnow"]
+__all__ = ["Base", "StatsRecord", "StatsTag", "PlanRecord", "SweepRecord", "SolveClaim", "AuthFailure", "utcnow"]
 
 # Stable constraint names, so migrations name what the models name.
 NAMING_CONVENTION = {
@@ -122,3 +122,17 @@ class SolveClaim(Base):
     owner: Mapped[str] = mapped_column(String(64))
     expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     outcome: Mapped[str | None] = mapped_column(Text, deferred=True)  # the solver's answer as JSON, once done
+
+
+class AuthFailure(Base):
+    """One failed authentication from a client address, seen by any process or replica (``service.throttle``).
+
+    Rows older than the throttle's window are deleted as new ones arrive.
+    """
+
+    __tablename__ = "auth_failures"
+    __table_args__ = (Index("ix_auth_failures_address_failed_at", "address", "failed_at"),)
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    address: Mapped[str] = mapped_column(String(64))
+    failed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)

@@ -9,6 +9,7 @@ from typing import Annotated
 
 from fastapi import Depends, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.concurrency import run_in_threadpool
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.config import Settings
@@ -73,7 +74,7 @@ async def get_project(
         raise TooManyAuthFailures(throttle.failures, throttle.window_s, wait_s)
     project = project_for_key(settings, credentials.credentials) if credentials is not None else None
     if project is None:
-        throttle.failed(address)
+        await run_in_threadpool(throttle.failed, address)  # a database write
         metrics.AUTH_FAILURES.labels("wrong_key").inc()
         raise Unauthorized()
     return project

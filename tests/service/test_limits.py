@@ -160,3 +160,26 @@ def test_failed_keys_are_throttled_per_address(settings, solver):
     other = _run(app, lambda c: c.get("/v1/stats", headers={"Authorization": f"Bearer {KEY_A}"}),
                  client=("10.0.0.2", 1000))
     assert other.status_code == 200  # another address is unaffected
+
+
+def test_failed_keys_count_across_processes_and_replicas(settings, solver):
+    # Two apps on one database, each with its own engine and throttle: two `--workers` processes or two replicas.
+    # `sync_s` 3600: `late` reads the others' failures once (its first request) and then only learns from its own.
+    limits = {"api_keys": {KEY_A: "alpha"}, "auth_failures_per_window": 3}
+    eager = create_app(settings.model_copy(update={**limits, "auth_failure_sync_s": 0}), solver=solver)
+    late = create_app(settings.model_copy(update={**limits, "auth_failure_sync_s": 3600}), solver=solver)
+    address = ("10.0.0.7", 1000)
+
+    def get(app, key):
+        return _run(app, lambda c: c.get("/v1/stats", headers={"Authorization": f"Bearer {key}"}), client=address)
+
+    assert [get(late, "guess-1").status_code, get(eager, "guess-2").status_code] == [401, 401]
+    assert get(late, KEY_A).status_code == 200  # 2 failures of 3 so far
+    assert get(eager, "guess-3").status_code == 401  # the third, recorded by the other process
+    assert get(eager, KEY_A).status_code == 429
+    assert get(late, KEY_A).status_code == 200  # its view is up to an hour stale: it has not read that one yet
+    assert get(late, "guess-4").status_code == 401  # its own failure tells it the count is past the limit...
+    refused = get(late, KEY_A)
+    assert refused.status_code == 429 and 1 <= int(refused.headers["retry-after"]) <= 61  # ...and it refuses too
+    assert _run(late, lambda c: c.get("/v1/stats", headers={"Authorization": f"Bearer {KEY_A}"}),
+                client=("10.0.0.8", 1000)).status_code == 200  # another address is unaffected
