@@ -22,6 +22,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def read_answer(sock: socket.socket) -> tuple[bytes, bytes]:
+    """Exactly one HTTP response from ``sock``: its head (status line and headers) and its Content-Length body."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"connection closed before a whole answer: {data[:300]!r}"
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                   if line.lower().startswith(b"content-length:")), 0)
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        assert chunk, "connection closed in the body"
+        body += chunk
+    return head, body
+
+
 def serve_command() -> list[str]:
     exe = shutil.which("sacplan")
     return [exe] if exe else [sys.executable, "-m", "planner.cli"]

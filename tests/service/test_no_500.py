@@ -11,7 +11,7 @@ import time
 
 import pytest
 import uvicorn
-from live_server import free_port
+from live_server import free_port, read_answer
 
 from service.main import create_app
 
@@ -122,17 +122,9 @@ def live_app(settings):
 def _exchange(sock: socket.socket, path: str) -> tuple[int, dict[str, str]]:
     """One keep-alive GET on ``sock``: the status and headers (the body read by its Content-Length)."""
     sock.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(65536)
-        assert chunk, f"connection closed before an answer to {path}"
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
+    head, _ = read_answer(sock)
     status_line, *lines = head.decode("latin-1").split("\r\n")
     headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines)}
-    length = int(headers["content-length"])
-    while len(body) < length:
-        body += sock.recv(65536)
     return int(status_line.split()[1]), headers
 
 

@@ -18,7 +18,7 @@ import threading
 import time
 
 import uvicorn
-from live_server import Server
+from live_server import Server, read_answer
 
 from service.config import Settings
 from service.examples import EXAMPLE_STATS
@@ -35,20 +35,9 @@ async def _tiny_app(scope, receive, send) -> None:
 
 
 def _exchange(sock: socket.socket, request: bytes) -> bytes:
-    """Send ``request`` in one write; read exactly one response (headers and ``content-length`` bytes)."""
+    """Send ``request`` in one write; read exactly one response."""
     sock.sendall(request)
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(65536)
-        assert chunk, f"connection closed after {data!r}"
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
-                  if line.lower().startswith(b"content-length:"))
-    while len(body) < length:
-        chunk = sock.recv(65536)
-        assert chunk, "connection closed in the body"
-        body += chunk
+    head, body = read_answer(sock)
     return head + b"\r\n\r\n" + body
 
 
