@@ -68,7 +68,8 @@ class Settings(BaseSettings):
     metrics: Literal["off", "public", "key"] = Field(
         "public", description="GET /metrics: off (404), public, or key (needs SACPLAN_METRICS_KEY as a Bearer token).")
     metrics_key: SecretStr | None = Field(None, description="The token /metrics asks for when metrics is 'key'.")
-    render_workers: int = Field(1, ge=1, le=16, description="Processes rendering charts and large stats read-backs.")
+    render_workers: int = Field(1, ge=1, le=16, description="Processes rendering charts and large stats "
+                                                            "read-backs, and validating uploads over 1 MiB.")
     render_queue_size: int = Field(4, ge=0, description="Renders waiting beyond the running ones; then 503.")
     chart_cache_entries: int = Field(64, ge=0, description="Chart PNGs kept in memory per process.")
     sqlite_busy_timeout_ms: int = Field(10_000, ge=0)

@@ -8,9 +8,12 @@ upload) and the same stored row.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
+from fastapi import HTTPException
+from fastapi.exceptions import RequestValidationError
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
@@ -19,13 +22,15 @@ from starlette.concurrency import run_in_threadpool
 import planner
 from planner import baseline_peak_bytes, compute_ms
 from service.db import write_gate
-from service.errors import InvalidInput
+from service.errors import InvalidInput, PayloadTooLarge
 from service.limits import UploadLimits, check_upload
 from service.models import StatsRecord, StatsTag
+from service.rendering import Renderer
 from service.schemas import StatsSource
 from service.text import check_storable
 
-__all__ = ["new_stats_record", "keep_stats", "store_stats", "stats_id_of"]
+__all__ = ["new_stats_record", "stats_row_fields", "keep_stats", "store_stats", "store_stats_body", "prepare_body_job",
+           "stats_id_of"]
 
 
 def new_stats_record(project: str, doc: dict[str, Any], *, loc: Sequence[str] = (),
@@ -33,6 +38,15 @@ def new_stats_record(project: str, doc: dict[str, Any], *, loc: Sequence[str] = 
     """The row for ``doc``, not yet stored; InvalidInput (422) naming the field, under ``loc`` in the request.
 
     PayloadTooLarge (413) first, before any validation, when ``doc`` passes ``limits``.
+    """
+    return _record(project, stats_row_fields(doc, loc=loc, limits=limits))
+
+
+def stats_row_fields(doc: dict[str, Any], *, loc: Sequence[str] = (),
+                     limits: UploadLimits | None = None) -> dict[str, Any]:
+    """The stored columns of ``doc`` (plain data, so a worker process can send them back) and its ``tags``.
+
+    Raises as :func:`new_stats_record` does.
     """
     if limits is not None:
         check_upload(doc, limits, loc)
@@ -47,15 +61,20 @@ def new_stats_record(project: str, doc: dict[str, Any], *, loc: Sequence[str] = 
     for key, value in stats.metadata.tags.items():
         check_storable(key, [*loc, "metadata", "tags", key])
         check_storable(value, [*loc, "metadata", "tags", key])
-    source = "v1" if doc.get("format") else "torch"
-    row = StatsRecord(
-        project=project, content_hash=planner.stats_hash(stats), model_name=stats.metadata.model_name,
-        source_format=source, module_count=len(stats.modules),
-        op_count=sum(len(m.ops or ()) for m in stats.modules),
-        baseline_peak_bytes=baseline_peak_bytes(stats), compute_ms=compute_ms(stats),
-        document=stats.canonical_json(),
-    )
-    row.tags = [StatsTag(key=k, value=v) for k, v in stats.metadata.tags.items()]
+    return {
+        "content_hash": planner.stats_hash(stats), "model_name": stats.metadata.model_name,
+        "source_format": "v1" if doc.get("format") else "torch", "module_count": len(stats.modules),
+        "op_count": sum(len(m.ops or ()) for m in stats.modules),
+        "baseline_peak_bytes": baseline_peak_bytes(stats), "compute_ms": compute_ms(stats),
+        "document": stats.canonical_json(), "tags": dict(stats.metadata.tags),
+    }
+
+
+def _record(project: str, fields: dict[str, Any]) -> StatsRecord:
+    columns = dict(fields)
+    tags = columns.pop("tags")
+    row = StatsRecord(project=project, **columns)
+    row.tags = [StatsTag(key=k, value=v) for k, v in tags.items()]
     return row
 
 
@@ -96,14 +115,58 @@ async def store_stats(factory: sessionmaker[Session], project: str, doc: dict[st
         row = new_stats_record(project, doc, loc=loc)
     else:
         row = await run_in_threadpool(new_stats_record, project, doc, loc=loc)
+    return await run_in_threadpool(_keep, factory, project, row)
 
-    def keep() -> tuple[StatsRecord, bool]:
-        with write_gate(factory), factory() as session:
-            kept, inserted = keep_stats(session, project, row)
-            session.commit()
-            return kept, inserted
 
-    return await run_in_threadpool(keep)
+async def store_stats_body(factory: sessionmaker[Session], renderer: Renderer, project: str, body: bytes, *,
+                           limits: UploadLimits) -> tuple[StatsRecord, bool]:
+    """As :func:`store_stats`, for a request body too large to read in the service process.
+
+    Parsing, the limits and validation run in a render process (:func:`prepare_body_job`): seconds of
+    CPU for a document of tens of MB, which in a thread of this process held the GIL for up to a second at
+    a time and stalled the event loop (``/healthz`` and cached reads included). Only the columns come back.
+    """
+    outcome = await renderer.run(prepare_body_job, body, limits)
+    kind = outcome[0]
+    if kind == "json_invalid":  # as FastAPI words a body it cannot parse, so the same handler explains it
+        _, message, position = outcome
+        raise RequestValidationError([{"type": "json_invalid", "loc": ("body", position), "msg": "JSON decode error",
+                                       "input": {}, "ctx": {"error": message}}], body=body.decode("utf-8", "replace"))
+    if kind == "unreadable":  # FastAPI's answer to any other parser failure, its cause attached, as here
+        raise HTTPException(400, detail="There was an error parsing the body") from outcome[1]
+    if kind == "not_object":  # the value itself (over a MiB) is not sent back: an empty one of its JSON type
+        raise RequestValidationError([{"type": "dict_type", "loc": ("body",), "msg": "Input should be a valid "
+                                       "dictionary", "input": outcome[1]}])
+    if kind == "too_large":
+        raise PayloadTooLarge(outcome[1], errors=outcome[2])
+    if kind == "invalid":
+        raise InvalidInput(outcome[1], errors=outcome[2])
+    return await run_in_threadpool(_keep, factory, project, _record(project, outcome[1]))
+
+
+def prepare_body_job(body: bytes, limits: UploadLimits) -> tuple:
+    """In a render process: ``("ok", columns)`` for a valid stats document, else what is wrong with it."""
+    try:
+        doc = json.loads(body)
+    except json.JSONDecodeError as exc:
+        return "json_invalid", exc.msg, exc.pos
+    except (RecursionError, ValueError) as exc:  # too deeply nested; not UTF-8 (UnicodeDecodeError)
+        return "unreadable", exc
+    if not isinstance(doc, dict):
+        return "not_object", type(doc)()
+    try:
+        return "ok", stats_row_fields(doc, limits=limits)
+    except PayloadTooLarge as exc:
+        return "too_large", exc.message, exc.errors
+    except InvalidInput as exc:
+        return "invalid", exc.message, exc.errors
+
+
+def _keep(factory: sessionmaker[Session], project: str, row: StatsRecord) -> tuple[StatsRecord, bool]:
+    with write_gate(factory), factory() as session:
+        kept, inserted = keep_stats(session, project, row)
+        session.commit()
+        return kept, inserted
 
 
 async def stats_id_of(factory: sessionmaker[Session], project: str, request: StatsSource,

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Query, Response, status
+from fastapi import APIRouter, Body, Query, Request, Response, status
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
+from service.api.large_body import DeferredBodyRoute, deferred_body
 from service.api.deps import IdPath, ProjectDep, RendererDep, SessionDep, SessionFactoryDep, SettingsDep
 from service.api.responses import (
     ALREADY_UPLOADED, INVALID_STATS, RENDER_BUSY, STALE_STATS, STATS_NOT_FOUND, TOO_LARGE,
@@ -21,10 +22,10 @@ from service.models import PlanRecord, StatsRecord, StatsTag, SweepRecord
 from service.rendering import raise_if_stale, stats_detail_job
 from service.schemas import PlanPage, StatsDetail, StatsPage, StatsSummary
 from service.text import check_storable
-from service.uploads import store_stats
+from service.uploads import store_stats, store_stats_body
 from service.views import plan_summary, stats_summary
 
-router = APIRouter(prefix="/v1/stats", tags=["stats"])
+router = APIRouter(prefix="/v1/stats", tags=["stats"], route_class=DeferredBodyRoute)
 
 StatsBody = Annotated[
     dict[str, Any],
@@ -44,12 +45,17 @@ StatsBody = Annotated[
     responses={**ALREADY_UPLOADED, **INVALID_STATS, **TOO_LARGE},
 )
 async def upload_stats(doc: StatsBody, project: ProjectDep, factory: SessionFactoryDep, settings: SettingsDep,
-                       response: Response) -> StatsSummary:
+                       renderer: RendererDep, request: Request, response: Response) -> StatsSummary:
     """Upload stats; the same document again returns the existing id (200) instead of a new one (201).
 
     Documents past this service's limits on modules, ops or nesting depth are refused (413) before validation.
     """
-    row, inserted = await store_stats(factory, project, doc, limits=UploadLimits.of(settings))
+    limits = UploadLimits.of(settings)
+    body = deferred_body(request)  # over a MiB: parsed and validated in a render process
+    if body is not None:
+        row, inserted = await store_stats_body(factory, renderer, project, body, limits=limits)
+    else:
+        row, inserted = await store_stats(factory, project, doc, limits=limits)
     if not inserted:  # the same document uploaded before: its existing id
         response.status_code = status.HTTP_200_OK
     return stats_summary(row)
