@@ -107,12 +107,29 @@ def insert_or_get(session: Session, row: Row, lookup: Select[tuple[Row]]) -> tup
     ``sqlalchemy.exc.NoResultFound`` when the insert failed but ``lookup`` finds
     nothing (another constraint failed: say a parent row deleted meanwhile).
     """
+    _open_sqlite_transaction(session)
     try:
         with session.begin_nested():
             session.add(row)
     except IntegrityError:
         return session.execute(lookup).scalar_one(), False
     return row, True
+
+
+def _open_sqlite_transaction(session: Session) -> None:
+    """Make sure a SQLite session is inside a transaction before a savepoint.
+
+    Python's sqlite3 module opens a transaction only before an INSERT, UPDATE or
+    DELETE. A SAVEPOINT it runs outside one starts a transaction of its own, and
+    its RELEASE commits it: each row went out alone, mid-session, so a reader
+    saw some of a sweep's plans and solved the others again. BEGIN IMMEDIATE
+    takes the write lock now (writers hold the write gate, so it is free).
+    """
+    connection = session.connection()
+    if connection.dialect.name != "sqlite":
+        return
+    if not connection.connection.dbapi_connection.in_transaction:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 def alembic_config(url: str):

@@ -56,3 +56,19 @@ def test_another_failure_finds_nothing_and_raises_no_result_found(engine):
                       world_size=1, status="optimal", solve_seconds=0.0, result="{}")
     with Session(engine) as session, pytest.raises(NoResultFound):
         insert_or_get(session, plan, select(PlanRecord).where(PlanRecord.cache_key == "k"))
+
+
+def test_rows_inserted_in_one_session_become_visible_together_at_its_commit(engine):
+    # A sweep's plans are stored in one session: a reader seeing some of them solved the rest again (a second
+    # solve in test_one_solve's sweeps-two-replicas). pysqlite ran each savepoint outside any transaction, so
+    # its RELEASE committed that row alone.
+    with Session(engine) as session, engine.connect() as reader:
+        def visible() -> list[str]:
+            return reader.execute(select(StatsRecord.content_hash).order_by(StatsRecord.content_hash)).scalars().all()
+
+        assert insert_or_get(session, _stats("a"), _same_hash("a"))[1]
+        assert insert_or_get(session, _stats("b"), _same_hash("b"))[1]
+        assert visible() == []
+        reader.rollback()  # end the reader's snapshot
+        session.commit()
+        assert visible() == ["a", "b"]
