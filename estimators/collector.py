@@ -237,6 +237,9 @@ def collect_stats(
         raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
     device = torch.device(device)
     step_model, fqns, units = model, module_fqns(model), None
+    if fsdp is not None and fsdp.mixed_precision and dtype not in (None, torch.float32):
+        raise ValueError(f"mixed_precision {fsdp.mixed_precision!r} keeps fp32 sharded parameters and casts them "
+                         f"itself: dtype must be None or torch.float32, got {dtype}")
     if fsdp is not None:  # the step runs on a sharded copy; the fqns are the model's own
         units = unit_fqns(model, fsdp.wrap if fsdp.wrap is not None else default_units(model), fqns)
         step_model = meta_copy(model)

@@ -125,8 +125,33 @@ def test_request_errors_name_the_flag(fields, message):
         run_collection(CollectRequest(hf_config=dict(TINY_LLAMA), batch=1, seq=8, **fields))
 
 
+def test_mixed_precision_needs_fp32_parameters():
+    built = _tiny_llama()
+    with pytest.raises(ValueError, match="dtype must be None or torch.float32, got torch.bfloat16"):
+        collect_stats(built.model, built.inputs, dtype=torch.bfloat16, fsdp=FsdpSetup(2, mixed_precision="bf16"),
+                      cost_model=RooflineCostModel(device_spec("cpu")))
+
+
 def test_setup_validation():
     with pytest.raises(ValueError, match="fsdp_world_size must be a positive integer, got 0"):
         FsdpSetup(0)
     with pytest.raises(ValueError, match="fsdp_wrap must be a list of class names, got the string 'LlamaMLP'"):
         FsdpSetup(2, wrap="LlamaMLP")
+
+
+def test_cli_collects_one_rank_and_plans_it(tmp_path, capsys):
+    import json
+
+    from planner import load_stats
+    from planner.cli import main
+
+    config, out = tmp_path / "tiny_llama.json", tmp_path / "s.json"
+    config.write_text(json.dumps(TINY_LLAMA))
+    assert main(["collect", "--hf-config", str(config), "--batch", "2", "--seq", "32", "--fsdp-world-size", "2",
+                 "--fsdp-wrap", "LlamaDecoderLayer", "--mixed-precision", "bf16", "--out", str(out), "--quiet"]) == 0
+    stats = load_stats(out)
+    assert stats.metadata.sharding.model_dump() == {"kind": "fsdp2", "world_size": 2, "units": LAYERS + [
+        "LlamaForCausalLM"], "mixed_precision": "bf16", "reshard_after_forward": True}
+    capsys.readouterr()
+    assert main(["plan", str(out), "--budget-gib", "1", "--world-size", "4"]) == 1
+    assert "--world-size 4 does not match the stats" in capsys.readouterr().err
