@@ -257,7 +257,9 @@ def collect_stats(
         stats = step.run(inputs, loss_fn, optimizer, optimizer_foreach, device, dtype, emulation, moe_routing,
                          with_model_settings(metadata, model))
     if fsdp is not None:
-        stats.metadata.sharding = Sharding(kind="fsdp2", world_size=fsdp.world_size, units=units,
+        kept = {m.fqn for m in stats.modules}  # a unit run out of place is not in the stats (nor planned)
+        stats.metadata.sharding = Sharding(kind="fsdp2", world_size=fsdp.world_size,
+                                           units=[u for u in units if u in kept],
                                            mixed_precision=fsdp.mixed_precision,
                                            reshard_after_forward=fsdp.reshard_after_forward)
     if checkpoint_overhead_us_per_op is not None or measure_checkpoint_overhead:

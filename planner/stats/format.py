@@ -255,6 +255,10 @@ def _validate(s: Stats) -> None:
         index[m.fqn] = i
     _check_order("fw_pre_order", s.fw_pre_order, index)
     _check_order("fw_post_order", s.fw_post_order, index)
+    if s.metadata.sharding is not None:
+        for k, u in enumerate(s.metadata.sharding.units):
+            if u not in index:
+                raise ValueError(f"metadata.sharding.units[{k}] {u!r} is not a module fqn")
 
     pre = {f: k for k, f in enumerate(s.fw_pre_order)}
     post = {f: k for k, f in enumerate(s.fw_post_order)}
