@@ -41,12 +41,14 @@ class PlanOptions(BaseModel):
 
     world_size: int = Field(
         1, ge=1, description="Ranks that parameters and gradients (and, if included, optimizer state) are sharded "
-                             "over (FSDP).")
+                             "over (FSDP). Stats collected per rank (metadata.sharding) are used as they are: "
+                             "1 or their own world size, no other.")
     ac_units: list[str] | None = Field(
         None, description="Only these modules (fqns) may be checkpointed; by default every non-leaf module with op "
                           "stats.")
     fsdp_units: list[str] | None = Field(
-        None, description="FSDP-wrapped modules (fqns): no checkpointed module may contain one; by default none.")
+        None, description="FSDP-wrapped modules (fqns): no checkpointed module may contain one; by default the "
+                          "stats' metadata.sharding.units, else none.")
     time_limit_s: float = Field(
         60.0, gt=0.0, allow_inf_nan=False,
         description="Time limit of the whole request, seconds: one budget for all the points of a sweep, "

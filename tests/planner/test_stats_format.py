@@ -258,3 +258,34 @@ def test_planner_imports_no_service_or_torch():
             "bad = [m for m in ('torch', 'fastapi', 'sqlalchemy') if m in sys.modules]; "
             "sys.exit(1 if bad else 0)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def _sharded(**fields):
+    doc = small_doc()
+    doc["metadata"]["sharding"] = {"kind": "fsdp2", "world_size": 4, "units": ["M.block", "M"], **fields}
+    return doc
+
+
+def test_sharded_stats_are_per_rank():
+    """docs/fsdp.md: per-rank stats are planned as they are, at world size 1 or their own, no other."""
+    from planner import baseline_peak_bytes
+
+    plain, sharded = parse_stats(small_doc()), parse_stats(_sharded())
+    assert sharded.metadata.sharding.units == ["M.block", "M"]
+    one = baseline_peak_bytes(plain)
+    assert baseline_peak_bytes(sharded) == baseline_peak_bytes(sharded, world_size=4) == one
+    assert baseline_peak_bytes(plain, world_size=4) < one  # unsharded stats are divided
+    with pytest.raises(ValueError, match="world_size 2 does not match the stats: .*world size 4"):
+        baseline_peak_bytes(sharded, world_size=2)
+
+
+@pytest.mark.parametrize("fields, match", [
+    ({"units": ["M.nope"]}, r"metadata.sharding.units\[0\] 'M.nope' is not a module fqn"),
+    ({"units": []}, "units"),
+    ({"kind": "fsdp1"}, "kind"),
+    ({"world_size": 0}, "world_size"),
+    ({"mixed_precision": "fp8"}, "mixed_precision"),
+])
+def test_sharding_errors_are_named(fields, match):
+    with pytest.raises(StatsError, match=match):
+        parse_stats(_sharded(**fields))
