@@ -1,0 +1,230 @@
+"""Per-rank plans against real FSDP2 training: predicted vs measured peak on every rank and step.
+
+    python bench/bench_fsdp.py                    # full run, rewrites the "## FSDP2" section of bench/RESULTS.md
+    python bench/bench_fsdp.py --only llama --ranks 2 --no-write
+
+For a small llama and gpt2 of ``../shared/reference/fidelity`` (its README's
+settings: batch 4 per rank, seq 256, AdamW, dropout 0.1): collect stats
+(``estimators.session.run_collection``, as ``sacplan collect``), plan at 60%
+and 85% of the per-rank no-checkpointing peak the stats predict
+(``planner.plan(..., world_size=N, fsdp_units=the decoder blocks)``), then
+run real FSDP2 training on N gloo ranks of this CPU (``bench/fsdp_run.py``:
+the plan applied before ``fully_shard`` on each decoder block
+(``_no_split_modules``) and the root, fp32 or bf16 mixed precision
+(``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``), AdamW, three
+steps) and measure each rank's peak (``estimators.real_fsdp``: every distinct
+live storage once, DTensors by their shard, FSDP2's resized all-gather
+outputs at their current size).
+
+The predictions are what the stats give today: ``--world-size N`` on stats
+of the unsharded fp32 step (parameters, gradients and optimizer state divided
+by N; no all-gather or reduce-scatter buffers, no bf16 copies), for both
+precisions, until ``sacplan collect --fsdp-world-size N`` lands.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+
+import planner  # noqa: E402
+from bench._machine import cpu_model  # noqa: E402
+from bench.bench_planner import write_results  # noqa: E402
+from bench.fsdp_run import RankResult, RunSpec, run_specs  # noqa: E402
+from estimators.real_fsdp import run_ranks, wrap_classes  # noqa: E402
+from estimators.session import CollectRequest, run_collection  # noqa: E402
+
+SECTION = "## FSDP2"
+REFERENCE = Path("../shared/reference/fidelity")
+MODELS = ("llama", "gpt2")
+RANKS = (2, 4)
+PRECISIONS = (None, "bf16")
+FRACTIONS = (0.6, 0.85)
+BATCH, SEQ, STEPS = 4, 256, 3
+MIB = 2**20
+
+
+@dataclass
+class Row:
+    """One model x ranks x precision x plan, with what every rank measured."""
+
+    model: str
+    ranks: int
+    precision: str | None
+    label: str
+    predicted_bytes: int | None
+    budget_bytes: int | None = None
+    plan: Any = None
+    per_rank: list[RankResult] = field(default_factory=list)
+    error: str | None = None
+
+    def steps(self) -> list[int]:
+        """Per step, the largest peak over the ranks."""
+        return [max(ps) for ps in zip(*(r.peaks for r in self.per_rank))] if self.per_rank and not self.error else []
+
+
+def fsdp_units(hf_config: dict) -> list[str]:
+    """The decoder blocks' FQNs as the stats name them (rooted at the model's class name)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.for_model(**hf_config)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(cfg)
+    wanted, root = set(wrap_classes(model)), type(model).__name__
+    return [f"{root}.{n}" for n, m in model.named_modules() if n and type(m).__name__ in wanted]
+
+
+def plan_rows(name: str, stats: Any, ranks: int, units: list[str]) -> list[Row]:
+    """The baseline and one plan per fraction, for each precision (the same plans: the stats are fp32's)."""
+    opts = dict(world_size=ranks, fsdp_units=units)
+    baseline = int(planner.plan(stats, 1024.0, **opts).baseline_peak_bytes)
+    plans = []
+    for f in FRACTIONS:
+        p = planner.plan(stats, f * baseline / planner.GIB, **opts)
+        plans.append((f"p{round(f * 100)}", int(f * baseline), p))
+    rows = []
+    for prec in PRECISIONS:
+        rows.append(Row(name, ranks, prec, "base", baseline))
+        for label, budget, p in plans:
+            ok = p.status in ("optimal", "feasible")
+            rows.append(Row(name, ranks, prec, label, p.peak_bytes if ok else None, budget, p,
+                            error=None if ok else f"plan {p.status}"))
+    return rows
+
+
+def run_model(name: str, reference: Path, ranks_list: tuple[int, ...], steps: int) -> list[Row]:
+    cfg = json.loads((reference / f"{name}.json").read_text())
+    req = CollectRequest(hf_config=cfg, batch=BATCH, seq=SEQ, dtype="fp32", device="cpu", optimizer="adamw",
+                         name=name)
+    stats = run_collection(req).stats
+    units = fsdp_units(cfg)
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory(prefix="sacplan-fsdp-") as tmp:
+        stats_path = Path(tmp, "stats.json")
+        stats_path.write_text(stats.model_dump_json())
+        for ranks in ranks_list:
+            mine = plan_rows(name, stats, ranks, units)
+            todo = [r for r in mine if r.error is None]
+            specs = [RunSpec(r.label, cfg, BATCH, SEQ, r.precision, r.plan.model_dump() if r.plan else None,
+                             str(stats_path), steps) for r in todo]
+            t = time.time()
+            per_rank = run_ranks(run_specs, ranks, specs)
+            print(f"{name} x{ranks}: {time.time() - t:.0f} s", file=sys.stderr, flush=True)
+            for i, row in enumerate(todo):
+                row.per_rank = [results[i] for results in per_rank]
+                row.error = next((r.error for r in row.per_rank if r.error), None)
+            rows += mine
+    return rows
+
+
+def _ratios(values: list[int], ref: int | None, flag: bool = False) -> str:
+    if not values or not ref:
+        return "-"
+    return " / ".join(f"**{v / ref:.3f}**" if flag and v > ref else f"{v / ref:.3f}" for v in values)
+
+
+def _breakdown(row: Row) -> str:
+    """Live MiB by kind at the worst rank's last-step peak."""
+    if not row.steps():
+        return "-"
+    worst = max(row.per_rank, key=lambda r: r.peaks[-1])
+    live = worst.live_at_peak[-1]
+    keys = ("param", "opt", "unsharded", "act", "temp", "grad", "input")
+    return ", ".join(f"{k} {live.get(k, 0) / MIB:.1f}" for k in keys if live.get(k, 0))
+
+
+def table(rows: list[Row]) -> list[str]:
+    head = ("| model | ranks | precision | plan | status, modules | budget MiB | predicted MiB | real MiB by step "
+            "(max over ranks) | ranks differ by | real/predicted by step | real/budget by step | peak phase | "
+            "live MiB at the s3 peak |")
+    out = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        steps = r.steps()
+        spread = max(max(col) - min(col) for col in zip(*(x.peaks for x in r.per_rank))) if steps else None
+        status = "-" if r.plan is None else f"{r.plan.status}, {len(r.plan.modules or [])}"
+        cells = [r.model, str(r.ranks), r.precision or "fp32", r.label, status,
+                 "-" if r.budget_bytes is None else f"{r.budget_bytes / MIB:.1f}",
+                 "-" if r.predicted_bytes is None else f"{r.predicted_bytes / MIB:.1f}",
+                 " / ".join(f"{s / MIB:.1f}" for s in steps) or (r.error or "-"),
+                 "-" if spread is None else f"{spread} B",
+                 _ratios(steps, r.predicted_bytes), _ratios(steps, r.budget_bytes, flag=True),
+                 " / ".join(r.per_rank[0].phases) if steps else "-", _breakdown(r)]
+        out.append("| " + " | ".join(cells) + " |")
+    return out
+
+
+def machine_line() -> str:
+    import transformers
+
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return (f"{os.cpu_count()} CPUs, {cpu_model()}, shared with other work (1-min load {load:.2f} at start); every "
+            f"rank a process on 1 thread, gloo over 127.0.0.1; {platform.system()} {platform.release()}; Python "
+            f"{platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}; "
+            f"sacplan planner {planner.PLANNER_VERSION} at {head.stdout.strip() or 'unknown commit'}.")
+
+
+def report(rows: list[Row], *, command: str, header: str, minutes: float) -> str:
+    """The markdown section: setup, the table, the verdict."""
+    done = [r for r in rows if r.per_rank and not r.error]
+    worst_pred = max((abs(s / r.predicted_bytes - 1) for r in done for s in r.steps()), default=float("nan"))
+    over = [f"{r.model} x{r.ranks} {r.precision or 'fp32'} {r.label}" for r in done
+            if r.budget_bytes and max(r.steps()) > r.budget_bytes]
+    out = [SECTION, "", f"Machine: {header}", "",
+           f"Command: `{command}` (from the repo root; {minutes:.1f} min in all). Models: the fidelity set's "
+           f"configs, batch {BATCH} per rank, seq {SEQ}, random weights (seed 0), AdamW (`foreach=False`), "
+           f"{STEPS} steps; `fully_shard` on every `_no_split_modules` block and the root; a plan applied before "
+           "`fully_shard`. Predictions: stats of the unsharded fp32 step, `planner.plan(stats, budget, "
+           "world_size=N, fsdp_units=<the blocks>)`: parameters, gradients and optimizer state divided by N, "
+           "nothing else of FSDP2 (the per-rank collector, `sacplan collect --fsdp-world-size N`, is not in "
+           "this run), the same predictions for bf16. Budgets: 60% and 85% of that baseline. Real: each rank's "
+           "peak per step (`estimators.real_fsdp.measure_fsdp_steps`: every distinct live storage once, DTensors "
+           "by their shard, `resize_`-d storages at their current size); the table gives the largest over the "
+           "ranks and how far apart the ranks were. Bold: over the budget.", "",
+           f"Verdict: worst |real/predicted - 1| over every step {worst_pred:.1%} (goal 2%); over the budget: "
+           + (", ".join(over) if over else "none") + ".", "", *table(rows), ""]
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", metavar="NAME", action="append", choices=MODELS, help="run only this model")
+    ap.add_argument("--ranks", type=int, action="append", help=f"world sizes (default {RANKS})")
+    ap.add_argument("--steps", type=int, default=STEPS, help=f"real steps per run (default {STEPS})")
+    ap.add_argument("--no-write", action="store_true", help="print only, leave bench/RESULTS.md alone")
+    ap.add_argument("--reference", type=Path, default=REFERENCE, help=f"the fidelity model set (default {REFERENCE})")
+    args = ap.parse_args(argv)
+    os.chdir(REPO)
+    if args.steps < 1:
+        ap.error(f"--steps must be at least 1, got {args.steps}")
+    if any(n < 2 for n in args.ranks or ()):
+        ap.error(f"--ranks must be at least 2, got {min(args.ranks)}")
+    torch.set_num_threads(1)
+    header, started, rows = machine_line(), time.time(), []
+    for name in args.only or MODELS:
+        rows += run_model(name, args.reference, tuple(args.ranks or RANKS), args.steps)
+    command = "python bench/bench_fsdp.py" + " ".join(["", *(argv if argv is not None else sys.argv[1:])])
+    text = report(rows, command=command.strip(), header=header, minutes=(time.time() - started) / 60)
+    print(text)
+    if not args.no_write:
+        write_results(text, REPO / "bench" / "RESULTS.md", SECTION)
+        print(f"wrote bench/RESULTS.md ({SECTION[3:]})", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,247 @@
+"""Real FSDP2 training steps, measured per rank on this machine (gloo, CPU).
+
+The ground truth for per-rank predictions of a sharded job
+(``bench/bench_fsdp.py``, ``tests/estimators/test_fsdp_real.py``). A step is
+the one :func:`estimators.real_step.measure_steps` runs (forward and loss,
+``loss.backward()``, ``optimizer.step()``, ``zero_grad(set_to_none=True)``)
+on a model sharded with ``fully_shard``; memory is counted the same way
+(every distinct live storage once, at its bytes) with two things FSDP2 needs:
+
+* a DTensor counts as its local shard (its wrapper's own storage is a
+  placeholder of the global size, without data);
+* FSDP2 frees and re-allocates the unsharded parameters (the all-gather
+  outputs) with ``UntypedStorage.resize_``, outside the dispatcher: while a
+  step is measured, every ``resize_`` books the storage at its new size
+  (growing it is an allocation, a possible peak), so a storage counts at its
+  current size, never at the size it had when first seen.
+
+:func:`run_ranks` starts the ranks (``torch.multiprocessing.spawn``, gloo on
+127.0.0.1, one thread each) and gathers what each returns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import socket
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from estimators.fake_step import call_model, default_loss
+from estimators.real_step import BACKWARD, FORWARD, OPTIMIZER, StepMeasure
+from estimators.tracking import ACT, BUFFER, GRAD, INPUT, OPT, PARAM, TEMP, StorageBook, storages_of, tensors_in
+
+__all__ = ["UNSHARDED", "local_storages", "measure_fsdp_steps", "run_ranks", "shard_model", "wrap_classes"]
+
+UNSHARDED = "unsharded"  # storages resized by UntypedStorage.resize_: FSDP2's all-gathered parameters
+_PHASE_CATEGORY = {FORWARD: ACT, BACKWARD: TEMP, OPTIMIZER: OPT}
+
+
+def local_storages(tree: object) -> list[torch.UntypedStorage]:
+    """Distinct storages of the tensors in a pytree, a DTensor's being its local shard's."""
+    from torch.distributed.tensor import DTensor
+
+    # to_local() would run an op (a view) per tensor; the shard itself is what holds memory
+    return storages_of([t._local_tensor if isinstance(t, DTensor) else t  # layout: allow-private (the shard)
+                        for t in tensors_in(tree)])
+
+
+class _ResizingBook(StorageBook):
+    """A :class:`StorageBook` whose storages can change size in place (``resize_``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live[UNSHARDED] = 0
+
+    def resized(self, st: torch.UntypedStorage) -> None:
+        """Book ``st`` at its current size, as an unsharded parameter; a growth is an allocation."""
+        _, new = self.add(st, UNSHARDED)
+        if new:
+            return
+        self.recategorize(st, UNSHARDED)
+        entry = self._entries[st._cdata]  # layout: allow-private (a storage's only identity, as tracking.py)
+        grown = st.nbytes() - entry.nbytes
+        entry.nbytes += grown
+        self.live[UNSHARDED] += grown
+        if grown > 0:
+            for fn in self.on_alloc:
+                fn(UNSHARDED, self.live)
+
+
+@contextlib.contextmanager
+def _following_resizes(book: _ResizingBook) -> Iterator[None]:
+    original = torch.UntypedStorage.resize_
+
+    def resize_(self: torch.UntypedStorage, size: int) -> Any:
+        out = original(self, size)
+        book.resized(self)
+        return out
+
+    torch.UntypedStorage.resize_ = resize_
+    try:
+        yield
+    finally:
+        torch.UntypedStorage.resize_ = original
+
+
+class _LiveLocalStorages(TorchDispatchMode):
+    """Books every storage an op returns (DTensors by their shard) and follows the peak."""
+
+    def __init__(self, book: _ResizingBook):
+        super().__init__()
+        self.book = book
+        self.phase = FORWARD
+        self.peak_bytes, self.peak_phase, self.peak_live = 0, FORWARD, {}
+        book.on_alloc.append(self._on_alloc)
+
+    def live_bytes(self) -> int:
+        return sum(self.book.live.values())
+
+    def restart_peak(self) -> None:
+        self.peak_bytes, self.peak_phase, self.peak_live = self.live_bytes(), self.phase, dict(self.book.live)
+
+    def _on_alloc(self, category: str, live: dict[str, int]) -> None:
+        total = sum(live.values())
+        if total > self.peak_bytes:
+            self.peak_bytes, self.peak_phase, self.peak_live = total, self.phase, dict(live)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for st in local_storages(out):
+            self.book.add(st, _PHASE_CATEGORY[self.phase])
+        return out
+
+
+def _book_existing(book: StorageBook, model: nn.Module, inputs: Any, optimizer: torch.optim.Optimizer) -> None:
+    for tensors, category in ((list(model.parameters()), PARAM), (list(model.buffers()), BUFFER),
+                              ([p.grad for p in model.parameters() if p.grad is not None], GRAD),
+                              ([list(s.values()) for s in optimizer.state.values()], OPT), (inputs, INPUT)):
+        for st in local_storages(tensors):
+            book.add(st, category)
+
+
+def measure_fsdp_steps(model: nn.Module, inputs: Any, loss_fn: Callable[[Any], torch.Tensor] | None,
+                       optimizer: torch.optim.Optimizer, *, steps: int = 3, seed: int | None = 0
+                       ) -> list[StepMeasure]:
+    """Run ``steps`` real training steps of a ``fully_shard``-ed ``model`` on this rank and measure each.
+
+    As :func:`estimators.real_step.measure_steps` (same step, same seeding,
+    same peak: every distinct live storage once), with DTensors counted by
+    their local shard and ``resize_``-d storages at their current size
+    (``peak_live_bytes`` has them under ``"unsharded"``). Call it on every
+    rank: the collectives need all of them.
+    """
+    if steps < 1:
+        raise ValueError(f"steps must be at least 1, got {steps!r}")
+    loss_fn = loss_fn or default_loss
+    book = _ResizingBook()
+    tracker = _LiveLocalStorages(book)
+    out = []
+    for k in range(steps):
+        if seed is not None:
+            torch.manual_seed(seed + k)
+        _book_existing(book, model, inputs, optimizer)
+        tracker.phase = FORWARD
+        tracker.restart_peak()
+        start = tracker.live_bytes()
+        seconds: dict[str, float] = {}
+        with _following_resizes(book), tracker:
+            t = time.process_time()
+            output = call_model(model, inputs)
+            loss = loss_fn(output)
+            del output
+            tracker.phase, seconds[FORWARD], t = BACKWARD, time.process_time() - t, time.process_time()
+            loss.backward()
+            value = loss.item()
+            del loss
+            tracker.phase, seconds[BACKWARD], t = OPTIMIZER, time.process_time() - t, time.process_time()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            seconds[OPTIMIZER] = time.process_time() - t
+        out.append(StepMeasure(k + 1, value, sum(seconds.values()), seconds, tracker.peak_bytes,
+                               tracker.peak_phase, tracker.peak_live, start))
+    return out
+
+
+def wrap_classes(model: nn.Module) -> list[str]:
+    """The classes FSDP2 wraps by default: a Hugging Face model's ``_no_split_modules`` (the decoder blocks)."""
+    names = list(getattr(model, "_no_split_modules", None) or [])
+    if not names:
+        raise ValueError(f"{type(model).__name__} has no _no_split_modules: name the classes to wrap")
+    return names
+
+
+def shard_model(model: nn.Module, mesh: Any, *, classes: Sequence[str] | None = None,
+                mixed_precision: str | None = None, reshard_after_forward: bool = True) -> list[str]:
+    """``fully_shard`` every module of the named classes (default :func:`wrap_classes`), then the root.
+
+    ``mixed_precision`` "bf16": bf16 compute parameters over fp32 shards, fp32
+    gradient reduction (torchtitan's default). Returns the units' FQNs, root
+    ("") last.
+    """
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    if mixed_precision not in (None, "bf16"):
+        raise ValueError(f"mixed_precision must be None or 'bf16', got {mixed_precision!r}")
+    kw: dict[str, Any] = dict(mesh=mesh, reshard_after_forward=reshard_after_forward)
+    if mixed_precision == "bf16":
+        kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    wanted = set(classes or wrap_classes(model))
+    units = [fqn for fqn, mod in model.named_modules() if fqn and type(mod).__name__ in wanted]
+    if not units:
+        raise ValueError(f"no module of class {sorted(wanted)} in {type(model).__name__}")
+    for fqn in units:
+        fully_shard(model.get_submodule(fqn), **kw)
+    fully_shard(model, **kw)
+    return [*units, ""]
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(rank: int, fn: Callable[..., Any], world_size: int, port: int, args: tuple, out_dir: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    try:
+        result = fn(rank, world_size, *args)
+        Path(out_dir, f"rank{rank}.pkl").write_bytes(pickle.dumps(result))
+    finally:
+        dist.destroy_process_group()
+
+
+def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any) -> list[Any]:
+    """Run ``fn(rank, world_size, *args)`` in ``world_size`` processes joined by gloo; their results, by rank.
+
+    ``fn`` must be importable by name (a module-level function). Each rank
+    runs on one thread (``OMP_NUM_THREADS=1``), talks over 127.0.0.1 only,
+    and leaves its process group destroyed; a rank's failure raises here.
+    """
+    import torch.multiprocessing as mp
+
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+    env = {"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "MASTER_ADDR": "127.0.0.1"}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        with tempfile.TemporaryDirectory(prefix="sacplan-ranks-") as out_dir:
+            mp.spawn(_rank_main, args=(fn, world_size, _free_port(), args, out_dir), nprocs=world_size)
+            return [pickle.loads(Path(out_dir, f"rank{r}.pkl").read_bytes()) for r in range(world_size)]
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
