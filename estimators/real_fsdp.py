@@ -15,6 +15,12 @@ on a model sharded with ``fully_shard``; memory is counted the same way
   (growing it is an allocation, a possible peak), so a storage counts at its
   current size, never at the size it had when first seen.
 
+What is live at the peak is split by where FSDP2 made it (``unsharded``,
+``all_gather``, ``reduce_scatter``: its record_function regions) besides
+the usual kinds. gloo's own copy inside a CPU reduce-scatter (``backend``)
+is left out of ``peak_bytes`` (a GPU's NCCL buffers are not in the
+allocator either) and kept in ``peak_with_backend_bytes``.
+
 :func:`run_ranks` starts the ranks (``torch.multiprocessing.spawn``, gloo on
 127.0.0.1, one thread each) and gathers what each returns.
 """
@@ -28,6 +34,7 @@ import socket
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,14 +43,35 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from estimators.aten_ops import is_view_op
 from estimators.fake_step import call_model, default_loss
 from estimators.real_step import BACKWARD, FORWARD, OPTIMIZER, StepMeasure
 from estimators.tracking import ACT, BUFFER, GRAD, INPUT, OPT, PARAM, TEMP, StorageBook, storages_of, tensors_in
 
-__all__ = ["UNSHARDED", "local_storages", "measure_fsdp_steps", "run_ranks", "shard_model", "wrap_classes"]
+__all__ = ["ALL_GATHER", "BACKEND", "FsdpStepMeasure", "REDUCE_SCATTER", "UNSHARDED", "local_storages",
+           "measure_fsdp_steps", "run_ranks", "shard_model", "wrap_classes"]
 
 UNSHARDED = "unsharded"  # storages resized by UntypedStorage.resize_: FSDP2's all-gathered parameters
+ALL_GATHER = "all_gather"  # made inside FSDP2's all-gather (the flat send/receive buffer)
+REDUCE_SCATTER = "reduce_scatter"  # made inside FSDP2's gradient reduction, until they become sharded gradients
+# A storage first seen as the output of a view op in the gradient reduction was allocated where the
+# dispatcher does not show it: gloo's CPU reduce-scatter copies its input inside the collective and then
+# splits the copy. NCCL's buffers are not in the allocator a GPU budget is about, so the peak compared with
+# predictions leaves these out (``peak_with_backend_bytes`` has them).
+BACKEND = "backend"
+# FSDP2 names its steps with record_function, which the dispatcher shows as ops: storages made inside are its own.
+_REGIONS = (("FSDP::all_gather_copy_out", None), ("FSDP::all_gather", ALL_GATHER),
+            ("FSDP::post_backward_reduce", REDUCE_SCATTER))
 _PHASE_CATEGORY = {FORWARD: ACT, BACKWARD: TEMP, OPTIMIZER: OPT}
+
+
+@dataclass(frozen=True)
+class FsdpStepMeasure(StepMeasure):
+    """One rank's step: :class:`StepMeasure` without the backend's own buffers; ``peak_with_backend_bytes``
+    the peak with them (gloo's reduce-scatter copies its input on the CPU: NCCL's buffers are not in the
+    allocator a GPU budget is about)."""
+
+    peak_with_backend_bytes: int | None = None
 
 
 def local_storages(tree: object) -> list[torch.UntypedStorage]:
@@ -60,7 +88,7 @@ class _ResizingBook(StorageBook):
 
     def __init__(self) -> None:
         super().__init__()
-        self.live[UNSHARDED] = 0
+        self.live.update({UNSHARDED: 0, ALL_GATHER: 0, REDUCE_SCATTER: 0, BACKEND: 0})
 
     def resized(self, st: torch.UntypedStorage) -> None:
         """Book ``st`` at its current size, as an unsharded parameter; a growth is an allocation."""
@@ -94,30 +122,56 @@ def _following_resizes(book: _ResizingBook) -> Iterator[None]:
 
 
 class _LiveLocalStorages(TorchDispatchMode):
-    """Books every storage an op returns (DTensors by their shard) and follows the peak."""
+    """Books every storage an op returns (DTensors by their shard) and follows the peak.
 
-    def __init__(self, book: _ResizingBook):
+    Storages made inside FSDP2's all-gather or gradient reduction are booked as
+    such; when a reduction ends, the sharded gradients (``on_reduced``) become
+    gradients.
+    """
+
+    def __init__(self, book: _ResizingBook, on_reduced: Callable[[], None]):
         super().__init__()
         self.book = book
+        self.on_reduced = on_reduced
+        self.regions: list[str] = []
         self.phase = FORWARD
         self.peak_bytes, self.peak_phase, self.peak_live = 0, FORWARD, {}
+        self.peak_with_backend_bytes = 0
         book.on_alloc.append(self._on_alloc)
 
     def live_bytes(self) -> int:
-        return sum(self.book.live.values())
+        """Live bytes but the backend's."""
+        return sum(self.book.live.values()) - self.book.live[BACKEND]
 
     def restart_peak(self) -> None:
         self.peak_bytes, self.peak_phase, self.peak_live = self.live_bytes(), self.phase, dict(self.book.live)
+        self.peak_with_backend_bytes = sum(self.book.live.values())
 
     def _on_alloc(self, category: str, live: dict[str, int]) -> None:
-        total = sum(live.values())
-        if total > self.peak_bytes:
-            self.peak_bytes, self.peak_phase, self.peak_live = total, self.phase, dict(live)
+        everything = sum(live.values())
+        self.peak_with_backend_bytes = max(self.peak_with_backend_bytes, everything)
+        if everything - live[BACKEND] > self.peak_bytes:
+            self.peak_bytes, self.peak_phase, self.peak_live = everything - live[BACKEND], self.phase, dict(live)
+
+    def _category(self) -> str:
+        for name in reversed(self.regions):
+            for prefix, category in _REGIONS:
+                if name.startswith(prefix):
+                    return category or _PHASE_CATEGORY[self.phase]
+        return _PHASE_CATEGORY[self.phase]
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        if func is torch.ops.profiler._record_function_enter_new.default:
+            self.regions.append(str(args[0]))
+        elif func.overloadpacket is torch.ops.profiler._record_function_exit and self.regions:
+            if self.regions.pop().startswith("FSDP::post_backward_reduce"):
+                self.on_reduced()
+        category = self._category()
+        if category == REDUCE_SCATTER and is_view_op(func):
+            category = BACKEND
         for st in local_storages(out):
-            self.book.add(st, _PHASE_CATEGORY[self.phase])
+            self.book.add(st, category)
         return out
 
 
@@ -131,7 +185,7 @@ def _book_existing(book: StorageBook, model: nn.Module, inputs: Any, optimizer: 
 
 def measure_fsdp_steps(model: nn.Module, inputs: Any, loss_fn: Callable[[Any], torch.Tensor] | None,
                        optimizer: torch.optim.Optimizer, *, steps: int = 3, seed: int | None = 0
-                       ) -> list[StepMeasure]:
+                       ) -> list[FsdpStepMeasure]:
     """Run ``steps`` real training steps of a ``fully_shard``-ed ``model`` on this rank and measure each.
 
     As :func:`estimators.real_step.measure_steps` (same step, same seeding,
@@ -144,7 +198,12 @@ def measure_fsdp_steps(model: nn.Module, inputs: Any, loss_fn: Callable[[Any], t
         raise ValueError(f"steps must be at least 1, got {steps!r}")
     loss_fn = loss_fn or default_loss
     book = _ResizingBook()
-    tracker = _LiveLocalStorages(book)
+
+    def book_grads() -> None:
+        for st in local_storages([p.grad for p in model.parameters() if p.grad is not None]):
+            book.recategorize(st, GRAD)
+
+    tracker = _LiveLocalStorages(book, book_grads)
     out = []
     for k in range(steps):
         if seed is not None:
@@ -167,8 +226,8 @@ def measure_fsdp_steps(model: nn.Module, inputs: Any, loss_fn: Callable[[Any], t
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             seconds[OPTIMIZER] = time.process_time() - t
-        out.append(StepMeasure(k + 1, value, sum(seconds.values()), seconds, tracker.peak_bytes,
-                               tracker.peak_phase, tracker.peak_live, start))
+        out.append(FsdpStepMeasure(k + 1, value, sum(seconds.values()), seconds, tracker.peak_bytes,
+                                   tracker.peak_phase, tracker.peak_live, start, tracker.peak_with_backend_bytes))
     return out
 
 
