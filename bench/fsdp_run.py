@@ -46,6 +46,7 @@ class RankResult:
     label: str
     mixed_precision: str | None
     peaks: list[int] = field(default_factory=list)
+    peaks_with_backend: list[int] = field(default_factory=list)  # with gloo's own reduce-scatter copies
     phases: list[str] = field(default_factory=list)
     live_at_peak: list[dict[str, int]] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
@@ -68,7 +69,8 @@ def _one(spec: RunSpec, mesh: Any) -> RankResult:
     units = shard_model(built.model, mesh, mixed_precision=spec.mixed_precision)
     opt = make_optimizer("adamw", [p for p in built.model.parameters() if p.requires_grad])
     steps = measure_fsdp_steps(built.model, built.inputs, built.loss_fn, opt, steps=spec.steps, seed=STEP_SEED)
-    return RankResult(spec.label, spec.mixed_precision, [m.peak_bytes for m in steps], [m.peak_phase for m in steps],
+    return RankResult(spec.label, spec.mixed_precision, [m.peak_bytes for m in steps],
+                      [m.peak_with_backend_bytes for m in steps], [m.peak_phase for m in steps],
                       [dict(m.peak_live_bytes) for m in steps], [m.loss for m in steps], units)
 
 
