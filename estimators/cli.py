@@ -58,6 +58,19 @@ def register(subparsers: Any) -> None:
                    help="routing assumed for mixture-of-experts layers, whose shapes depend on it: balanced (each "
                    "expert gets tokens x top-k / experts), capacity:C (the busiest expert gets C times that, C >= 1) "
                    "or worst (the busiest expert gets every token); recorded in the stats (default balanced)")
+    fsdp = p.add_argument_group("FSDP2", "collect one rank of an FSDP2 (fully_shard) job under a fake process group")
+    fsdp.add_argument("--fsdp-world-size", type=_positive, metavar="N",
+                      help="shard the step over N ranks with fully_shard: the stats are one rank's (sharded "
+                      "parameters, gradients, optimizer state, gathered units and collective buffers)")
+    fsdp.add_argument("--fsdp-wrap", action="append", metavar="CLASS",
+                      help="class of the modules to shard as units, repeatable (the root is always one; default: "
+                      "a Hugging Face model's _no_split_modules, e.g. LlamaDecoderLayer; a --model factory's "
+                      "model may name its classes in a _no_split_modules attribute)")
+    fsdp.add_argument("--mixed-precision", choices=("bf16",),
+                      help="bf16: fp32 sharded parameters, bf16 gathered compute parameters, fp32 gradient "
+                      "reduction (torchtitan's default); needs --dtype fp32")
+    fsdp.add_argument("--no-reshard-after-forward", dest="reshard_after_forward", action="store_false",
+                      help="keep each unit's gathered parameters from its forward to its backward")
     p.add_argument("--name", help="model name in the stats (default: the model's class or config)")
     p.add_argument("--out", default="stats.json", help="output file (default stats.json)")
     p.add_argument("--upload", metavar="URL", help="also POST the stats to a sacplan service at URL")

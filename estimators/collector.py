@@ -23,6 +23,7 @@ ops by position and checks their names.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,15 +34,18 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from estimators.aten_ops import SAC_IGNORED_OPS, is_inplace_op, is_random_op, is_view_op, op_name
 from estimators.assemble import build_stats
+from estimators.fsdp import (FsdpSetup, ShardedStep, default_units, fake_process_group, is_collective_op, meta_copy,
+                             shard_model, unit_fqns)
 from estimators.fake_step import (FakeConverter, fake_loss_fn, fakeify, forward_and_loss, make_optimizer,
                                   optimizer_bytes)
 from estimators.model_settings import with_model_settings
 from estimators.models import hf_fake_as_real
 from estimators.moe import MoeRouting, RoutingMode, one_hot_as_on_device
-from estimators.overhead import call_spec, fill_checkpoint_overheads
+from estimators.module_hooks import ModuleHooks
+from estimators.overhead import fill_checkpoint_overheads
 from estimators.timeline import BACKWARD, OPTIMIZER, TimelineRecorder
-from estimators.tracking import ACT, BUFFER, GRAD, INPUT, OPT, PARAM, TEMP, StorageBook, storages_of, tensors_in
-from planner import Stats, StatsMetadata
+from estimators.tracking import ACT, BUFFER, COMM, GRAD, INPUT, OPT, PARAM, TEMP, StorageBook, storages_of, tensors_in
+from planner import Sharding, Stats, StatsMetadata
 
 __all__ = ["collect_stats", "module_fqns", "OPTIMIZERS"]
 
@@ -49,9 +53,9 @@ OPTIMIZERS = ("adamw", "adam", "sgd", "none")
 Progress = Callable[[str, int, int], None]
 
 
-def module_fqns(model: nn.Module) -> dict[nn.Module, str]:
-    """fqn of every submodule, rooted at the model's class name (``Transformer.layers.0``)."""
-    root = type(model).__name__
+def module_fqns(model: nn.Module, *, root: str | None = None) -> dict[nn.Module, str]:
+    """fqn of every submodule, rooted at the model's class name (``Transformer.layers.0``) or ``root``."""
+    root = root or type(model).__name__
     out: dict[nn.Module, str] = {}
     for name, mod in model.named_modules(remove_duplicate=True):
         out[mod] = f"{root}.{name}" if name else root
@@ -107,6 +111,7 @@ class _Collector(TorchDispatchMode):
         self.fw_stack: list[_Mod] = []
         self.bw_open: list[_Mod] = []
         self.saved: set[int] = set()
+        self.sharded: ShardedStep | None = None  # set for an FSDP2 step: its hook windows
         self.timeline = TimelineRecorder(self._running)
         book.on_alloc.append(self._on_alloc)
         book.on_alloc.append(self.timeline.on_alloc)
@@ -123,8 +128,10 @@ class _Collector(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if self.sharded is not None and (self.sharded.busy or is_collective_op(func)):
+            return self._collective(func, args, kwargs)
         mutated = None
-        if is_inplace_op(func) and args and isinstance(args[0], torch.Tensor):
+        if self.phase == ACT and is_inplace_op(func) and args and isinstance(args[0], torch.Tensor):
             mutated = self.book.serial(args[0].untyped_storage())
         out = func(*args, **kwargs)
         ms = self.cost(func, args, kwargs, out)
@@ -141,6 +148,19 @@ class _Collector(TorchDispatchMode):
         elif self.phase == TEMP:
             for m in self.bw_open:
                 m.bw_ms += ms
+        return out
+
+    def _collective(self, func, args, kwargs):
+        """FSDP2's communication (see :mod:`estimators.fsdp`): booked as such, no module's op, no compute time."""
+        out = func(*args, **kwargs)
+        for st in storages_of(out):
+            self.book.add(st, COMM)
+        if "reduce_scatter" in func.__name__ and args:  # its output holds the unit's sharded gradients
+            for st in storages_of(args[0]):
+                self.book.recategorize(st, GRAD)
+        for st in storages_of(kwargs.get("out")):  # FSDP2's copy-in/copy-out buffers
+            if self.book.category(st) in (ACT, TEMP):
+                self.book.recategorize(st, COMM)
         return out
 
     def _record(self, func, args, kwargs, ms, out_bytes, serials, mutated) -> None:
@@ -173,123 +193,6 @@ class _Collector(TorchDispatchMode):
         return t
 
 
-def _live_act(book: StorageBook) -> int:
-    return book.live[ACT]
-
-
-class _ModuleHooks:
-    """Forward pre/post and backward pre/post events of every module of the model."""
-
-    def __init__(self, col: _Collector, book: StorageBook, mods: dict[nn.Module, _Mod], progress: Progress | None,
-                 *, capture_calls: bool = False):
-        self.col, self.book, self.mods, self.progress = col, book, mods, progress
-        self.capture_calls = capture_calls
-        self.pre_order: list[str] = []
-        self.post_order: list[str] = []
-        self._repeat: list[bool] = []
-        self._seen: set[str] = set()
-        self._handles: list[Any] = []
-        # what progress counts toward: containers (ModuleList, ModuleDict) have no forward of their own and never run
-        self.runnable = sum(type(mod).forward is not nn.Module.forward for mod in mods)
-
-    def __enter__(self) -> _ModuleHooks:
-        from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
-
-        self._handles = [
-            register_module_forward_pre_hook(self._fw_pre),
-            register_module_forward_hook(self._fw_post, always_call=True),
-        ]
-        # keyword arguments reach only a module's own hooks
-        self._handles += [mod.register_forward_pre_hook(self._keyword_inputs, with_kwargs=True)
-                          for mod, m in self.mods.items() if not m.is_leaf]
-        if self.capture_calls:
-            self._handles += [mod.register_forward_pre_hook(self._capture, with_kwargs=True)
-                              for mod, m in self.mods.items() if not m.is_leaf]
-        return self
-
-    def _keyword_inputs(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        """Keyword inputs made in the forward (attention masks), on the first call: checkpointing holds them too."""
-        m = self.mods[module]
-        if m.keyword_inputs_seen or self.col.phase != ACT:
-            return
-        m.keyword_inputs_seen = True
-        seen = {serial for serial, _ in m.activation_inputs}
-        extra = tuple((self.book.serial(s), self.book.nbytes(s)) for s in storages_of(kwargs)
-                      if self.book.category(s) == ACT and self.book.serial(s) not in seen)
-        m.activation_inputs += extra
-
-    def _capture(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        m = self.mods[module]
-        if m.call is None and self.col.phase == ACT:
-            m.call = call_spec(args, kwargs)
-
-    def __exit__(self, *exc: Any) -> None:
-        for h in self._handles:
-            h.remove()
-
-    def _fw_pre(self, module: nn.Module, args: Any) -> None:
-        m = self.mods.get(module)
-        if m is None or self.col.phase != ACT:
-            return
-        first = m.fqn not in self._seen
-        m.calls += 1
-        self._repeat.append(not first)
-        if first:
-            self._seen.add(m.fqn)
-            self.pre_order.append(m.fqn)
-            # only modules on their first (recorded) call: a repeat call is described by the first one,
-            # so a child first run during its parent's second call did not run inside the recorded parent
-            m.ran_inside = tuple(x.fqn for x, rep in zip(self.col.fw_stack, self._repeat) if not rep)
-            m.act_before = _live_act(self.book)
-            m.input_bytes = sum(self.book.nbytes(s) for s in storages_of(args))
-            m.activation_inputs = tuple((self.book.serial(s), self.book.nbytes(s)) for s in storages_of(args)
-                                        if self.book.category(s) == ACT)
-            grads = [t for t in tensors_in(args) if t.requires_grad]
-            if grads:
-                torch.autograd.graph.register_multi_grad_hook(grads, lambda _g, m=m: self._bw_post(m))
-        self.col.fw_stack.append(m)
-
-    def _fw_post(self, module: nn.Module, args: Any, output: Any) -> None:
-        m = self.mods.get(module)
-        if m is None or self.col.phase != ACT or not self.col.fw_stack or self.col.fw_stack[-1] is not m:
-            return
-        self.col.fw_stack.pop()
-        if self._repeat.pop():
-            return
-        m.done_fw = True
-        self.post_order.append(m.fqn)
-        self.col.timeline.forward_finished(m.fqn)
-        m.act_after = _live_act(self.book)
-        m.output_bytes = sum(self.book.nbytes(s) for s in storages_of(output))
-        outs = [t for t in tensors_in(output) if t.requires_grad]
-        if outs:
-            torch.autograd.graph.register_multi_grad_hook(outs, lambda _g, m=m: self._bw_pre(m), mode="any")
-        if self.progress:
-            self.progress("forward", len(self.post_order), self.runnable)
-
-    def _bw_pre(self, m: _Mod) -> None:
-        if m.bw_state != "none":
-            return
-        m.bw_state = "open"
-        self.col.timeline.backward_started(m.fqn)
-        m.temp_start = m.temp_peak = self.book.live[TEMP]
-        m.act_at_peak = self.book.live[ACT]
-        self.col.bw_open.append(m)
-
-    def _bw_post(self, m: _Mod) -> None:
-        if m.bw_state != "open":
-            return
-        self.close(m)
-
-    def close(self, m: _Mod) -> None:
-        m.bw_state = "closed"
-        m.grad_total = self.book.live[GRAD]
-        if m in self.col.bw_open:
-            self.col.bw_open.remove(m)
-        if self.progress:
-            self.progress("backward", sum(x.bw_state == "closed" for x in self.mods.values()), self.runnable)
-
-
 def collect_stats(
     model: nn.Module,
     inputs: Any,
@@ -307,6 +210,7 @@ def collect_stats(
     metadata: StatsMetadata | None = None,
     moe_routing: MoeRouting | None = None,
     progress: Progress | None = None,
+    fsdp: FsdpSetup | None = None,
 ) -> Stats:
     """Stats v1 of one training step of ``model`` on ``inputs``, collected under FakeTensorMode.
 
@@ -325,65 +229,36 @@ def collect_stats(
     null with neither. ``moe_routing`` is the routing assumed for
     mixture-of-experts layers (default balanced, see :mod:`estimators.moe`);
     when the model routed tokens it is recorded in the metadata's
-    ``model_settings``.
+    ``model_settings``. ``fsdp`` collects one rank of an FSDP2 job
+    (:mod:`estimators.fsdp`): the step runs on a sharded copy of the model
+    under a fake process group, and the stats record the sharding.
     """
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
     device = torch.device(device)
-    fqns = module_fqns(model)
+    step_model, fqns, units = model, module_fqns(model), None
+    if fsdp is not None:  # the step runs on a sharded copy; the fqns are the model's own
+        units = unit_fqns(model, fsdp.wrap if fsdp.wrap is not None else default_units(model), fqns)
+        step_model = meta_copy(model)
+        fqns = module_fqns(step_model, root=type(model).__name__)
     parents: dict[str, str | None] = {}
     for mod, fqn in fqns.items():
         for name, child in mod.named_children():
             parents.setdefault(fqns[child], fqn)
     mods = {mod: _Mod(fqn, parents.get(fqn), not any(True for _ in mod.children())) for mod, fqn in fqns.items()}
-
-    fake = FakeTensorMode(allow_non_fake_inputs=False)
-    book = StorageBook(round_bytes_to)
-    convert = FakeConverter(fake, device, dtype)
-    restores = [fakeify(model, convert)]
-    try:
-        params = [p for p in model.parameters() if p.requires_grad]
-        fake_in = convert.tree(inputs)
-        fake_loss, restore_loss = fake_loss_fn(loss_fn, convert)
-        restores.append(restore_loss)
-        for p in model.parameters():
-            book.add_tensors([p], PARAM)
-        book.add_tensors(model.buffers(), BUFFER)
-        book.add_tensors(tensors_in(fake_in) + list(convert.memo.values()), INPUT)  # with what loss_fn captured
-        for p in params:
-            p.register_post_accumulate_grad_hook(lambda q: book.recategorize(q.grad.untyped_storage(), GRAD))
-        col = _Collector(book, cost_model, mods)
+    step = _Step(step_model, mods, cost_model, round_bytes_to, progress, measure_checkpoint_overhead)
+    with ExitStack() as stack:
+        if fsdp is not None:
+            step.shard(fsdp, units, stack.enter_context(fake_process_group(fsdp.world_size, device.type)))
         emulation = _emulation(emulate_cuda_attention)
-        routing = RoutingMode(moe_routing or MoeRouting())
-        hooks = _ModuleHooks(col, book, mods, progress, capture_calls=measure_checkpoint_overhead)
-        with fake, routing, col, hooks:
-            with (torch.autograd.graph.saved_tensors_hooks(col.pack, lambda t: t), emulation,
-                  hf_fake_as_real(model), one_hot_as_on_device()):
-                output, loss = forward_and_loss(model, fake_in, fake_loss, loss_fn)
-            del output  # as a training loop does: `loss = model(**batch).loss; loss.backward()`
-            col.phase = TEMP
-            col.timeline.enter(BACKWARD)
-            loss.backward()
-            del loss
-            for m in mods.values():
-                if m.bw_state == "open":
-                    hooks.close(m)
-            col.phase = OPT
-            col.timeline.enter(OPTIMIZER)
-            foreach = device.type == "cuda" if optimizer_foreach is None else optimizer_foreach
-            opt = make_optimizer(optimizer, params, foreach=foreach)
-            if opt is not None:
-                opt.step()
-                if progress:
-                    progress("optimizer", 1, 1)
-            opt_bytes = optimizer_bytes(opt, book)
-        stats = build_stats(model, mods, col, hooks, opt_bytes, book, with_model_settings(metadata, model))
-        stats.metadata.model_settings.update(routing.settings(model))
-    finally:
-        for restore in reversed(restores):
-            restore()
+        stats = step.run(inputs, loss_fn, optimizer, optimizer_foreach, device, dtype, emulation, moe_routing,
+                         with_model_settings(metadata, model))
+    if fsdp is not None:
+        stats.metadata.sharding = Sharding(kind="fsdp2", world_size=fsdp.world_size, units=units,
+                                           mixed_precision=fsdp.mixed_precision,
+                                           reshard_after_forward=fsdp.reshard_after_forward)
     if checkpoint_overhead_us_per_op is not None or measure_checkpoint_overhead:
-        fill_checkpoint_overheads(stats, {m.fqn: mod for mod, m in mods.items()},
+        fill_checkpoint_overheads(stats, {fqn: mod for mod, fqn in module_fqns(model).items()},  # the model's own
                                   {m.fqn: m.call for m in mods.values() if m.call is not None},
                                   us_per_op=checkpoint_overhead_us_per_op, measure=measure_checkpoint_overhead,
                                   device=device, dtype=dtype, progress=progress)
@@ -392,9 +267,88 @@ def collect_stats(
     return stats
 
 
-def _emulation(enabled: bool) -> Any:
-    from contextlib import nullcontext
+class _Step:
+    """The fake training step of one collection: the model made fake (and sharded), run, turned into stats."""
 
+    def __init__(self, model: nn.Module, mods: dict[nn.Module, _Mod], cost_model: Callable[..., float],
+                 round_bytes_to: int, progress: Progress | None, capture_calls: bool):
+        self.model, self.mods, self.progress = model, mods, progress
+        self.fake = FakeTensorMode(allow_non_fake_inputs=False)
+        self.book = StorageBook(round_bytes_to)
+        self.col = _Collector(self.book, cost_model, mods)
+        self.hooks = ModuleHooks(self.col, self.book, mods, progress, capture_calls=capture_calls)
+        self.setup: FsdpSetup | None = None
+        self.units: list[str] = []
+        self.mesh: Any = None
+
+    def shard(self, setup: FsdpSetup, units: list[str], mesh: Any) -> None:
+        """Run the step sharded: ``fully_shard`` the (copied) model's ``units`` over ``mesh`` once it is fake."""
+        self.setup, self.units, self.mesh = setup, units, mesh
+
+    def run(self, inputs: Any, loss_fn: Any, optimizer: str, optimizer_foreach: bool | None, device: torch.device,
+            dtype: torch.dtype | None, emulation: Any, moe_routing: MoeRouting | None,
+            metadata: StatsMetadata | None) -> Stats:
+        model, book, col, hooks, fake = self.model, self.book, self.col, self.hooks, self.fake
+        convert = FakeConverter(fake, device, dtype)
+        restores = []
+        try:
+            if self.setup is not None:
+                restores.append(fakeify(model, FakeConverter(fake, device, dtype)))  # the copy's fakes: not inputs
+                with fake:
+                    shard_model(model, self.setup, self.mesh, self.units, {m: x.fqn for m, x in self.mods.items()})
+                col.sharded = ShardedStep(book, [m for m, x in self.mods.items() if x.fqn in self.units])
+            else:
+                restores.append(fakeify(model, convert))
+            params = [p for p in model.parameters() if p.requires_grad]
+            fake_in = convert.tree(inputs)
+            fake_loss, restore_loss = fake_loss_fn(loss_fn, convert)
+            restores.append(restore_loss)
+            for p in model.parameters():
+                book.add_tensors([p], PARAM)
+            book.add_tensors(model.buffers(), BUFFER)
+            book.add_tensors(tensors_in(fake_in) + list(convert.memo.values()), INPUT)  # with what loss_fn captured
+            for p in params:
+                p.register_post_accumulate_grad_hook(lambda q: book.recategorize_all(storages_of(q.grad), GRAD))
+            routing = RoutingMode(moe_routing or MoeRouting())
+            with fake, routing, col, hooks, col.sharded or nullcontext():
+                opt_bytes = self._forward_backward_step(fake_in, fake_loss, loss_fn, emulation, optimizer,
+                                                        optimizer_foreach, device, params)
+            stats = build_stats(model, self.mods, col, hooks, opt_bytes, book, metadata)
+            stats.metadata.model_settings.update(routing.settings(model))
+        finally:
+            for restore in reversed(restores):
+                restore()
+        return stats
+
+    def _forward_backward_step(self, fake_in: Any, fake_loss: Any, loss_fn: Any, emulation: Any, optimizer: str,
+                               optimizer_foreach: bool | None, device: torch.device,
+                               params: list[nn.Parameter]) -> dict[int, int]:
+        model, col, hooks = self.model, self.col, self.hooks
+        with (torch.autograd.graph.saved_tensors_hooks(col.pack, lambda t: t), emulation,
+              hf_fake_as_real(model), one_hot_as_on_device()):
+            output, loss = forward_and_loss(model, fake_in, fake_loss, loss_fn)
+        del output  # as a training loop does: `loss = model(**batch).loss; loss.backward()`
+        col.phase = TEMP
+        col.timeline.enter(BACKWARD)
+        loss.backward()
+        del loss
+        if col.sharded is not None:
+            col.sharded.book_grads(params)
+        for m in self.mods.values():
+            if m.bw_state == "open":
+                hooks.close(m)
+        col.phase = OPT
+        col.timeline.enter(OPTIMIZER)
+        foreach = device.type == "cuda" if optimizer_foreach is None else optimizer_foreach
+        opt = make_optimizer(optimizer, params, foreach=foreach)
+        if opt is not None:
+            opt.step()
+            if self.progress:
+                self.progress("optimizer", 1, 1)
+        return optimizer_bytes(opt, self.book)
+
+
+def _emulation(enabled: bool) -> Any:
     from estimators.emulation import CudaAttentionEmulation
 
     return CudaAttentionEmulation() if enabled else nullcontext()

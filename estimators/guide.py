@@ -31,6 +31,7 @@ class Guidance:
     sharded_min_budget_gib: float
     suggestions: list[Plan] = field(default_factory=list)  # real plans at a few budgets, largest budget last
     next_command: str | None = None  # None: nothing fits the device at any world size tried
+    scope: str = "world size 1"  # what the figures are: one unsharded rank, or one rank of the collected sharding
 
     @property
     def fits_as_is(self) -> bool | None:
@@ -48,13 +49,16 @@ def guide(stats: Stats, stats_path: str, device: str, device_bytes: int | None, 
     """Guidance for ``stats`` on a device holding ``device_bytes`` (None: unknown), with real plans."""
     world_size, min_gib = 1, min_feasible_budget_gib(stats)
     base = baseline_peak_bytes(stats)
-    if device_bytes is not None:
+    sharding = stats.metadata.sharding
+    if device_bytes is not None and sharding is None:  # per-rank stats of a sharded job are planned as they are
         for world_size in WORLD_SIZES:
             min_gib = min_feasible_budget_gib(stats, world_size=world_size)
             if min_gib * GIB <= device_bytes:
                 break
     g = Guidance(device, device_bytes, base, min_feasible_budget_gib(stats), world_size,
                  baseline_peak_bytes(stats, world_size=world_size), min_gib)
+    if sharding is not None:
+        g.scope = f"per rank, {sharding.kind} x{sharding.world_size}"
     if device_bytes is not None and min_gib * GIB > device_bytes:
         return g  # nothing fits, even sharded over the most ranks tried
     budgets = suggested_budgets(min_gib, g.sharded_baseline_bytes / GIB,

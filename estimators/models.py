@@ -215,6 +215,8 @@ def hf_fake_as_real(model: nn.Module) -> Any:
 def _masking_utils(model: nn.Module) -> Any:
     import sys
 
-    if not type(model).__module__.startswith("transformers.") or "transformers.masking_utils" not in sys.modules:
+    # any class of the model's: fully_shard subclasses it (FSDPLlamaForCausalLM, in torch's module)
+    hf = any(c.__module__.startswith("transformers.") for c in type(model).__mro__)
+    if not hf or "transformers.masking_utils" not in sys.modules:
         return None
     return sys.modules["transformers.masking_utils"]

@@ -18,7 +18,8 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from estimators.fake_step import call_model, default_loss
-from estimators.tracking import ACT, BUFFER, GRAD, INPUT, OPT, PARAM, TEMP, StorageBook, storages_of, tensors_in
+from estimators.tracking import (ACT, BUFFER, GRAD, INPUT, OPT, PARAM, TEMP, StorageBook, follow_storage_resizes,
+                                 storages_of, tensors_in)
 
 __all__ = ["StepMeasure", "measure_steps", "PHASES", "FORWARD", "BACKWARD", "OPTIMIZER"]
 
@@ -138,10 +139,11 @@ def measure_steps(model: nn.Module, inputs: Any, loss_fn: Callable[[Any], torch.
     returns during the step (forward, recomputation under checkpointing,
     backward, optimizer) until it is freed (a weak-reference callback on the
     storage). Peaks are taken after each new storage, so an op's inputs and
-    outputs count together. Not seen: memory a kernel allocates and frees
-    internally without returning it, storages resized outside the dispatcher
-    (``UntypedStorage.resize_``) and tensors of other objects the caller
-    holds. Tracking slows the step down; measure time with
+    outputs count together. Storages resized in place
+    (``UntypedStorage.resize_``: FSDP2's gathered parameters) are followed; a
+    DTensor counts its local shard. Not seen: memory a kernel allocates and
+    frees internally without returning it, and tensors of other objects the
+    caller holds. Tracking slows the step down; measure time with
     ``track_memory=False``.
 
     Time: ``time.process_time()`` (process CPU time, all threads: call
@@ -167,7 +169,7 @@ def measure_steps(model: nn.Module, inputs: Any, loss_fn: Callable[[Any], torch.
             tracker.phase = FORWARD
             tracker.restart_peak()
             start = tracker.live_bytes()
-            with tracker:
+            with tracker, follow_storage_resizes(book, lambda: _PHASE_CATEGORY[tracker.phase]):
                 loss, seconds = _one_step(model, inputs, loss_fn, optimizer, tracker)
             out.append(StepMeasure(k + 1, loss, sum(seconds.values()), seconds, tracker.peak_bytes,
                                    tracker.peak_phase, tracker.peak_live, start))
@@ -179,6 +181,6 @@ def measure_steps(model: nn.Module, inputs: Any, loss_fn: Callable[[Any], torch.
 
 def _grad_booker(book: StorageBook) -> Callable[[torch.Tensor], None]:
     def book_grad(p: torch.Tensor) -> None:
-        book.recategorize(p.grad.untyped_storage(), GRAD)
+        book.recategorize_all(storages_of(p.grad), GRAD)  # a DTensor's: its shard
 
     return book_grad

@@ -11,6 +11,7 @@ import torch
 from estimators.collector import collect_stats
 from estimators.cost_model import BenchmarkCostModel, RooflineCostModel
 from estimators.devices import DeviceSpec, cuda_device_entry, device_spec
+from estimators.fsdp import FsdpSetup
 from estimators.moe import parse_moe_routing
 from estimators.models import DTYPES, BuiltModel, build_from_factory, build_from_hf_config, load_factory
 from planner import PLANNER_VERSION, Stats, StatsMetadata, baseline_peak_bytes
@@ -41,17 +42,39 @@ class CollectRequest:
     checkpoint_overhead_us_per_op: float | None = None
     moe_routing: str = "balanced"
     name: str | None = None
+    fsdp_world_size: int | None = None
+    fsdp_wrap: list[str] | None = None
+    mixed_precision: str | None = None
+    reshard_after_forward: bool = True
 
     @classmethod
     def from_args(cls, args: Any) -> CollectRequest:
         fields = cls.__dataclass_fields__
         return cls(**{k: getattr(args, k) for k in fields if hasattr(args, k)})
 
+    def fsdp_setup(self) -> FsdpSetup | None:
+        """The FSDP2 sharding asked for, or None; ValueError for options that need it or contradict it."""
+        if self.fsdp_world_size is None:
+            for flag, given in (("--fsdp-wrap", self.fsdp_wrap), ("--mixed-precision", self.mixed_precision),
+                                ("--no-reshard-after-forward", not self.reshard_after_forward)):
+                if given:
+                    raise ValueError(f"{flag} shards the step: it needs --fsdp-world-size N")
+            return None
+        if self.mixed_precision is not None and self.dtype != "fp32":
+            raise ValueError(f"--mixed-precision {self.mixed_precision} keeps fp32 sharded parameters and casts "
+                             f"them itself: use --dtype fp32, got --dtype {self.dtype}")
+        return FsdpSetup(self.fsdp_world_size, tuple(self.fsdp_wrap) if self.fsdp_wrap else None,
+                         self.mixed_precision, self.reshard_after_forward)
+
     def describe(self, target: str) -> str:
         """One line: what is collected, for which target, on what (``target``: the device table's name)."""
         src = self.model or (self.hf_config if isinstance(self.hf_config, str) else "HF config")
-        return (f"{src} for {target}: batch {self.batch}, seq {self.seq}, {self.dtype}, optimizer {self.optimizer} "
-                f"(fake tensors on {self.device}: no real memory or compute)")
+        shard = ""
+        if self.fsdp_world_size is not None:
+            shard = (f", one rank of FSDP2 x{self.fsdp_world_size}"
+                     f"{' bf16 mixed precision' if self.mixed_precision else ''}")
+        return (f"{src} for {target}: batch {self.batch}, seq {self.seq}, {self.dtype}, optimizer {self.optimizer}"
+                f"{shard} (fake tensors on {self.device}: no real memory or compute)")
 
 
 @dataclass
@@ -126,6 +149,7 @@ def run_collection(req: CollectRequest, *, progress: Any = None) -> CollectResul
     if req.dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {req.dtype!r}")
     routing = parse_moe_routing(req.moe_routing)
+    fsdp = req.fsdp_setup()
     target = target_spec(req)
     cost = RooflineCostModel(target, allow_tf32=req.allow_tf32)
     if req.benchmark:
@@ -168,6 +192,7 @@ def run_collection(req: CollectRequest, *, progress: Any = None) -> CollectResul
         metadata=meta,
         moe_routing=routing,
         progress=progress,
+        fsdp=fsdp,
     )
     seconds = time.perf_counter() - t0
     return CollectResult(stats, n_params, baseline_peak_bytes(stats), seconds, target,

@@ -22,9 +22,10 @@ def collect_summary(result: Any, out: str, guidance: Guidance | None) -> str:
     rows = [
         ("model", s.metadata.model_name),
         ("modules", _modules_text(result)),
-        ("parameters", f"{result.parameter_count:,} ({size_text(s.root.param_bytes)})"),
+        ("parameters", f"{result.parameter_count:,} ({size_text(s.root.param_bytes)}"
+         f"{' on this rank' if s.metadata.sharding else ''})"),
         ("activations at forward end", size_text(s.root.act_total_bytes)),
-        ("baseline peak", f"{size_text(result.baseline_peak_bytes)} (no checkpointing, world size 1)"),
+        ("baseline peak", f"{size_text(result.baseline_peak_bytes)} (no checkpointing, {_scope(s)})"),
         ("step time", f"{s.root.fw_ms + s.root.bw_ms:.2f} ms (fw {s.root.fw_ms:.2f} + bw {s.root.bw_ms:.2f}) "
          f"on {s.metadata.target_device}"),
         ("optimizer state", f"{size_text(s.root.optimizer_state_bytes)} ({s.metadata.optimizer})"),
@@ -40,6 +41,11 @@ def collect_summary(result: Any, out: str, guidance: Guidance | None) -> str:
         rows += [("", "")] + guidance_rows(guidance)
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}".rstrip() for k, v in rows)
+
+
+def _scope(s: Any) -> str:
+    sh = s.metadata.sharding
+    return "world size 1" if sh is None else f"per rank, {sh.kind} x{sh.world_size}"
 
 
 def _modules_text(result: Any) -> str:
@@ -62,7 +68,7 @@ def guidance_rows(g: Guidance) -> list[tuple[str, str]]:
         if g.world_size > 1 or not g.fits_with_plan:
             rows.append(("sharded", _sharded_text(g)))
     else:
-        rows.append(("smallest budget", f"{g.min_budget_gib:g} GiB has a plan (world size 1)"))
+        rows.append(("smallest budget", f"{g.min_budget_gib:g} GiB has a plan ({g.scope})"))
     for k, p in enumerate(g.suggestions):
         rows.append(("suggested budgets" if k == 0 else "", _suggestion_text(p)))
     if g.next_command:
@@ -80,13 +86,13 @@ def _device_text(g: Guidance) -> str:
 
 def _fits_as_is_text(g: Guidance) -> str:
     verdict = "yes" if g.fits_as_is else "no"
-    return f"{verdict}: {size_text(g.baseline_bytes)} without checkpointing (world size 1)"
+    return f"{verdict}: {size_text(g.baseline_bytes)} without checkpointing ({g.scope})"
 
 
 def _fits_with_plan_text(g: Guidance) -> str:
     if g.fits_with_plan:
-        return f"yes: the smallest budget with a plan is {g.min_budget_gib:g} GiB (world size 1)"
-    return (f"no: the smallest budget with a plan is {g.min_budget_gib:g} GiB (world size 1), "
+        return f"yes: the smallest budget with a plan is {g.min_budget_gib:g} GiB ({g.scope})"
+    return (f"no: the smallest budget with a plan is {g.min_budget_gib:g} GiB ({g.scope}), "
             f"above the {size_text(g.device_bytes)} the device holds")
 
 

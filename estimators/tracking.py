@@ -11,21 +11,32 @@ from __future__ import annotations
 
 import math
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
+from torch.distributed.tensor import DTensor
 from torch.utils._pytree import tree_flatten
 
-__all__ = ["StorageBook", "tensors_in", "storages_of"]
+__all__ = ["StorageBook", "tensors_in", "storages_of", "follow_storage_resizes"]
 
 PARAM, BUFFER, INPUT, ACT, TEMP, GRAD, OPT = "param", "buffer", "input", "act", "temp", "grad", "opt"
-CATEGORIES = (PARAM, BUFFER, INPUT, ACT, TEMP, GRAD, OPT)
+COMM = "fsdp"  # FSDP2's gathered parameters and collective buffers (estimators.fsdp)
+CATEGORIES = (PARAM, BUFFER, INPUT, ACT, TEMP, GRAD, OPT, COMM)
 
 
 def tensors_in(tree: object) -> list[torch.Tensor]:
     flat, _ = tree_flatten(tree)
     return [t for t in flat if isinstance(t, torch.Tensor)]
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's shard on this rank (what it holds in memory); any other tensor itself."""
+    if isinstance(t, DTensor):
+        with torch.no_grad():
+            return t.to_local()
+    return t
 
 
 def _storage_id(st: torch.UntypedStorage) -> int:
@@ -36,7 +47,7 @@ def _storage_id(st: torch.UntypedStorage) -> int:
 def storages_of(tree: object) -> list[torch.UntypedStorage]:
     """Distinct storages of the tensors in a pytree (outputs, args)."""
     seen: dict[int, torch.UntypedStorage] = {}
-    for t in tensors_in(tree):
+    for t in map(_local, tensors_in(tree)):
         if t.layout != torch.strided:
             continue
         st = t.untyped_storage()
@@ -95,6 +106,28 @@ class StorageBook:
             fn(category, self.live)
         return self._serial, True
 
+    def recategorize_all(self, storages: Iterable[torch.UntypedStorage], category: str) -> None:
+        for st in storages:
+            self.recategorize(st, category)
+
+    def resized(self, st: torch.UntypedStorage, category: str) -> None:
+        """``st`` was resized in place (FSDP2 frees and re-gathers parameters so): follow its new size.
+
+        A storage the book does not know yet is registered in ``category``.
+        """
+        e = self._entries.get(_storage_id(st))
+        if e is None:
+            if st.nbytes():
+                self.add(st, category)
+            return
+        n = self.nbytes(st)
+        grew = n > e.nbytes
+        self.live[e.category] += n - e.nbytes
+        e.nbytes = n
+        if grew:
+            for fn in self.on_alloc:
+                fn(e.category, self.live)
+
     def add_tensors(self, tensors: Iterable[torch.Tensor], category: str) -> None:
         for st in storages_of(list(tensors)):
             self.add(st, category)
@@ -108,3 +141,25 @@ class StorageBook:
             self.live[e.category] -= e.nbytes
             self.live[category] += e.nbytes
             e.category = category
+
+
+@contextmanager
+def follow_storage_resizes(book: StorageBook, category: Callable[[], str]) -> Iterator[None]:
+    """While open, ``book`` follows ``UntypedStorage.resize_`` (no dispatcher op sees it).
+
+    FSDP2 frees a unit's gathered parameters by resizing their storages to 0
+    and gathers them again by resizing them back; a storage the book does not
+    know yet is booked in ``category()``.
+    """
+    original = torch.UntypedStorage.resize_
+
+    def resize_(storage: torch.UntypedStorage, size: int) -> object:
+        out = original(storage, size)
+        book.resized(storage, category())
+        return out
+
+    torch.UntypedStorage.resize_ = resize_
+    try:
+        yield
+    finally:
+        torch.UntypedStorage.resize_ = original

@@ -15,6 +15,7 @@ from planner.plan_format import Plan, PlannedModule, PlanStatus
 from planner.planning import min_feasible_budget_gib, plan, sweep
 from planner.stats.format import STATS_FORMAT, ModuleStats, Moment, OpStats, Stats, StatsMetadata, stats_hash
 from planner.stats.loader import StatsError, from_torch_format, load_stats, parse_stats
+from planner.stats.sharding import Sharding
 from planner.version import PLANNER_VERSION
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "PlanOptions",
     "PlanStatus",
     "PlannedModule",
+    "Sharding",
     "Stats",
     "StatsError",
     "StatsMetadata",

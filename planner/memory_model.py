@@ -32,6 +32,7 @@ from typing import Literal
 import numpy as np
 
 from planner.stats.format import ModuleStats, Stats
+from planner.stats.sharding import sharded_world_size
 
 __all__ = ["GIB", "MIB", "NEED_TOL_BYTES", "MemoryModel", "memory_model", "baseline_peak_bytes", "compute_ms",
            "discardable_bytes"]
@@ -97,9 +98,14 @@ class MemoryModel:
 
 def memory_model(stats: Stats, *, world_size: int = 1, first_step_only: bool = False,
                  reserve_bytes: float = 0.0) -> MemoryModel:
-    """The memory model of ``stats`` for ``world_size`` ranks (steady state unless ``first_step_only``)."""
+    """The memory model of ``stats`` for ``world_size`` ranks (steady state unless ``first_step_only``).
+
+    Stats collected sharded (``metadata.sharding``) are one rank's already: used
+    as they are, with ``world_size`` 1 or the collected world size, refused otherwise.
+    """
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+    world_size = sharded_world_size(stats.metadata.sharding, world_size)  # per-rank stats: divide by nothing
     post = {f: k for k, f in enumerate(stats.fw_post_order)}
     model = _step(stats, post, world_size, first_step_only) if stats.timeline else \
         _torch(stats, post, world_size, first_step_only)

@@ -178,7 +178,12 @@ def prepare(
     first_step_only: bool = False,
     reserve_bytes: float = 0.0,
 ) -> Problem:
-    """Build everything that does not depend on the budget."""
+    """Build everything that does not depend on the budget.
+
+    Without ``fsdp_units``, stats collected sharded give theirs (``metadata.sharding.units``).
+    """
+    if fsdp_units is None and stats.metadata.sharding is not None:
+        fsdp_units = stats.metadata.sharding.units
     model = memory_model(stats, world_size=world_size, first_step_only=first_step_only, reserve_bytes=reserve_bytes)
     allowed = _allowed(stats, ac_units, fsdp_units)
     unit = float(2 ** max(0, math.floor(math.log2(max(float(model.base_bytes.max()), 1.0)))))

@@ -14,9 +14,11 @@ import math
 from collections.abc import Container, Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, model_validator
 
 from planner.ops.groups import op_groups
+from planner.stats.sharding import Sharding
+from planner.stats.text import Text
 
 __all__ = [
     "STATS_FORMAT",
@@ -25,6 +27,7 @@ __all__ = [
     "OpStats",
     "ModuleStats",
     "Moment",
+    "Sharding",
     "StatsMetadata",
     "Stats",
     "stats_hash",
@@ -45,17 +48,6 @@ def _a_number(v: Any) -> Any:
         raise ValueError(f"must be a finite number, got {v!r}")
     return v
 
-
-def _unicode_text(v: str) -> str:
-    """Text must encode as UTF-8: JSON can carry a lone surrogate ("\\ud800"), which is no character."""
-    try:
-        v.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ValueError(f"must be valid Unicode text, got a lone surrogate at character {exc.start}") from None
-    return v
-
-
-Text = Annotated[str, AfterValidator(_unicode_text)]
 
 # Whole bytes; 12.0 is accepted (JSON writers may emit it), 12.5, true and "12" are not.
 Bytes = Annotated[int, BeforeValidator(_a_number), Field(ge=0, le=MAX_BYTES)]
@@ -195,6 +187,9 @@ class StatsMetadata(_Strict):
         "training.",
         examples=[{"use_cache": False, "attn_implementation": "sdpa"}],
     )
+    sharding: Sharding | None = Field(
+        None, description="Set when the step was collected sharded (sacplan collect --fsdp-world-size N): the "
+        "figures are one rank's, all-gathered parameters and collective buffers included. Null: one unsharded rank.")
 
 
 class Stats(_Strict):

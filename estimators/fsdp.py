@@ -1,0 +1,199 @@
+"""Collecting one rank of an FSDP2 job: ``fully_shard`` under PyTorch's fake process group.
+
+A single process runs the fake step of one rank of an N-rank FSDP2 job: the
+process group is PyTorch's ``"fake"`` backend (collectives return at once and
+move nothing), the model is a copy on fake tensors with ``fully_shard``
+applied to its units and its root, so what the step allocates is one rank's:
+sharded parameters, gradients and optimizer state, the all-gathered
+parameters of the unit running (and of the one prefetched in backward), the
+all-gather and reduce-scatter buffers and mixed-precision copies.
+
+Two things the storage book must be told about (see :class:`ShardedStep`):
+
+* FSDP2 frees and re-allocates unsharded parameters by resizing their
+  storages (``untyped_storage().resize_(0)`` after a unit's forward,
+  ``resize_(n)`` before it runs again); a resize is no new storage, so the
+  book follows ``UntypedStorage.resize_`` while the step runs;
+* what FSDP2 runs around a unit's forward (its pre- and post-forward hooks:
+  the parameters' copy-in and mixed-precision casts, the all-gather, the
+  copy-out into the unsharded parameters, resharding) is communication, not
+  the module's computation: a checkpoint of the module never recomputes it
+  (FSDP2's own backward hook gathers the parameters before any recompute).
+  The rule: an op run inside those hooks or of a collective namespace
+  (``c10d``, ``_c10d_functional``, ``fsdp``: all-gather, reduce-scatter and
+  FSDP2's copy ops) is never in a module's op list nor its forward time, and
+  the storages it makes are booked as ``fsdp`` (collective buffers and
+  gathered parameters), not activations.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from estimators.tracking import COMM, GRAD, StorageBook, follow_storage_resizes, storages_of
+
+__all__ = ["FsdpSetup", "MIXED_PRECISION", "ShardedStep", "default_units", "fake_process_group", "is_collective_op",
+           "meta_copy", "shard_model", "unit_fqns"]
+
+MIXED_PRECISION = ("bf16",)
+_COLLECTIVE_NAMESPACES = frozenset({"c10d", "_c10d_functional", "c10d_functional", "fsdp"})
+
+
+@dataclass(frozen=True)
+class FsdpSetup:
+    """How to shard the collected step.
+
+    ``world_size``: ranks; ``wrap``: class names of the modules to shard as
+    units (the root is always one; None: the model's own list, a Hugging Face
+    model's ``_no_split_modules``); ``mixed_precision``: None or ``"bf16"``
+    (fp32 sharded parameters, bf16 gathered compute parameters, fp32 gradient
+    reduction); ``reshard_after_forward``: free each unit's gathered
+    parameters after its forward (FSDP2's default).
+    """
+
+    world_size: int
+    wrap: tuple[str, ...] | None = None
+    mixed_precision: str | None = None
+    reshard_after_forward: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.world_size, bool) or not isinstance(self.world_size, int) or self.world_size < 1:
+            raise ValueError(f"fsdp_world_size must be a positive integer, got {self.world_size!r}")
+        if self.mixed_precision is not None and self.mixed_precision not in MIXED_PRECISION:
+            raise ValueError(f"mixed_precision must be one of {', '.join(MIXED_PRECISION)} or None, "
+                             f"got {self.mixed_precision!r}")
+        if self.wrap is not None:
+            if isinstance(self.wrap, str):
+                raise ValueError(f"fsdp_wrap must be a list of class names, got the string {self.wrap!r}")
+            object.__setattr__(self, "wrap", tuple(self.wrap))
+
+    def mp_policy(self) -> Any:
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        if self.mixed_precision == "bf16":
+            return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        return MixedPrecisionPolicy()
+
+
+def is_collective_op(func: Any) -> bool:
+    """An op of a collective namespace: all-gather, reduce-scatter, FSDP2's copy-in/copy-out (never recomputed)."""
+    return getattr(func, "namespace", None) in _COLLECTIVE_NAMESPACES
+
+
+def default_units(model: nn.Module) -> tuple[str, ...]:
+    """The class names FSDP2 recipes shard: a Hugging Face model's ``_no_split_modules``; else a clear error."""
+    names = getattr(model, "_no_split_modules", None)
+    if not names:
+        raise ValueError(f"{type(model).__name__} names no FSDP units (no _no_split_modules): give the classes to "
+                         f"shard, --fsdp-wrap CLASS (repeatable), e.g. its transformer block")
+    return tuple(names)
+
+
+def unit_fqns(model: nn.Module, wrap: Sequence[str], fqns: dict[nn.Module, str]) -> list[str]:
+    """fqns of the modules to shard: those of the ``wrap`` classes (outermost only) in pre-order, the root last."""
+    present = {type(m).__name__ for m in model.modules()}
+    for k, name in enumerate(wrap):
+        if name not in present:
+            raise ValueError(f"fsdp_wrap[{k}] {name!r} is no class of the model's modules (its classes: "
+                             f"{', '.join(sorted(present))[:600]})")
+    units: list[str] = []
+    for mod in model.modules():
+        fqn = fqns[mod]
+        if mod is not model and type(mod).__name__ in wrap and not any(fqn.startswith(u + ".") for u in units):
+            units.append(fqn)
+    return units + [fqns[model]]
+
+
+def meta_copy(model: nn.Module) -> nn.Module:
+    """A deep copy of ``model`` with its parameters and buffers on ``meta``: the original is never touched."""
+    memo: dict[int, Any] = {}
+    for p in model.parameters():
+        memo[id(p)] = nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=p.requires_grad)
+    for b in model.buffers():
+        memo[id(b)] = torch.empty_like(b, device="meta")
+    return copy.deepcopy(model, memo)
+
+
+@contextmanager
+def fake_process_group(world_size: int, device_type: str) -> Iterator[Any]:
+    """PyTorch's fake process group of ``world_size`` ranks (this process is rank 0); yields its device mesh.
+
+    The mesh is made here, outside any FakeTensorMode (made inside, its
+    ``aten._local_scalar_dense`` fails on fake tensors); the group is
+    destroyed on exit, so collections can follow one another in a process.
+    """
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        raise RuntimeError("a process group is already initialized in this process: collect with "
+                           "--fsdp-world-size in a process of its own (not inside a distributed job)")
+    dist.init_process_group(backend="fake", rank=0, world_size=world_size, store=FakeStore())
+    try:
+        yield init_device_mesh(device_type, (world_size,))
+    finally:
+        dist.destroy_process_group()
+
+
+def shard_model(model: nn.Module, setup: FsdpSetup, mesh: Any, units: Sequence[str],
+                fqns: dict[nn.Module, str]) -> None:
+    """``fully_shard`` each unit, then the root (``units`` ends with it; run this under the step's FakeTensorMode)."""
+    from torch.distributed.fsdp import fully_shard
+
+    by_fqn = {fqn: mod for mod, fqn in fqns.items()}
+    for fqn in units:  # disjoint units (outermost only), the root last: as torchtitan's apply_fsdp does
+        fully_shard(by_fqn[fqn], mesh=mesh, mp_policy=setup.mp_policy(),
+                    reshard_after_forward=setup.reshard_after_forward)
+
+
+class ShardedStep:
+    """While the fake step runs: the book follows storage resizes, and FSDP2's hooks open an ``fsdp`` window.
+
+    ``busy`` is true while FSDP2 runs a unit's pre- or post-forward hook (the
+    collector books what is made then as :data:`COMM` and records no op).
+    """
+
+    def __init__(self, book: StorageBook, units: Sequence[nn.Module]):
+        self.book, self.units = book, list(units)
+        self.depth = 0
+        self._handles: list[Any] = []
+        self._resize: Any = None
+
+    @property
+    def busy(self) -> bool:
+        return self.depth > 0
+
+    def _enter(self, *_: Any, **__: Any) -> None:
+        self.depth += 1
+
+    def _leave(self, *_: Any, **__: Any) -> None:
+        self.depth = max(0, self.depth - 1)
+
+    def __enter__(self) -> ShardedStep:
+        for mod in self.units:  # ours first and last around FSDP2's own hooks (it prepends its pre-hook)
+            self._handles += [
+                mod.register_forward_pre_hook(self._enter, prepend=True),
+                mod.register_forward_pre_hook(self._leave),
+                mod.register_forward_hook(self._enter, prepend=True),
+                mod.register_forward_hook(self._leave, always_call=True),
+            ]
+        self._resize = follow_storage_resizes(self.book, lambda: COMM)
+        self._resize.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._resize.__exit__(*exc)
+        for h in self._handles:
+            h.remove()
+
+    def book_grads(self, params: Sequence[nn.Parameter]) -> None:
+        """After backward: the sharded gradients FSDP2 assigned are gradients (a cast copy included)."""
+        self.book.recategorize_all(storages_of([p.grad for p in params if p.grad is not None]), GRAD)
