@@ -58,7 +58,7 @@ def _one(spec: RunSpec, mesh: Any) -> RankResult:
     from estimators import apply_plan
     from estimators.fake_step import make_optimizer
     from estimators.models import build_from_hf_config
-    from estimators.real_fsdp import measure_fsdp_steps, shard_model
+    from estimators.real_fsdp import measure_fsdp_steps, shard
 
     torch.manual_seed(BUILD_SEED)
     built = build_from_hf_config(spec.hf_config, batch_size=spec.batch, seq_len=spec.seq, dtype=torch.float32,
@@ -66,7 +66,7 @@ def _one(spec: RunSpec, mesh: Any) -> RankResult:
     if spec.plan is not None:
         stats = json.loads(Path(spec.stats_path).read_text()) if spec.stats_path else None
         apply_plan(built.model, spec.plan, stats=stats)
-    units = shard_model(built.model, mesh, mixed_precision=spec.mixed_precision)
+    units = shard(built.model, mesh, world_size=mesh.size(), mixed_precision=spec.mixed_precision)
     opt = make_optimizer("adamw", [p for p in built.model.parameters() if p.requires_grad])
     steps = measure_fsdp_steps(built.model, built.inputs, built.loss_fn, opt, steps=spec.steps, seed=STEP_SEED)
     return RankResult(spec.label, spec.mixed_precision, [m.peak_bytes for m in steps],

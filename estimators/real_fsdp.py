@@ -13,7 +13,8 @@ on a model sharded with ``fully_shard``; memory is counted the same way
   outputs) with ``UntypedStorage.resize_``, outside the dispatcher: while a
   step is measured, every ``resize_`` books the storage at its new size
   (growing it is an allocation, a possible peak), so a storage counts at its
-  current size, never at the size it had when first seen.
+  current size, never at the size it had when first seen
+  (``estimators.tracking.follow_storage_resizes``, as the collector).
 
 What is live at the peak is split by where FSDP2 made it (``unsharded``,
 ``all_gather``, ``reduce_scatter``: its record_function regions) besides
@@ -27,13 +28,12 @@ allocator either) and kept in ``peak_with_backend_bytes``.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pickle
 import socket
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,10 +46,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from estimators.aten_ops import is_view_op
 from estimators.fake_step import call_model, default_loss
 from estimators.real_step import BACKWARD, FORWARD, OPTIMIZER, StepMeasure
-from estimators.tracking import ACT, BUFFER, GRAD, INPUT, OPT, PARAM, TEMP, StorageBook, storages_of, tensors_in
+from estimators.tracking import (ACT, BUFFER, GRAD, INPUT, OPT, PARAM, TEMP, StorageBook, follow_storage_resizes,
+                                 storages_of)
 
-__all__ = ["ALL_GATHER", "BACKEND", "FsdpStepMeasure", "REDUCE_SCATTER", "UNSHARDED", "local_storages",
-           "measure_fsdp_steps", "run_ranks", "shard_model", "wrap_classes"]
+__all__ = ["ALL_GATHER", "BACKEND", "FsdpStepMeasure", "REDUCE_SCATTER", "UNSHARDED", "measure_fsdp_steps",
+           "run_ranks", "shard"]
 
 UNSHARDED = "unsharded"  # storages resized by UntypedStorage.resize_: FSDP2's all-gathered parameters
 ALL_GATHER = "all_gather"  # made inside FSDP2's all-gather (the flat send/receive buffer)
@@ -60,7 +61,7 @@ REDUCE_SCATTER = "reduce_scatter"  # made inside FSDP2's gradient reduction, unt
 # predictions leaves these out (``peak_with_backend_bytes`` has them).
 BACKEND = "backend"
 # FSDP2 names its steps with record_function, which the dispatcher shows as ops: storages made inside are its own.
-_REGIONS = (("FSDP::all_gather_copy_out", None), ("FSDP::all_gather", ALL_GATHER),
+_REGIONS = (("FSDP::all_gather_copy_out", UNSHARDED), ("FSDP::all_gather", ALL_GATHER),
             ("FSDP::post_backward_reduce", REDUCE_SCATTER))
 _PHASE_CATEGORY = {FORWARD: ACT, BACKWARD: TEMP, OPTIMIZER: OPT}
 
@@ -74,53 +75,6 @@ class FsdpStepMeasure(StepMeasure):
     peak_with_backend_bytes: int | None = None
 
 
-def local_storages(tree: object) -> list[torch.UntypedStorage]:
-    """Distinct storages of the tensors in a pytree, a DTensor's being its local shard's."""
-    from torch.distributed.tensor import DTensor
-
-    # to_local() would run an op (a view) per tensor; the shard itself is what holds memory
-    return storages_of([t._local_tensor if isinstance(t, DTensor) else t  # layout: allow-private (the shard)
-                        for t in tensors_in(tree)])
-
-
-class _ResizingBook(StorageBook):
-    """A :class:`StorageBook` whose storages can change size in place (``resize_``)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.live.update({UNSHARDED: 0, ALL_GATHER: 0, REDUCE_SCATTER: 0, BACKEND: 0})
-
-    def resized(self, st: torch.UntypedStorage) -> None:
-        """Book ``st`` at its current size, as an unsharded parameter; a growth is an allocation."""
-        _, new = self.add(st, UNSHARDED)
-        if new:
-            return
-        self.recategorize(st, UNSHARDED)
-        entry = self._entries[st._cdata]  # layout: allow-private (a storage's only identity, as tracking.py)
-        grown = st.nbytes() - entry.nbytes
-        entry.nbytes += grown
-        self.live[UNSHARDED] += grown
-        if grown > 0:
-            for fn in self.on_alloc:
-                fn(UNSHARDED, self.live)
-
-
-@contextlib.contextmanager
-def _following_resizes(book: _ResizingBook) -> Iterator[None]:
-    original = torch.UntypedStorage.resize_
-
-    def resize_(self: torch.UntypedStorage, size: int) -> Any:
-        out = original(self, size)
-        book.resized(self)
-        return out
-
-    torch.UntypedStorage.resize_ = resize_
-    try:
-        yield
-    finally:
-        torch.UntypedStorage.resize_ = original
-
-
 class _LiveLocalStorages(TorchDispatchMode):
     """Books every storage an op returns (DTensors by their shard) and follows the peak.
 
@@ -129,7 +83,7 @@ class _LiveLocalStorages(TorchDispatchMode):
     gradients.
     """
 
-    def __init__(self, book: _ResizingBook, on_reduced: Callable[[], None]):
+    def __init__(self, book: StorageBook, on_reduced: Callable[[], None]):
         super().__init__()
         self.book = book
         self.on_reduced = on_reduced
@@ -157,7 +111,7 @@ class _LiveLocalStorages(TorchDispatchMode):
         for name in reversed(self.regions):
             for prefix, category in _REGIONS:
                 if name.startswith(prefix):
-                    return category or _PHASE_CATEGORY[self.phase]
+                    return category
         return _PHASE_CATEGORY[self.phase]
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -170,7 +124,7 @@ class _LiveLocalStorages(TorchDispatchMode):
         category = self._category()
         if category == REDUCE_SCATTER and is_view_op(func):
             category = BACKEND
-        for st in local_storages(out):
+        for st in storages_of(out):
             self.book.add(st, category)
         return out
 
@@ -179,7 +133,7 @@ def _book_existing(book: StorageBook, model: nn.Module, inputs: Any, optimizer: 
     for tensors, category in ((list(model.parameters()), PARAM), (list(model.buffers()), BUFFER),
                               ([p.grad for p in model.parameters() if p.grad is not None], GRAD),
                               ([list(s.values()) for s in optimizer.state.values()], OPT), (inputs, INPUT)):
-        for st in local_storages(tensors):
+        for st in storages_of(tensors):
             book.add(st, category)
 
 
@@ -197,11 +151,11 @@ def measure_fsdp_steps(model: nn.Module, inputs: Any, loss_fn: Callable[[Any], t
     if steps < 1:
         raise ValueError(f"steps must be at least 1, got {steps!r}")
     loss_fn = loss_fn or default_loss
-    book = _ResizingBook()
+    book = StorageBook()
+    book.live.update({UNSHARDED: 0, ALL_GATHER: 0, REDUCE_SCATTER: 0, BACKEND: 0})
 
     def book_grads() -> None:
-        for st in local_storages([p.grad for p in model.parameters() if p.grad is not None]):
-            book.recategorize(st, GRAD)
+        book.recategorize_all(storages_of([p.grad for p in model.parameters() if p.grad is not None]), GRAD)
 
     tracker = _LiveLocalStorages(book, book_grads)
     out = []
@@ -213,7 +167,7 @@ def measure_fsdp_steps(model: nn.Module, inputs: Any, loss_fn: Callable[[Any], t
         tracker.restart_peak()
         start = tracker.live_bytes()
         seconds: dict[str, float] = {}
-        with _following_resizes(book), tracker:
+        with follow_storage_resizes(book, lambda: UNSHARDED), tracker:
             t = time.process_time()
             output = call_model(model, inputs)
             loss = loss_fn(output)
@@ -231,37 +185,18 @@ def measure_fsdp_steps(model: nn.Module, inputs: Any, loss_fn: Callable[[Any], t
     return out
 
 
-def wrap_classes(model: nn.Module) -> list[str]:
-    """The classes FSDP2 wraps by default: a Hugging Face model's ``_no_split_modules`` (the decoder blocks)."""
-    names = list(getattr(model, "_no_split_modules", None) or [])
-    if not names:
-        raise ValueError(f"{type(model).__name__} has no _no_split_modules: name the classes to wrap")
-    return names
+def shard(model: nn.Module, mesh: Any, *, world_size: int, mixed_precision: str | None = None,
+          reshard_after_forward: bool = True) -> list[str]:
+    """``fully_shard`` the model as ``sacplan collect --fsdp-world-size`` does (its units: the model's
+    ``_no_split_modules`` classes, then the root); returns the units' FQNs as the stats name them."""
+    from estimators.collector import module_fqns
+    from estimators.fsdp import FsdpSetup, default_units, shard_model, unit_fqns
 
-
-def shard_model(model: nn.Module, mesh: Any, *, classes: Sequence[str] | None = None,
-                mixed_precision: str | None = None, reshard_after_forward: bool = True) -> list[str]:
-    """``fully_shard`` every module of the named classes (default :func:`wrap_classes`), then the root.
-
-    ``mixed_precision`` "bf16": bf16 compute parameters over fp32 shards, fp32
-    gradient reduction (torchtitan's default). Returns the units' FQNs, root
-    ("") last.
-    """
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-    if mixed_precision not in (None, "bf16"):
-        raise ValueError(f"mixed_precision must be None or 'bf16', got {mixed_precision!r}")
-    kw: dict[str, Any] = dict(mesh=mesh, reshard_after_forward=reshard_after_forward)
-    if mixed_precision == "bf16":
-        kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    wanted = set(classes or wrap_classes(model))
-    units = [fqn for fqn, mod in model.named_modules() if fqn and type(mod).__name__ in wanted]
-    if not units:
-        raise ValueError(f"no module of class {sorted(wanted)} in {type(model).__name__}")
-    for fqn in units:
-        fully_shard(model.get_submodule(fqn), **kw)
-    fully_shard(model, **kw)
-    return [*units, ""]
+    setup = FsdpSetup(world_size, mixed_precision=mixed_precision, reshard_after_forward=reshard_after_forward)
+    fqns = module_fqns(model)
+    units = unit_fqns(model, default_units(model), fqns)
+    shard_model(model, setup, mesh, units, fqns)
+    return units
 
 
 def _free_port() -> int:

@@ -9,7 +9,7 @@ from torch import nn
 
 from estimators.fake_step import make_optimizer
 from estimators.models import build_from_hf_config
-from estimators.real_fsdp import measure_fsdp_steps, shard_model
+from estimators.real_fsdp import measure_fsdp_steps, shard
 
 HAND_FEATURES, HAND_BATCH = 64, 8  # two bias-free Linear(64, 64) units, an (8, 64) input
 
@@ -34,7 +34,7 @@ def llama_case(mesh: Any, config: dict, batch: int, seq: int, mixed_precision: s
     torch.manual_seed(0)
     built = build_from_hf_config(config, batch_size=batch, seq_len=seq, dtype=torch.float32,
                                  device=torch.device("cpu"))
-    shard_model(built.model, mesh, mixed_precision=mixed_precision)
+    shard(built.model, mesh, world_size=mesh.size(), mixed_precision=mixed_precision)
     opt = make_optimizer("adamw", list(built.model.parameters()))
     return measure_fsdp_steps(built.model, built.inputs, built.loss_fn, opt, steps=3, seed=1)
 

@@ -4,7 +4,9 @@ One set of 2 processes runs every case (``fsdp_cases.all_cases``): a case
 small enough to count by hand, which checks the tracker itself (DTensors by
 their shard, FSDP2's ``resize_``-d all-gather outputs at their current size),
 and the tiny llama, ``fully_shard`` per decoder layer and the root, against
-what the stats predict per rank. Memory only.
+what the stats predict per rank: one rank's stats from the fake process group
+(``sacplan collect --fsdp-world-size 2``), and, as evidence of what those add,
+the unsharded stats with ``world_size=2``. Memory only.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ pytest.importorskip("torch.distributed.fsdp")
 import planner  # noqa: E402
 from est_helpers import TINY_LLAMA  # noqa: E402
 from estimators.real_fsdp import ALL_GATHER, REDUCE_SCATTER, UNSHARDED, measure_fsdp_steps, run_ranks  # noqa: E402
-from estimators.real_fsdp import shard_model, wrap_classes  # noqa: E402
 from estimators.session import CollectRequest, run_collection  # noqa: E402
 from fsdp_cases import HAND_BATCH, HAND_FEATURES, all_cases  # noqa: E402
 
@@ -62,9 +63,14 @@ def test_tracker_counts_the_hand_case(ranks: list[dict]) -> None:
 
 
 def test_ranks_measure_the_same_peaks(ranks: list[dict]) -> None:
-    """Every rank runs the same shapes: their peaks agree to the byte."""
+    """Every rank runs the same shapes: their steady-state peaks agree to the byte.
+
+    (Step 1 may not: the ranks' first-step peaks were seen to differ by one
+    all-gather buffer from run to run, in the bench and here; when a rank
+    drops its first buffers depends on the other ranks.)
+    """
     for case in ("llama", "llama_bf16"):
-        assert len({tuple(m.peak_bytes for m in out[case]) for out in ranks}) == 1, case
+        assert len({tuple(m.peak_bytes for m in out[case][1:]) for out in ranks}) == 1, case
 
 
 def test_world_size_prediction_misses_exactly_the_fsdp_buffers(ranks: list[dict], request_: CollectRequest) -> None:
@@ -80,22 +86,17 @@ def test_world_size_prediction_misses_exactly_the_fsdp_buffers(ranks: list[dict]
 
 
 def test_fsdp_collector_predicts_the_real_peak(ranks: list[dict], request_: CollectRequest) -> None:
-    """Per-rank stats from the fake process group: the real steady-state peak within 2% (the bench's goal)."""
-    if "fsdp_world_size" not in CollectRequest.__dataclass_fields__:
-        pytest.skip("sacplan collect --fsdp-world-size is not in this tree yet (issue 20, point 1)")
+    """Per-rank stats from the fake process group (fp32 and bf16 mixed precision): the real steady-state peak
+    within 0.1% (the issue asks 2%; ``bench/bench_fsdp.py`` measures 1.000 on every steady-state step)."""
     for case, precision in (("llama", None), ("llama_bf16", "bf16")):
         req = dataclasses.replace(request_, fsdp_world_size=RANKS, mixed_precision=precision)
         predicted = planner.plan(run_collection(req).stats, 1024.0).baseline_peak_bytes
         for m in ranks[0][case][1:]:
-            assert abs(m.peak_bytes / predicted - 1) <= 0.02, (case, m.step, m.peak_bytes, predicted)
+            assert abs(m.peak_bytes / predicted - 1) <= 0.001, (case, m.step, m.peak_bytes, predicted)
 
 
 def test_bad_arguments_are_named() -> None:
     with pytest.raises(ValueError, match="steps must be at least 1, got 0"):
         measure_fsdp_steps(torch.nn.Linear(2, 2), torch.ones(2), None, None, steps=0)
-    with pytest.raises(ValueError, match="mixed_precision must be None or 'bf16', got 'fp8'"):
-        shard_model(torch.nn.Linear(2, 2), None, mixed_precision="fp8")
-    with pytest.raises(ValueError, match="Linear has no _no_split_modules"):
-        wrap_classes(torch.nn.Linear(2, 2))
     with pytest.raises(ValueError, match="world_size must be a positive integer, got 0"):
         run_ranks(all_cases, 0)
