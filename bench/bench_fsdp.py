@@ -12,7 +12,8 @@ the stats used as they are: FSDP units from the stats), then run real FSDP2
 training on N gloo ranks of this CPU (``bench/fsdp_run.py``:
 the plan applied before ``fully_shard`` on each decoder block
 (``_no_split_modules``) and the root, fp32 or bf16 mixed precision
-(``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``), AdamW, three
+(``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``) or fp32
+without resharding after forward, AdamW, three
 steps) and measure each rank's peak (``estimators.real_fsdp``: every distinct
 live storage once, DTensors by their shard, FSDP2's resized all-gather
 outputs at their current size).
@@ -51,7 +52,9 @@ SECTION = "## FSDP2"
 REFERENCE = Path("../shared/reference/fidelity")
 MODELS = ("llama", "gpt2")
 RANKS = (2, 4)
-PRECISIONS = (None, "bf16")
+# (label, --mixed-precision, reshard after forward): fp32, bf16 mixed precision, and fp32 with
+# --no-reshard-after-forward (every unit's gathered parameters kept from its forward to its backward)
+SETUPS = (("fp32", None, True), ("bf16", "bf16", True), ("fp32 no-reshard", None, False))
 FRACTIONS = (0.6, 0.85)
 BATCH, SEQ, STEPS = 4, 256, 3
 MIB = 2**20
@@ -60,11 +63,11 @@ FSDP_BUFFERS = (UNSHARDED, ALL_GATHER, REDUCE_SCATTER)
 
 @dataclass
 class Row:
-    """One model x ranks x precision x plan, with what every rank measured."""
+    """One model x ranks x setup (precision, resharding) x plan, with what every rank measured."""
 
     model: str
     ranks: int
-    precision: str | None
+    setup: str  # a label of SETUPS
     label: str
     predicted_bytes: int | None
     budget_bytes: int | None = None
@@ -79,21 +82,21 @@ class Row:
         return [max(ps) for ps in zip(*(r.peaks for r in self.per_rank))] if self.per_rank and not self.error else []
 
 
-def plan_rows(name: str, stats: Any, ranks: int, precision: str | None, world_size_bytes: int) -> list[Row]:
+def plan_rows(name: str, stats: Any, ranks: int, setup: str, world_size_bytes: int | None) -> list[Row]:
     """The baseline and one plan per fraction of it, from one rank's stats (used as they are)."""
     baseline = int(planner.plan(stats, 1024.0).baseline_peak_bytes)
     first = int(planner.plan(stats, 1024.0, first_step_only=True).baseline_peak_bytes)
-    rows = [Row(name, ranks, precision, "base", baseline, world_size_bytes=world_size_bytes, first_step_bytes=first)]
+    rows = [Row(name, ranks, setup, "base", baseline, world_size_bytes=world_size_bytes, first_step_bytes=first)]
     for f in FRACTIONS:
         p = planner.plan(stats, f * baseline / planner.GIB)
         ok = p.status in ("optimal", "feasible")
-        rows.append(Row(name, ranks, precision, f"p{round(f * 100)}", p.peak_bytes if ok else None, int(f * baseline),
+        rows.append(Row(name, ranks, setup, f"p{round(f * 100)}", p.peak_bytes if ok else None, int(f * baseline),
                         p, error=None if ok else f"plan {p.status}"))
     return rows
 
 
 def run_model(name: str, reference: Path, ranks_list: tuple[int, ...], steps: int) -> list[Row]:
-    """Collect (unsharded, and per rank for each world size and precision), plan, run every row for real."""
+    """Collect (unsharded, and per rank for each world size and setup), plan, run every row for real."""
     cfg = json.loads((reference / f"{name}.json").read_text())
     req = CollectRequest(hf_config=cfg, batch=BATCH, seq=SEQ, dtype="fp32", device="cpu", optimizer="adamw",
                          name=name)
@@ -103,17 +106,18 @@ def run_model(name: str, reference: Path, ranks_list: tuple[int, ...], steps: in
         for ranks in ranks_list:
             mine, specs = [], []
             world_size_bytes = int(planner.plan(unsharded, 1024.0, world_size=ranks).baseline_peak_bytes)
-            for prec in PRECISIONS:
+            for k, (setup, prec, reshard) in enumerate(SETUPS):
                 t = time.time()
-                stats = run_collection(dataclasses.replace(req, fsdp_world_size=ranks, mixed_precision=prec)).stats
-                print(f"{name} x{ranks} {prec or 'fp32'}: collected in {time.time() - t:.0f} s", file=sys.stderr)
-                path = Path(tmp, f"stats-{ranks}-{prec}.json")
+                stats = run_collection(dataclasses.replace(req, fsdp_world_size=ranks, mixed_precision=prec,
+                                                           reshard_after_forward=reshard)).stats
+                print(f"{name} x{ranks} {setup}: collected in {time.time() - t:.0f} s", file=sys.stderr)
+                path = Path(tmp, f"stats-{ranks}-{k}.json")
                 path.write_text(stats.model_dump_json())
-                for r in plan_rows(name, stats, ranks, prec, world_size_bytes):
+                for r in plan_rows(name, stats, ranks, setup, world_size_bytes if reshard else None):
                     mine.append(r)
                     if r.error is None:
-                        specs.append((r, RunSpec(r.label, cfg, BATCH, SEQ, prec,
-                                                 r.plan.model_dump() if r.plan else None, str(path), steps)))
+                        plan = r.plan.model_dump() if r.plan else None
+                        specs.append((r, RunSpec(r.label, cfg, BATCH, SEQ, prec, plan, str(path), steps, reshard)))
             t = time.time()
             per_rank = run_ranks(run_specs, ranks, [spec for _, spec in specs])
             print(f"{name} x{ranks}: ran in {time.time() - t:.0f} s", file=sys.stderr, flush=True)
@@ -141,7 +145,7 @@ def _breakdown(row: Row) -> str:
 
 
 def table(rows: list[Row]) -> list[str]:
-    head = ("| model | ranks | precision | plan | status, modules | budget MiB | predicted MiB | real MiB by step "
+    head = ("| model | ranks | setup | plan | status, modules | budget MiB | predicted MiB | real MiB by step "
             "(max over ranks) | ranks differ by, by step | real/predicted by step | real/budget by step | peak phase | "
             "live MiB at the s3 peak | s3 with gloo's copies MiB |")
     out = [head, "|" + "---|" * (head.count("|") - 1)]
@@ -149,7 +153,7 @@ def table(rows: list[Row]) -> list[str]:
         steps = r.steps()
         spread = [max(col) - min(col) for col in zip(*(x.peaks for x in r.per_rank))] if steps else None
         status = "-" if r.plan is None else f"{r.plan.status}, {len(r.plan.modules or [])}"
-        cells = [r.model, str(r.ranks), r.precision or "fp32", r.label, status,
+        cells = [r.model, str(r.ranks), r.setup, r.label, status,
                  "-" if r.budget_bytes is None else f"{r.budget_bytes / MIB:.1f}",
                  "-" if r.predicted_bytes is None else f"{r.predicted_bytes / MIB:.1f}",
                  " / ".join(f"{s / MIB:.1f}" for s in steps) or (r.error or "-"),
@@ -172,14 +176,15 @@ def report(rows: list[Row], *, command: str, header: str, minutes: float) -> str
     worst_steady = max((abs(s / r.predicted_bytes - 1) for r in done for s in r.steps()[1:]), default=float("nan"))
     worst_first = max((abs(r.steps()[0] / r.first_step_bytes - 1) for r in done if r.first_step_bytes),
                       default=float("nan"))
-    over = [f"{r.model} x{r.ranks} {r.precision or 'fp32'} {r.label}" for r in done
+    over = [f"{r.model} x{r.ranks} {r.setup} {r.label}" for r in done
             if r.budget_bytes and max(r.steps()) > r.budget_bytes]
     out = [SECTION, "", f"Machine: {header}", "",
            f"Command: `{command}` (from the repo root; {minutes:.1f} min in all). Models: the fidelity set's "
            f"configs, batch {BATCH} per rank, seq {SEQ}, random weights (seed 0), AdamW (`foreach=False`), "
            f"{STEPS} steps; `fully_shard` on every `_no_split_modules` block and the root; a plan applied before "
            "`fully_shard`. Predictions: one rank's stats from the fake process group (`sacplan collect "
-           "--fsdp-world-size N`, with `--mixed-precision bf16` for the bf16 rows), `planner.plan(stats, budget)`; "
+           "--fsdp-world-size N`, with `--mixed-precision bf16` for the bf16 rows and `--no-reshard-after-forward` for "
+           "the no-reshard rows, as the real runs), `planner.plan(stats, budget)`; "
            "budgets: 60% and 85% of their baseline. Real: each rank's "
            "peak per step (`estimators.real_fsdp.measure_fsdp_steps`: every distinct live storage once, DTensors "
            "by their shard, `resize_`-d storages at their current size); the table gives the largest over the "
@@ -207,7 +212,7 @@ def notes(rows: list[Row]) -> list[str]:
         worst = max(r.per_rank, key=lambda x: x.peaks[-1])
         live, peak = worst.live_at_peak[-1], worst.peaks[-1]
         rest = peak - sum(live.get(k, 0) for k in FSDP_BUFFERS)
-        out.append(f"- {r.model} x{r.ranks} {r.precision or 'fp32'}: real / `--world-size` prediction "
+        out.append(f"- {r.model} x{r.ranks} {r.setup}: real / `--world-size` prediction "
                    f"{peak / r.world_size_bytes:.4f} (per-rank stats: {peak / r.predicted_bytes:.4f}); peak in "
                    f"{worst.phases[-1]}, where FSDP2 held {_mib(live, UNSHARDED)} MiB unsharded parameters, "
                    f"{_mib(live, ALL_GATHER)} MiB all-gather buffer, {_mib(live, REDUCE_SCATTER)} MiB reduce-scatter "
@@ -230,15 +235,15 @@ def notes(rows: list[Row]) -> list[str]:
             "`zero_grad`. In the hand-counted test case (`tests/estimators/test_fsdp_real.py`: two Linear(64, 64) "
             "units, 2 ranks) this is the peak, to the byte: shards + AdamW + input + the loss + the prefetched "
             "all-gather buffer of unit 0 + dW1 and the input gradient + unit 1's reduce-scatter input and output.",
-            "- **Optimizer state.** Sharded exactly: AdamW's two moments on the local shards (the ratio above: 2 plus the 4-byte "
-            "step counts), as the prediction's O/N. FSDP2 pads dim 0 to a multiple of N (no padding "
-            "for these shapes).",
-            "- **bf16 mixed precision.** The fp32 stats overstate: activations are mostly bf16 (the `act` MiB of the "
-            "live column, bf16 rows against fp32), the unsharded copies and all-gather buffers are bf16. Plans must come "
-            "from stats of the bf16 step (`--mixed-precision bf16`): the fp32 step's op lists lack its casts, and "
-            "`apply_plan` refuses such a plan (with fp32 stats, the first version of this bench: `PlanMismatchError`"
-            " on llama's `layers.0.self_attn`, 'op 34 is aten._to_copy but the plan's stats have aten.mul', and on "
-            "gpt2's blocks).",
+            "- **Optimizer state.** Sharded exactly: AdamW's two moments on the local shards (the ratio above: 2 "
+            "plus the 4-byte step counts), as the prediction's O/N. FSDP2 pads dim 0 to a multiple of N (no "
+            "padding for these shapes).",
+            "- **bf16 mixed precision.** The fp32 stats overstate: activations are mostly bf16 (the `act` MiB of "
+            "the live column, bf16 rows against fp32), the unsharded copies and all-gather buffers are bf16. Plans "
+            "must come from stats of the bf16 step (`--mixed-precision bf16`): the fp32 step's op lists lack its "
+            "casts, and `apply_plan` refuses such a plan (with fp32 stats, the first version of this bench: "
+            "`PlanMismatchError` on llama's `layers.0.self_attn`, 'op 34 is aten._to_copy but the plan's stats "
+            "have aten.mul', and on gpt2's blocks).",
             "- **gloo (CPU only).** gloo's reduce-scatter copies its input inside the collective (an extra unit of "
             "fp32 gradients, seen as a chunk handed back); NCCL's buffers are not in the allocator a GPU budget "
             "counts, so the compared peak leaves it out (the last column has it; it is never at the peak here).",

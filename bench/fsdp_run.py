@@ -37,6 +37,7 @@ class RunSpec:
     plan: dict | None = None
     stats_path: str | None = None  # the stats the plan was made from (op names for apply_plan)
     steps: int = 3
+    reshard_after_forward: bool = True
 
 
 @dataclass
@@ -66,7 +67,8 @@ def _one(spec: RunSpec, mesh: Any) -> RankResult:
     if spec.plan is not None:
         stats = json.loads(Path(spec.stats_path).read_text()) if spec.stats_path else None
         apply_plan(built.model, spec.plan, stats=stats)
-    units = shard(built.model, mesh, world_size=mesh.size(), mixed_precision=spec.mixed_precision)
+    units = shard(built.model, mesh, world_size=mesh.size(), mixed_precision=spec.mixed_precision,
+                  reshard_after_forward=spec.reshard_after_forward)
     opt = make_optimizer("adamw", [p for p in built.model.parameters() if p.requires_grad])
     steps = measure_fsdp_steps(built.model, built.inputs, built.loss_fn, opt, steps=spec.steps, seed=STEP_SEED)
     return RankResult(spec.label, spec.mixed_precision, [m.peak_bytes for m in steps],
