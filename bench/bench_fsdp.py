@@ -229,6 +229,9 @@ def notes(rows: list[Row]) -> list[str]:
             "block's parameters, compute dtype) is live, its parameters not yet copied out.",
             "- **Forward.** A unit's all-gather buffer is kept until the next unit's copy-out (implicit prefetch), "
             "so two flat buffers and one unit's unsharded parameters can be live at once (not the peak here).",
+            "- **No resharding after forward** (`--no-reshard-after-forward`): each unit's gathered parameters "
+            "stay from its forward to its backward, so at the peak (the start of backward) the whole model is "
+            "unsharded on every rank (the `unsharded` MiB of those rows) and nothing is left to all-gather.",
             "- **Reduce-scatter.** A unit's reduction allocates its input (the unsharded gradients, padded, in the "
             "reduce dtype: fp32 under bf16) and output (one shard) while the unsharded gradients are still held, "
             "and keeps the input until the next unit's reduction; the sharded gradients then stay until "
