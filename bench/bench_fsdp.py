@@ -237,7 +237,8 @@ def notes(rows: list[Row]) -> list[str]:
             "and keeps the input until the next unit's reduction; the sharded gradients then stay until "
             "`zero_grad`. In the hand-counted test case (`tests/estimators/test_fsdp_real.py`: two Linear(64, 64) "
             "units, 2 ranks) this is the peak, to the byte: shards + AdamW + input + the loss + the prefetched "
-            "all-gather buffer of unit 0 + dW1 and the input gradient + unit 1's reduce-scatter input and output.",
+            "all-gather buffer of unit 0 + dW1 and the input gradient + unit 1's reduce-scatter input and output; "
+            "the per-rank collector predicts it to the byte, step 1 (no AdamW state) included.",
             "- **Optimizer state.** Sharded exactly: AdamW's two moments on the local shards (the ratio above: 2 "
             "plus the 4-byte step counts), as the prediction's O/N. FSDP2 pads dim 0 to a multiple of N (no "
             "padding for these shapes).",

@@ -40,8 +40,8 @@ def request_() -> CollectRequest:
     return CollectRequest(hf_config=TINY_LLAMA, batch=BATCH, seq=SEQ, dtype="fp32", device="cpu", optimizer="adamw")
 
 
-def test_tracker_counts_the_hand_case(ranks: list[dict]) -> None:
-    """Step 2 (AdamW state live) of two bias-free Linear(64, 64) units on 2 ranks, counted by hand.
+def hand_count() -> tuple[int, int]:
+    """(live at a later step's start, its peak) for ``fsdp_cases.hand_case`` on 2 ranks, counted by hand.
 
     Order from FSDP2's backward (torch/distributed/fsdp/_fully_shard): the
     root's pre-backward all-gathers unit 1; unit 1's pre-backward prefetches
@@ -57,9 +57,35 @@ def test_tracker_counts_the_hand_case(ranks: list[dict]) -> None:
             + w  # unit 0's flat all-gather buffer, prefetched
             + w + act  # dW1 (unsharded) and the gradient of unit 1's input
             + w + w // RANKS)  # unit 1's reduce-scatter input and output
+    return at_start, peak
+
+
+def test_tracker_counts_the_hand_case(ranks: list[dict]) -> None:
+    """Steps 2 and 3 (AdamW state live) of two bias-free Linear(64, 64) units on 2 ranks, as counted by hand."""
+    at_start, peak = hand_count()
     for rank, out in enumerate(ranks):
         for m in out["hand"][1:]:
             assert (rank, m.start_bytes, m.peak_bytes, m.peak_phase) == (rank, at_start, peak, "backward")
+
+
+def test_fsdp_collector_predicts_the_hand_case(ranks: list[dict]) -> None:
+    """The fake process group's prediction of the hand case, whose peak is a reduce-scatter (the bench's
+    models peak at the start of backward): the hand count, and each real step (step 1 without AdamW state)."""
+    from torch import nn
+
+    from estimators import RooflineCostModel, collect_stats, device_spec
+    from estimators.fsdp import FsdpSetup
+
+    model = nn.Sequential(nn.Linear(HAND_FEATURES, HAND_FEATURES, bias=False),
+                          nn.Linear(HAND_FEATURES, HAND_FEATURES, bias=False))
+    stats = collect_stats(model, torch.randn(HAND_BATCH, HAND_FEATURES), loss_fn=lambda out: out.sum(),
+                          cost_model=RooflineCostModel(device_spec("cpu")), optimizer_foreach=False,
+                          fsdp=FsdpSetup(RANKS, wrap=("Linear",)))
+    steady = planner.plan(stats, 1.0).baseline_peak_bytes
+    first = planner.plan(stats, 1.0, first_step_only=True).baseline_peak_bytes
+    assert steady == hand_count()[1]
+    for out in ranks:
+        assert [m.peak_bytes for m in out["hand"]] == [first, steady, steady]
 
 
 def test_ranks_measure_the_same_peaks(ranks: list[dict]) -> None:
