@@ -1,0 +1,59 @@
+"""What each rank of a real FSDP2 job runs in the tests: gloo on the CPU, spawned processes, a tiny Llama."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from est_helpers import TINY_LLAMA
+
+
+def sharded_tiny_llama(world_size: int, plan: dict | None, stats: dict | None) -> Any:
+    """The tiny Llama (seed 0), the plan applied first, then fully_shard over its decoder layers and root.
+
+    The order torchtitan uses: activation checkpointing wraps the blocks
+    before fully_shard makes them units, so FSDP2's gathers run in the unit's
+    hooks, outside the checkpointed forward.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from estimators import apply_plan, module_fqns
+    from estimators.fsdp import FsdpSetup, default_units, shard_model, unit_fqns
+    from estimators.models import build_from_hf_config
+
+    torch.manual_seed(0)
+    built = build_from_hf_config(TINY_LLAMA, batch_size=2, seq_len=32, dtype=torch.float32,
+                                 device=torch.device("cpu"))
+    if plan is not None:
+        apply_plan(built.model, plan, stats=stats)
+    fqns = module_fqns(built.model)
+    units = unit_fqns(built.model, default_units(built.model), fqns)
+    shard_model(built.model, FsdpSetup(world_size), init_device_mesh("cpu", (world_size,)), units, fqns)
+    return built
+
+
+def run_rank(rank: int, world_size: int, store_file: str, plan: dict, stats: dict, out: Any) -> None:
+    """One rank: the unplanned and the planned sharded model, one backward each (grads), two measured steps each."""
+    from estimators.fake_step import call_model, make_optimizer
+    from estimators.real_step import measure_steps
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size, init_method=f"file://{store_file}")
+    try:
+        result: dict[str, Any] = {"rank": rank}
+        grads = {}
+        for name, p in (("plain", None), ("planned", plan)):
+            built = sharded_tiny_llama(world_size, p, stats if p else None)
+            torch.manual_seed(0)
+            call_model(built.model, built.inputs).loss.backward()
+            grads[name] = [q.grad.to_local().clone() for q in built.model.parameters()]
+            built.model.zero_grad(set_to_none=True)
+            opt = make_optimizer("adamw", list(built.model.parameters()))
+            result[name] = [m.peak_bytes for m in measure_steps(built.model, built.inputs, None, opt, steps=2)]
+        result["max_grad_diff"] = max(float((a - b).abs().max()) for a, b in zip(grads["plain"], grads["planned"]))
+        result["grads_equal"] = all(torch.equal(a, b) for a, b in zip(grads["plain"], grads["planned"]))
+        out.put(result)
+    finally:
+        dist.destroy_process_group()
