@@ -250,7 +250,9 @@ def notes(rows: list[Row]) -> list[str]:
             "have aten.mul', and on gpt2's blocks).",
             "- **gloo (CPU only).** gloo's reduce-scatter copies its input inside the collective (an extra unit of "
             "fp32 gradients, seen as a chunk handed back); NCCL's buffers are not in the allocator a GPU budget "
-            "counts, so the compared peak leaves it out (the last column has it; it is never at the peak here).",
+            "counts, so the compared peak leaves it out (the last column has it; it is never at the peak here). "
+            "gloo's worker thread may also let an all-gather buffer go after FSDP2 drops it, now and then, which "
+            "puts that rank one unit's gathered bytes higher (the tests allow it; `ranks differ by` shows it).",
             "- **DTensor storages.** A sharded parameter's DTensor reports a storage of the global size (a "
             "placeholder without data); a tracker must count its local shard.", ""]
     return out

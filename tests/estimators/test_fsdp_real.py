@@ -7,6 +7,13 @@ and the tiny llama, ``fully_shard`` per decoder layer and the root, against
 what the stats predict per rank: one rank's stats from the fake process group
 (``sacplan collect --fsdp-world-size 2``), and, as evidence of what those add,
 the unsharded stats with ``world_size=2``. Memory only.
+
+gloo's worker thread now and then lets an all-gather's buffer go after FSDP2
+drops it (seen here: one rank's step-1 peak 131,328 bytes higher, the tiny
+llama's root unit once more, in 1 of 8 runs; and in
+``test_fsdp_apply.py``, docs/fsdp.md: one decoder layer, on a steady-state
+step), so a real peak may exceed the exact figure by one unit's gathered
+bytes, never by more, and never fall below it: that is the allowance.
 """
 
 from __future__ import annotations
@@ -40,6 +47,18 @@ def request_() -> CollectRequest:
     return CollectRequest(hf_config=TINY_LLAMA, batch=BATCH, seq=SEQ, dtype="fp32", device="cpu", optimizer="adamw")
 
 
+@pytest.fixture(scope="module")
+def llama_unit_bytes(request_: CollectRequest) -> int:
+    """The largest unit's gathered fp32 parameters (the allowance for gloo's late release)."""
+    stats = run_collection(dataclasses.replace(request_, fsdp_world_size=RANKS)).stats
+    return max(stats.module(u).param_bytes * RANKS for u in stats.metadata.sharding.units)
+
+
+def near(real: int, exact: int, allowance: int) -> bool:
+    """``real`` is ``exact``, or above it by at most one late-released all-gather buffer."""
+    return exact <= real <= exact + allowance
+
+
 def hand_count() -> tuple[int, int]:
     """(live at a later step's start, its peak) for ``fsdp_cases.hand_case`` on 2 ranks, counted by hand.
 
@@ -63,9 +82,11 @@ def hand_count() -> tuple[int, int]:
 def test_tracker_counts_the_hand_case(ranks: list[dict]) -> None:
     """Steps 2 and 3 (AdamW state live) of two bias-free Linear(64, 64) units on 2 ranks, as counted by hand."""
     at_start, peak = hand_count()
+    unit = HAND_FEATURES * HAND_FEATURES * 4
     for rank, out in enumerate(ranks):
         for m in out["hand"][1:]:
-            assert (rank, m.start_bytes, m.peak_bytes, m.peak_phase) == (rank, at_start, peak, "backward")
+            assert (rank, m.start_bytes, m.peak_phase) == (rank, at_start, "backward")
+            assert near(m.peak_bytes, peak, unit), (rank, m.step, m.peak_bytes, peak)
 
 
 def test_fsdp_collector_predicts_the_hand_case(ranks: list[dict]) -> None:
@@ -85,22 +106,20 @@ def test_fsdp_collector_predicts_the_hand_case(ranks: list[dict]) -> None:
     first = planner.plan(stats, 1.0, first_step_only=True).baseline_peak_bytes
     assert steady == hand_count()[1]
     for out in ranks:
-        assert [m.peak_bytes for m in out["hand"]] == [first, steady, steady]
+        for m, exact in zip(out["hand"], (first, steady, steady)):
+            assert near(m.peak_bytes, exact, HAND_FEATURES * HAND_FEATURES * 4), (m.step, m.peak_bytes, exact)
 
 
-def test_ranks_measure_the_same_peaks(ranks: list[dict]) -> None:
-    """Every rank runs the same shapes: their steady-state peaks agree to the byte.
-
-    (Step 1 may not: in 1 of 8 runs of these cases rank 0's step-1 peak
-    was 131328 B higher than rank 1's, the root's parameters (embedding, LM
-    head, norm) once more: when a rank drops its first step's buffers
-    depends on the other ranks' timing. Steps 2 and 3 always agreed.)
-    """
+def test_ranks_measure_the_same_peaks(ranks: list[dict], llama_unit_bytes: int) -> None:
+    """Every rank runs the same shapes: their steady-state peaks agree (but for gloo's late release)."""
     for case in ("llama", "llama_bf16"):
-        assert len({tuple(m.peak_bytes for m in out[case][1:]) for out in ranks}) == 1, case
+        for step in (1, 2):
+            peaks = [out[case][step].peak_bytes for out in ranks]
+            assert near(max(peaks), min(peaks), llama_unit_bytes), (case, step + 1, peaks)
 
 
-def test_world_size_prediction_misses_exactly_the_fsdp_buffers(ranks: list[dict], request_: CollectRequest) -> None:
+def test_world_size_prediction_misses_exactly_the_fsdp_buffers(ranks: list[dict], request_: CollectRequest
+                                                               ) -> None:
     """The unsharded stats with ``world_size=2`` (P, G and optimizer state halved) predict the steady
     state but for what FSDP2 holds besides: unsharded parameters, all-gather and reduce-scatter buffers
     (the terms the per-rank collector must add; within 1% once they are added back)."""
@@ -112,14 +131,15 @@ def test_world_size_prediction_misses_exactly_the_fsdp_buffers(ranks: list[dict]
         assert abs(m.peak_bytes - fsdp - predicted) <= 0.01 * predicted, (m.peak_bytes, fsdp, predicted)
 
 
-def test_fsdp_collector_predicts_the_real_peak(ranks: list[dict], request_: CollectRequest) -> None:
+def test_fsdp_collector_predicts_the_real_peak(ranks: list[dict], request_: CollectRequest,
+                                               llama_unit_bytes: int) -> None:
     """Per-rank stats from the fake process group (fp32 and bf16 mixed precision): the real steady-state peak
-    within 0.1% (the issue asks 2%; ``bench/bench_fsdp.py`` measures 1.000 on every steady-state step)."""
+    to the byte but for gloo's late release (``bench/bench_fsdp.py``: 1.000 on every steady-state step)."""
     for case, precision in (("llama", None), ("llama_bf16", "bf16")):
         req = dataclasses.replace(request_, fsdp_world_size=RANKS, mixed_precision=precision)
         predicted = planner.plan(run_collection(req).stats, 1024.0).baseline_peak_bytes
         for m in ranks[0][case][1:]:
-            assert abs(m.peak_bytes / predicted - 1) <= 0.001, (case, m.step, m.peak_bytes, predicted)
+            assert near(m.peak_bytes, predicted, llama_unit_bytes), (case, m.step, m.peak_bytes, predicted)
 
 
 def test_bad_arguments_are_named() -> None:
