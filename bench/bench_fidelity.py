@@ -28,9 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -41,7 +39,7 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 
 import planner  # noqa: E402
-from bench._machine import cpu_model  # noqa: E402
+from bench._machine import describe_machine  # noqa: E402
 from bench.bench_planner import write_results  # noqa: E402
 from bench.fidelity import (DEFAULT_PLAN_OPTIONS, MODELS, ModelResult, Variant, measured_recompute_ms,  # noqa: E402
                            run_model)
@@ -166,14 +164,7 @@ def detail_rows(r: ModelResult) -> list[str]:
 
 
 def machine_line() -> str:
-    import transformers
-
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return (f"{os.cpu_count()} CPUs, {cpu_model()}, shared with other work (1-min load {load:.2f} at start), "
-            f"runs on 1 thread; {platform.system()} {platform.release()}; Python {platform.python_version()}, "
-            f"torch {torch.__version__}, transformers {transformers.__version__}; sacplan planner "
-            f"{planner.PLANNER_VERSION} at {head.stdout.strip() or 'unknown commit'}.")
+    return describe_machine("runs on 1 thread")
 
 
 def _option(text: str) -> tuple[str, object]:

@@ -1,0 +1,48 @@
+"""What the 2-rank FSDP2 tests run on every rank (importable by name: ``run_ranks`` pickles it)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from estimators.fake_step import make_optimizer
+from estimators.models import build_from_hf_config
+from estimators.real_fsdp import measure_fsdp_steps, shard
+
+HAND_FEATURES, HAND_BATCH = 64, 8  # two bias-free Linear(64, 64) units, an (8, 64) input
+
+
+def hand_case(mesh: Any) -> list[Any]:
+    """Two ``Linear`` units and the (empty) root, fp32, AdamW: the case computed by hand in the test."""
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(HAND_FEATURES, HAND_FEATURES, bias=False),
+                          nn.Linear(HAND_FEATURES, HAND_FEATURES, bias=False))
+    for layer in model:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = make_optimizer("adamw", list(model.parameters()))
+    x = torch.randn(HAND_BATCH, HAND_FEATURES)
+    return measure_fsdp_steps(model, x, lambda out: out.sum(), opt, steps=3)
+
+
+def llama_case(mesh: Any, config: dict, batch: int, seq: int, mixed_precision: str | None) -> list[Any]:
+    """The tiny llama, ``fully_shard`` per decoder layer and the root, AdamW, three steps."""
+    torch.manual_seed(0)
+    built = build_from_hf_config(config, batch_size=batch, seq_len=seq, dtype=torch.float32,
+                                 device=torch.device("cpu"))
+    shard(built.model, mesh, world_size=mesh.size(), mixed_precision=mixed_precision)
+    opt = make_optimizer("adamw", list(built.model.parameters()))
+    return measure_fsdp_steps(built.model, built.inputs, built.loss_fn, opt, steps=3, seed=1)
+
+
+def all_cases(rank: int, world_size: int, config: dict, batch: int, seq: int) -> dict[str, list[Any]]:
+    """Every case, in one set of processes (starting ranks costs more than running the cases)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (world_size,))
+    return {"hand": hand_case(mesh), "llama": llama_case(mesh, config, batch, seq, None),
+            "llama_bf16": llama_case(mesh, config, batch, seq, "bf16")}
