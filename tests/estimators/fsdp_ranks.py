@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from est_helpers import TINY_LLAMA
 
@@ -34,26 +33,22 @@ def sharded_tiny_llama(world_size: int, plan: dict | None, stats: dict | None) -
     return built
 
 
-def run_rank(rank: int, world_size: int, store_file: str, plan: dict, stats: dict, out: Any) -> None:
-    """One rank: the unplanned and the planned sharded model, one backward each (grads), two measured steps each."""
+def run_rank(rank: int, world_size: int, plan: dict, stats: dict) -> dict[str, Any]:
+    """One rank (under ``estimators.real_fsdp.run_ranks``): the unplanned and the planned sharded model, one
+    backward each (grads), two measured steps each."""
     from estimators.fake_step import call_model, make_optimizer
     from estimators.real_step import measure_steps
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size, init_method=f"file://{store_file}")
-    try:
-        result: dict[str, Any] = {"rank": rank}
-        grads = {}
-        for name, p in (("plain", None), ("planned", plan)):
-            built = sharded_tiny_llama(world_size, p, stats if p else None)
-            torch.manual_seed(0)
-            call_model(built.model, built.inputs).loss.backward()
-            grads[name] = [q.grad.to_local().clone() for q in built.model.parameters()]
-            built.model.zero_grad(set_to_none=True)
-            opt = make_optimizer("adamw", list(built.model.parameters()))
-            result[name] = [m.peak_bytes for m in measure_steps(built.model, built.inputs, None, opt, steps=2)]
-        result["max_grad_diff"] = max(float((a - b).abs().max()) for a, b in zip(grads["plain"], grads["planned"]))
-        result["grads_equal"] = all(torch.equal(a, b) for a, b in zip(grads["plain"], grads["planned"]))
-        out.put(result)
-    finally:
-        dist.destroy_process_group()
+    result: dict[str, Any] = {"rank": rank}
+    grads = {}
+    for name, p in (("plain", None), ("planned", plan)):
+        built = sharded_tiny_llama(world_size, p, stats if p else None)
+        torch.manual_seed(0)
+        call_model(built.model, built.inputs).loss.backward()
+        grads[name] = [q.grad.to_local().clone() for q in built.model.parameters()]
+        built.model.zero_grad(set_to_none=True)
+        opt = make_optimizer("adamw", list(built.model.parameters()))
+        result[name] = [m.peak_bytes for m in measure_steps(built.model, built.inputs, None, opt, steps=2)]
+    result["max_grad_diff"] = max(float((a - b).abs().max()) for a, b in zip(grads["plain"], grads["planned"]))
+    result["grads_equal"] = all(torch.equal(a, b) for a, b in zip(grads["plain"], grads["planned"]))
+    return result
