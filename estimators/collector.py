@@ -12,7 +12,7 @@ watch it:
   appends it to the op list of every active non-leaf module;
 * ``saved_tensors_hooks`` record which storages autograd saves;
 * a :class:`TimelineRecorder` keeps the instants of most live memory (the
-  stats' ``timeline``).
+  stats' ``timeline``), with a module's later calls (:mod:`estimators.repeat_calls`).
 
 The op lists skip exactly ``torch.utils.checkpoint.SAC_IGNORED_OPS``, so they
 are the sequence a selective-checkpoint policy function sees when the module
@@ -39,6 +39,7 @@ from estimators.model_settings import with_model_settings
 from estimators.models import hf_fake_as_real
 from estimators.moe import MoeRouting, RoutingMode, one_hot_as_on_device
 from estimators.overhead import call_spec, fill_checkpoint_overheads
+from estimators.repeat_calls import RepeatCalls
 from estimators.timeline import BACKWARD, OPTIMIZER, TimelineRecorder
 from estimators.tracking import ACT, BUFFER, GRAD, INPUT, OPT, PARAM, TEMP, StorageBook, storages_of, tensors_in
 from planner import Stats, StatsMetadata
@@ -173,10 +174,6 @@ class _Collector(TorchDispatchMode):
         return t
 
 
-def _live_act(book: StorageBook) -> int:
-    return book.live[ACT]
-
-
 class _ModuleHooks:
     """Forward pre/post and backward pre/post events of every module of the model."""
 
@@ -189,6 +186,7 @@ class _ModuleHooks:
         self._repeat: list[bool] = []
         self._seen: set[str] = set()
         self._handles: list[Any] = []
+        self.repeats = RepeatCalls(book, col.timeline)
         # what progress counts toward: containers (ModuleList, ModuleDict) have no forward of their own and never run
         self.runnable = sum(type(mod).forward is not nn.Module.forward for mod in mods)
 
@@ -234,13 +232,15 @@ class _ModuleHooks:
         first = m.fqn not in self._seen
         m.calls += 1
         self._repeat.append(not first)
+        if not first:
+            self.repeats.started(m.fqn, m.is_leaf, args)
         if first:
             self._seen.add(m.fqn)
             self.pre_order.append(m.fqn)
             # only modules on their first (recorded) call: a repeat call is described by the first one,
             # so a child first run during its parent's second call did not run inside the recorded parent
             m.ran_inside = tuple(x.fqn for x, rep in zip(self.col.fw_stack, self._repeat) if not rep)
-            m.act_before = _live_act(self.book)
+            m.act_before = self.book.live[ACT]
             m.input_bytes = sum(self.book.nbytes(s) for s in storages_of(args))
             m.activation_inputs = tuple((self.book.serial(s), self.book.nbytes(s)) for s in storages_of(args)
                                         if self.book.category(s) == ACT)
@@ -255,11 +255,12 @@ class _ModuleHooks:
             return
         self.col.fw_stack.pop()
         if self._repeat.pop():
+            self.repeats.finished(m.fqn, m.is_leaf, max(0, m.act_after - m.act_before - m.output_bytes), output)
             return
         m.done_fw = True
         self.post_order.append(m.fqn)
         self.col.timeline.forward_finished(m.fqn)
-        m.act_after = _live_act(self.book)
+        m.act_after = self.book.live[ACT]
         m.output_bytes = sum(self.book.nbytes(s) for s in storages_of(output))
         outs = [t for t in tensors_in(output) if t.requires_grad]
         if outs:
@@ -396,5 +397,4 @@ def _emulation(enabled: bool) -> Any:
     from contextlib import nullcontext
 
     from estimators.emulation import CudaAttentionEmulation
-
     return CudaAttentionEmulation() if enabled else nullcontext()

@@ -64,6 +64,11 @@ class DPSettings:
 def solve_dp(prob: Problem, budget_bytes: float, *, time_limit_s: float = 60.0, **settings) -> Solution | None:
     """Plan by bounded DP; None when the DP does not apply or finds nothing (use the MILP).
 
+    It does not apply when a candidate is called more than once and the stats
+    describe every call (``Problem.repeat_counts``): each call's discard is in
+    effect over its own span, so a moment's memory depends on which module
+    discarded, not only on how much was discarded before it.
+
     The hull LP's duals give an affine lower bound on what every DP state
     still has to recompute (:class:`planner.solve.bounds.lagrange.Lagrange`).
     The search then guesses how far above that bound the optimum lies
@@ -85,6 +90,8 @@ def solve_dp(prob: Problem, budget_bytes: float, *, time_limit_s: float = 60.0, 
     ``feasible`` with its proven gap. ``settings``: the fields of
     :class:`DPSettings`.
     """
+    if prob.repeat_counts():
+        return None  # later calls of a module discard too: the needs are no chain over running sums (the MILP's)
     cfg = DPSettings(**settings)
     deadline = time.perf_counter() + time_limit_s
     keyneed = key_needs(prob, budget_bytes)

@@ -119,10 +119,12 @@ class _Matrix:
 def solve_budget(prob: Problem, budget_bytes: float, *, time_limit_s: float, mip_rel_gap: float) -> Solution:
     """Least recompute with peak <= budget_bytes."""
     need = prob.model.base_bytes - budget_bytes
-    rows = [(k, v) for k, v in need_rows(prob.node_key, need) if v > 0]
-    if not rows:
+    plain, multi = _need_rows(prob, need)
+    rows = [(k, v) for k, v in plain if v > 0]
+    multi = [(k, reps, v) for k, reps, v in multi if v > 0]
+    if not rows and not multi:
         return Solution.unplanned(prob, "no checkpointing needed")
-    if rows[0][0] == 0:
+    if rows and rows[0][0] == 0:
         return Solution.infeasible("modules before any checkpointable module already exceed the budget")
     mat = _Matrix(prob, with_peak=False)
     # First a relaxation: every need lowered by far more than HiGHS's tolerance,
@@ -139,7 +141,8 @@ def solve_budget(prob: Problem, budget_bytes: float, *, time_limit_s: float, mip
         lb = np.zeros(mat.n_var)
         for k, v in rows:
             lb[mat.s0 + k - 1] = max(lb[mat.s0 + k - 1], (v + margin) / prob.unit)
-        sol = _run(prob, mat, mat.cost, lb, mat.constraint(), max(left, 0.01), mip_rel_gap)
+        extra = [(_discard_entries(mat, k, reps), (v + margin) / prob.unit, np.inf) for k, reps, v in multi]
+        sol = _run(prob, mat, mat.cost, lb, mat.constraint(extra), max(left, 0.01), mip_rel_gap)
         if attempt == 0:
             bound = sol.lower_bound if sol.status in ("optimal", "feasible") else None
         if sol.decisions is None:
@@ -178,13 +181,37 @@ def solve_min_peak(prob: Problem, *, time_limit_s: float) -> Solution:
     mat = _Matrix(prob, with_peak=True)
     cost = np.zeros(mat.n_var)
     cost[mat.p] = 1.0
-    extra = []
-    for k, v in need_rows(prob.node_key, prob.model.base_bytes):
-        entries = [(mat.p, 1.0)] + ([(mat.s0 + k - 1, 1.0)] if k > 0 else [])
-        extra.append((entries, v / prob.unit, np.inf))
+    plain, multi = _need_rows(prob, prob.model.base_bytes)
+    extra = [([(mat.p, 1.0)] + _discard_entries(mat, k, reps), v / prob.unit, np.inf)
+             for k, reps, v in [(k, {}, v) for k, v in plain] + multi]
     lb = np.zeros(mat.n_var)
     lb[mat.p] = -np.inf
     return _run(prob, mat, cost, lb, mat.constraint(extra), time_limit_s, 1e-9)
+
+
+def _need_rows(prob: Problem, values: np.ndarray) -> tuple[list[tuple[int, float]], list[tuple[int, dict, float]]]:
+    """Rows for "discard at moment t >= values[t]": (key, value) bounds on the running sum where only the key
+    decides (:func:`need_rows`), and (key, candidate -> calls after its first discarding, value) rows at the
+    moments where later calls of a module discard too (each moment its own row)."""
+    reps = prob.repeat_counts()
+    multi_at = np.zeros(len(values), bool)
+    for counts in reps.values():
+        multi_at |= counts > 0
+    plain = need_rows(prob.node_key[~multi_at], values[~multi_at])
+    multi = [(int(prob.node_key[t]), {i: float(c[t]) for i, c in reps.items() if c[t] > 0}, float(values[t]))
+             for t in np.flatnonzero(multi_at)]
+    return plain, multi
+
+
+def _discard_entries(mat: _Matrix, key: int, reps: dict[int, float]) -> list[tuple[int, float]]:
+    """The discard in effect at a moment: the running sum at ``key``, plus ``reps[i]`` times candidate i's own
+    discard (``S_i - S_{i-1}``)."""
+    coef: dict[int, float] = {mat.s0 + key - 1: 1.0} if key > 0 else {}
+    for i, r in reps.items():
+        coef[mat.s0 + i] = coef.get(mat.s0 + i, 0.0) + r
+        if i > 0:
+            coef[mat.s0 + i - 1] = coef.get(mat.s0 + i - 1, 0.0) - r
+    return list(coef.items())
 
 
 def _run(prob: Problem, mat: _Matrix, cost, lb, constraint, time_limit_s: float, mip_rel_gap: float) -> Solution:

@@ -152,6 +152,12 @@ class Problem:
             self._derived[name] = build(self)
         return self._derived[name]
 
+    def repeat_counts(self) -> dict[int, np.ndarray]:
+        """Candidate index -> per moment, how many of its calls after the first discard then (candidates called
+        more than once whose stats describe every call; the key covers the first call)."""
+        return self.derived("repeats", lambda p: {i: p.model.repeats[c.fqn] for i, c in enumerate(p.candidates)
+                                                  if c.fqn in p.model.repeats})
+
     def frontiers(self) -> Frontiers:
         """Every candidate's frontier points (built once)."""
         return self.derived("frontiers", _build_frontiers)
