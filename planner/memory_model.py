@@ -6,9 +6,11 @@ discard ``d_c`` of a checkpointed module c is in effect at t when c sits at a
 backward, where its recompute brings the activations back, has not started).
 So, for any plan,
 
-    m_t = base_t - sum(d_c for checkpointed c with post(c) < key_t)
+    m_t = base_t - sum(d_c * ([post(c) < key_t] + r_ct) for checkpointed c)
 
-and the step's peak is the largest ``m_t``. Two sets of moments:
+(``r_ct``: calls of c after its first whose discard is in effect at t, from
+the moment's ``repeat_calls_discarding``; the key covers the first call) and
+the step's peak is the largest ``m_t``. Two sets of moments:
 
 * ``step`` (stats with a ``timeline``, which sacplan's collector writes): the
   collected step's own moments, forward, backward and the optimizer step, at
