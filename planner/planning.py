@@ -122,15 +122,13 @@ def _plans(stats: Stats, budgets: list[float], opts: PlanOptions,
 
 def _solve(prob: Problem, budget_bytes: float, baseline_bytes: float, opts: PlanOptions, started: float,
            time_left_s: float) -> Solution:
-    """One budget, in ``time_left_s``; a plan the inputs its modules hold put over the budget is solved again.
+    """One budget, in ``time_left_s``; a plan over the budget (a safety net: never seen) is solved again.
 
-    The engines' needs leave out what a checkpointed module holds through its
-    own backward (``held_input_bytes``: it depends on which modules are
-    checkpointed, not only on how much is discarded before each moment);
-    every plan's peak counts it (:meth:`MemoryModel.profile_bytes`). A plan
-    it puts over the budget is solved again under the budget lowered by the
-    excess: a plan that fits, ``feasible`` (not proven optimal). Every retry
-    shares the one time limit.
+    The engines count what a checkpointed module holds through its own
+    backward (``held_input_bytes``), so their plans meet the budget with it.
+    Should one not (a bug), it is solved again under the budget lowered by
+    the excess: a plan that fits, ``feasible`` (not proven optimal), with a
+    message saying so. Every retry shares the one time limit.
     """
     deadline = started + time_left_s
     target = budget_bytes

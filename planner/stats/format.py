@@ -14,7 +14,8 @@ import math
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, model_serializer,
+                      model_validator)
 
 from planner.ops.groups import op_groups
 from planner.stats.orders import check_contiguous, check_order, check_sibling_order, innermost_prefix_module
@@ -179,6 +180,16 @@ class Moment(_Strict):
         Field(default_factory=dict, max_length=4096, description="Per module called more than once: how many of its "
               "calls after the first are in their own backward at that instant (checkpointed, each holds its inputs "
               "then).")
+
+
+    @model_serializer(mode="wrap")
+    def _without_empty_counts(self, handler: Any) -> dict[str, Any]:
+        # Absent means none: documents of modules called once (and older ones) keep their text, and their hash.
+        out = handler(self)
+        for name in ("repeat_calls_discarding", "repeat_calls_in_backward"):
+            if not out.get(name):
+                out.pop(name, None)
+        return out
 
 
 class StatsMetadata(_Strict):
