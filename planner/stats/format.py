@@ -14,8 +14,7 @@ import math
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, model_serializer,
-                      model_validator)
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, model_validator
 
 from planner.ops.groups import op_groups
 from planner.stats.orders import check_contiguous, check_order, check_sibling_order, innermost_prefix_module
@@ -152,6 +151,12 @@ class ModuleStats(_Strict):
         return self._recompute_cache[1]
 
 
+def _none(counts: dict) -> bool:
+    """Empty per-call counts are left out of a document: absent means none, so documents of modules called once
+    (and older ones) keep their text and hash."""
+    return not counts
+
+
 class Moment(_Strict):
     """Live memory at one moment of the collected step where the step's peak can occur.
 
@@ -172,24 +177,16 @@ class Moment(_Strict):
     optimizer_bytes: Bytes = Field(0, description="Optimizer memory live at that instant (state and the step's "
                                                   "temporaries); 0 before the first optimizer step.")
     repeat_calls_discarding: dict[Annotated[Text, Field(max_length=1024)], Annotated[int, Field(ge=1, le=2**31)]] = \
-        Field(default_factory=dict, max_length=4096, description="Modules called more than once in the step: per "
+        Field(default_factory=dict, max_length=4096, exclude_if=_none,
+              description="Modules called more than once in the step: per "
               "module, how many of its calls after the first have finished their forward and not started their "
               "backward at that instant (checkpointed, each discards as the first does). The key covers the first "
               "call; a module absent here has none.")
     repeat_calls_in_backward: dict[Annotated[Text, Field(max_length=1024)], Annotated[int, Field(ge=1, le=2**31)]] = \
-        Field(default_factory=dict, max_length=4096, description="Per module called more than once: how many of its "
+        Field(default_factory=dict, max_length=4096, exclude_if=_none,
+              description="Per module called more than once: how many of its "
               "calls after the first are in their own backward at that instant (checkpointed, each holds its inputs "
               "then).")
-
-
-    @model_serializer(mode="wrap")
-    def _without_empty_counts(self, handler: Any) -> dict[str, Any]:
-        # Absent means none: documents of modules called once (and older ones) keep their text, and their hash.
-        out = handler(self)
-        for name in ("repeat_calls_discarding", "repeat_calls_in_backward"):
-            if not out.get(name):
-                out.pop(name, None)
-        return out
 
 
 class StatsMetadata(_Strict):
