@@ -29,9 +29,9 @@ def with_later_calls(rng, stats: Stats) -> Stats:
     for t in doc["timeline"]:
         for m in shared:
             if t["phase"] != "optimizer" and t["key"] > post[m["fqn"]] and rng.random() < 0.6:
-                t["repeat_calls_discarding"][m["fqn"]] = rng.randrange(1, m["calls"])
+                t.setdefault("repeat_calls_discarding", {})[m["fqn"]] = rng.randrange(1, m["calls"])
             if t["phase"] == "backward" and rng.random() < 0.3:
-                t["repeat_calls_in_backward"][m["fqn"]] = 1
+                t.setdefault("repeat_calls_in_backward", {})[m["fqn"]] = 1
     return Stats.model_validate(doc)
 
 
