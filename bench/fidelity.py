@@ -77,6 +77,8 @@ MODELS = [
     ModelSpec("llama_wide", "llama_wide.json", batch=1),
     # not in the reference set: a layer applied several times (modules called more than once)
     ModelSpec("shared_encoder", f"{REPO / 'bench' / 'fidelity_factories.py'}:make_shared_encoder"),
+    # and a block applying its one MLP twice (a submodule its parent calls twice)
+    ModelSpec("twice_mlp", f"{REPO / 'bench' / 'fidelity_factories.py'}:make_twice_mlp"),
 ]
 
 

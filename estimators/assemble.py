@@ -67,7 +67,7 @@ def build_stats(model: nn.Module, mods: dict, col: Any, hooks: Any, opt_bytes: d
     post_order = [f for f in hooks.post_order if f not in left_out]
     try:
         return Stats(metadata=metadata, fw_pre_order=pre_order, fw_post_order=post_order, modules=modules,
-                     timeline=col.timeline.moments(post_order))
+                     timeline=col.timeline.moments(post_order, _described_per_call(modules, hooks)))
     except ValidationError as exc:  # a ValueError too, but its text is a dump of the whole document
         msg = exc.errors()[0]["msg"].removeprefix("Value error, ")
         raise ValueError(f"the collected stats are not valid stats v1: {msg}. This is a collector bug: "
@@ -97,6 +97,12 @@ def modules_out_of_place(pre_order: list[str], by_fqn: dict) -> dict[str, str]:
         elif stranger:
             reasons[fqn] = f"ran inside {stranger[0]}"
     return reasons
+
+
+def _described_per_call(modules: list[ModuleStats], hooks: Any) -> set[str]:
+    """Non-leaf modules called more than once whose later calls save what the first does: the timeline counts
+    each of their calls (the others keep the first call's description alone: see docs/memory-model.md)."""
+    return {m.fqn for m in modules if m.calls > 1 and not m.is_leaf and m.fqn not in hooks.repeats.differ}
 
 
 def _held_input_bytes(m: Any, col: Any) -> int:

@@ -12,7 +12,7 @@ watch it:
   appends it to the op list of every active non-leaf module;
 * ``saved_tensors_hooks`` record which storages autograd saves;
 * a :class:`TimelineRecorder` keeps the instants of most live memory (the
-  stats' ``timeline``).
+  stats' ``timeline``), with a module's later calls (:mod:`estimators.repeat_calls`).
 
 The op lists skip exactly ``torch.utils.checkpoint.SAC_IGNORED_OPS``, so they
 are the sequence a selective-checkpoint policy function sees when the module
@@ -355,5 +355,4 @@ class _Step:
 
 def _emulation(enabled: bool) -> Any:
     from estimators.emulation import CudaAttentionEmulation
-
     return CudaAttentionEmulation() if enabled else nullcontext()

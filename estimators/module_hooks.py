@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from estimators.overhead import call_spec
+from estimators.repeat_calls import RepeatCalls
 from estimators.tracking import ACT, GRAD, TEMP, StorageBook, storages_of, tensors_in
 
 __all__ = ["ModuleHooks"]
@@ -36,6 +37,7 @@ class ModuleHooks:
         self._repeat: list[bool] = []
         self._seen: set[str] = set()
         self._handles: list[Any] = []
+        self.repeats = RepeatCalls(book, col.timeline)
         # what progress counts toward: containers (ModuleList, ModuleDict) have no forward of their own and never run
         self.runnable = sum(type(mod).forward is not nn.Module.forward for mod in mods)
 
@@ -81,6 +83,8 @@ class ModuleHooks:
         first = m.fqn not in self._seen
         m.calls += 1
         self._repeat.append(not first)
+        if not first:
+            self.repeats.started(m.fqn, m.is_leaf, args)
         if first:
             self._seen.add(m.fqn)
             self.pre_order.append(m.fqn)
@@ -102,6 +106,7 @@ class ModuleHooks:
             return
         self.col.fw_stack.pop()
         if self._repeat.pop():
+            self.repeats.finished(m.fqn, m.is_leaf, max(0, m.act_after - m.act_before - m.output_bytes), output)
             return
         m.done_fw = True
         self.post_order.append(m.fqn)

@@ -6,12 +6,13 @@ far, the instant of most total live memory with its breakdown. Counts of
 events, not stats keys, because which modules the stats keep is known only
 when the step is over (modules run out of place are left out):
 :meth:`TimelineRecorder.moments` turns counts into keys over the final
-``fw_post_order``, keeping the larger instant where two counts share a key.
+``fw_post_order`` (and counts of later calls in effect, for modules called
+more than once), keeping the larger instant where two counts share them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass
 
 from estimators.tracking import GRAD, OPT, PARAM
@@ -37,30 +38,42 @@ class TimelineRecorder:
 
     ``running()`` gives the fqns of the modules running, innermost last; it is
     asked only when an instant beats the one kept. Forward events are modules
-    finishing their (first) forward, backward events modules starting their
-    backward; the optimizer phase has none.
+    finishing a forward call, backward events modules starting their backward
+    (and, for calls after a module's first, ending it); the optimizer phase
+    has none. A module's first call sets the moments' keys; its later calls
+    (a shared layer applied again) are counted per moment in
+    ``repeat_calls_discarding`` and ``repeat_calls_in_backward``.
     """
 
     def __init__(self, running: Callable[[], Sequence[str]]):
         self.running = running
         self.phase = FORWARD
-        self.fw_finished: list[str] = []
-        self.bw_started: list[str] = []
+        # per phase, its events in step order: (kind, fqn); kinds: _FIRST (a first call finishing its forward, or
+        # starting its backward), _REPEAT (a later call doing so), _REPEAT_END (a later call's backward ending)
+        self.events: dict[str, list[tuple[str, str]]] = {FORWARD: [], BACKWARD: []}
         self._best: dict[tuple[str, int], Instant] = {}
 
     def enter(self, phase: str) -> None:
         self.phase = phase
 
     def forward_finished(self, fqn: str) -> None:
-        self.fw_finished.append(fqn)
+        self.events[FORWARD].append((_FIRST, fqn))
 
     def backward_started(self, fqn: str) -> None:
-        self.bw_started.append(fqn)
+        self.events[BACKWARD].append((_FIRST, fqn))
+
+    def repeat_forward_finished(self, fqn: str) -> None:
+        """A call of ``fqn`` after its first finished its forward."""
+        self.events[FORWARD].append((_REPEAT, fqn))
+
+    def repeat_backward_started(self, fqn: str) -> None:
+        self.events[BACKWARD].append((_REPEAT, fqn))
+
+    def repeat_backward_ended(self, fqn: str) -> None:
+        self.events[BACKWARD].append((_REPEAT_END, fqn))
 
     def _count(self) -> int:
-        if self.phase == FORWARD:
-            return len(self.fw_finished)
-        return len(self.bw_started) if self.phase == BACKWARD else 0
+        return len(self.events.get(self.phase, ()))
 
     def on_alloc(self, category: str, live: dict[str, int]) -> None:
         """A :attr:`StorageBook.on_alloc` callback: keep the instant if it is the most memory of its count."""
@@ -71,27 +84,60 @@ class TimelineRecorder:
             other = live[PARAM] + live[GRAD] + live[OPT]
             self._best[at] = Instant(total, total - other, live[GRAD], live[OPT], tuple(self.running()))
 
-    def moments(self, fw_post_order: Sequence[str]) -> list[dict]:
+    def moments(self, fw_post_order: Sequence[str], per_call: Container[str] = ()) -> list[dict]:
         """The moments in step order as stats v1 ``Moment`` fields, keyed over the final ``fw_post_order``.
 
         Forward key: how many of its modules have finished. Backward key: the
         smallest position among its modules whose backward has started, or
         their number if none has. Optimizer key: 0. ``module``: the innermost
-        running module the stats keep, or null.
+        running module the stats keep, or null. Later calls are counted for
+        the modules in ``per_call`` only.
         """
         position = {fqn: i for i, fqn in enumerate(fw_post_order)}
-        keys = {FORWARD: [0], BACKWARD: [len(position)]}  # the key after each count of events
-        for fqn in self.fw_finished:
-            keys[FORWARD].append(keys[FORWARD][-1] + (fqn in position))
-        for fqn in self.bw_started:
-            keys[BACKWARD].append(min(keys[BACKWARD][-1], position.get(fqn, len(position))))
-        merged: dict[tuple[str, int], Instant] = {}
+        states = _states(self.events, position, per_call)
+        merged: dict[tuple, Instant] = {}
         for (phase, count), instant in self._best.items():  # insertion order is step order
-            at = (phase, keys[phase][count] if phase in keys else 0)
+            at = (phase,) + (states[phase][count] if phase in states else (0, (), ()))
             if at not in merged or instant.total_bytes > merged[at].total_bytes:
                 merged[at] = instant
         return [
             {"phase": phase, "key": key, "module": next((f for f in reversed(i.running) if f in position), None),
-             "activation_bytes": i.activation_bytes, "grad_bytes": i.grad_bytes, "optimizer_bytes": i.optimizer_bytes}
-            for (phase, key), i in merged.items()
+             "activation_bytes": i.activation_bytes, "grad_bytes": i.grad_bytes, "optimizer_bytes": i.optimizer_bytes,
+             "repeat_calls_discarding": dict(discarding), "repeat_calls_in_backward": dict(in_backward)}
+            for (phase, key, discarding, in_backward), i in merged.items()
         ]
+
+
+_FIRST, _REPEAT, _REPEAT_END = "first", "repeat", "repeat_end"
+
+
+def _states(events: dict[str, list[tuple[str, str]]], position: dict[str, int],
+            per_call: Container[str]) -> dict[str, list[tuple]]:
+    """Per phase, after each count of its events: (key, later calls discarding, later calls in their backward),
+    the two as sorted (fqn, count) tuples without zeros."""
+    key = {FORWARD: 0, BACKWARD: len(position)}
+    discarding: dict[str, int] = {}
+    in_backward: dict[str, int] = {}
+
+    def state(phase: str) -> tuple:
+        return (key[phase], tuple(sorted((f, c) for f, c in discarding.items() if c)),
+                tuple(sorted((f, c) for f, c in in_backward.items() if c)))
+
+    out: dict[str, list[tuple]] = {}
+    for phase in (FORWARD, BACKWARD):  # the forward's later calls still discard when the backward begins
+        out[phase] = [state(phase)]
+        for kind, fqn in events[phase]:
+            kept = fqn in position
+            if kind == _FIRST and phase == FORWARD:
+                key[phase] += kept
+            elif kind == _FIRST:
+                key[phase] = min(key[phase], position.get(fqn, len(position)))
+            elif kept and fqn in per_call and kind == _REPEAT and phase == FORWARD:
+                discarding[fqn] = discarding.get(fqn, 0) + 1
+            elif kept and fqn in per_call and kind == _REPEAT:
+                discarding[fqn] = max(0, discarding.get(fqn, 0) - 1)
+                in_backward[fqn] = in_backward.get(fqn, 0) + 1
+            elif kept and fqn in per_call:
+                in_backward[fqn] = max(0, in_backward.get(fqn, 0) - 1)
+            out[phase].append(state(phase))
+    return out

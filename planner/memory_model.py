@@ -6,9 +6,11 @@ discard ``d_c`` of a checkpointed module c is in effect at t when c sits at a
 backward, where its recompute brings the activations back, has not started).
 So, for any plan,
 
-    m_t = base_t - sum(d_c for checkpointed c with post(c) < key_t)
+    m_t = base_t - sum(d_c * ([post(c) < key_t] + r_ct) for checkpointed c)
 
-and the step's peak is the largest ``m_t``. Two sets of moments:
+(``r_ct``: calls of c after its first whose discard is in effect at t, from
+the moment's ``repeat_calls_discarding``; the key covers the first call) and
+the step's peak is the largest ``m_t``. Two sets of moments:
 
 * ``step`` (stats with a ``timeline``, which sacplan's collector writes): the
   collected step's own moments, forward, backward and the optimizer step, at
@@ -62,6 +64,10 @@ class MemoryModel:
     # the first post-order position of its subtree: backward moments keyed inside it are in its backward
     held_bytes: Mapping[str, float] = field(default_factory=dict)
     first_pos: Mapping[str, int] = field(default_factory=dict)
+    # step model, modules called more than once: fqn -> per moment, how many of its calls after the first
+    # discard then (``repeat_calls_discarding``) and how many are in their own backward (``repeat_calls_in_backward``)
+    repeats: Mapping[str, np.ndarray] = field(default_factory=dict)
+    repeats_held: Mapping[str, np.ndarray] = field(default_factory=dict)
 
     def profile_bytes(self, discarded: Mapping[str, float] | None = None, *, held: bool = True) -> np.ndarray:
         """m_t per moment (in step order) with ``discarded[fqn]`` bytes freed by each checkpointed module.
@@ -76,6 +82,10 @@ class MemoryModel:
         for fqn, d in (discarded or {}).items():
             post = self.post_pos[fqn]
             m[self.keys > post] -= d
+            if fqn in self.repeats:  # every call of a checkpointed module discards, each in its own span
+                m -= self.repeats[fqn] * d
+            if held and fqn in self.repeats_held:
+                m += self.repeats_held[fqn] * self.held_bytes.get(fqn, 0.0)
             if held and self.held_bytes.get(fqn):
                 if backward is None:
                     backward = np.array([p == "backward" for p in self.phases], dtype=bool)
@@ -131,7 +141,17 @@ def _step(stats: Stats, post: dict[str, int], world_size: int, first_step_only: 
             parent = stats.module(parent).parent
     held = {m.fqn: float(m.held_input_bytes) for m in stats.modules if m.held_input_bytes}
     return MemoryModel("step", f"the collected step's timeline, {when}", np.array([t.key for t in moments]), base,
-                       tuple(t.phase for t in moments), tuple(t.module for t in moments), post, held, first)
+                       tuple(t.phase for t in moments), tuple(t.module for t in moments), post, held, first,
+                       _per_moment(moments, "repeat_calls_discarding"), _per_moment(moments, "repeat_calls_in_backward"))
+
+
+def _per_moment(moments: list, name: str) -> dict[str, np.ndarray]:
+    """fqn -> the count ``moment.<name>`` gives it, per moment (0 where absent), for every module named."""
+    out: dict[str, np.ndarray] = {}
+    for t, moment in enumerate(moments):
+        for fqn, count in getattr(moment, name).items():
+            out.setdefault(fqn, np.zeros(len(moments)))[t] = count
+    return out
 
 
 def _torch(stats: Stats, post: dict[str, int], world_size: int, first_step_only: bool) -> MemoryModel:

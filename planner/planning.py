@@ -21,7 +21,7 @@ from planner.options import PlanOptions, plan_options
 from planner.plan_format import Plan, PlanMoment, PlannedModule
 from planner.solve.dp import solve_dp
 from planner.solve.milp import solve_budget
-from planner.solve.min_peak import solve_min_peak_dp
+from planner.solve.min_peak import smallest_peak
 from planner.solve.problem import Problem, prepare
 from planner.solve.solution import Solution, needs_peak_bytes
 from planner.stats.format import Stats
@@ -122,15 +122,13 @@ def _plans(stats: Stats, budgets: list[float], opts: PlanOptions,
 
 def _solve(prob: Problem, budget_bytes: float, baseline_bytes: float, opts: PlanOptions, started: float,
            time_left_s: float) -> Solution:
-    """One budget, in ``time_left_s``; a plan the inputs its modules hold put over the budget is solved again.
+    """One budget, in ``time_left_s``; a plan over the budget (a safety net: never seen) is solved again.
 
-    The engines' needs leave out what a checkpointed module holds through its
-    own backward (``held_input_bytes``: it depends on which modules are
-    checkpointed, not only on how much is discarded before each moment);
-    every plan's peak counts it (:meth:`MemoryModel.profile_bytes`). A plan
-    it puts over the budget is solved again under the budget lowered by the
-    excess: a plan that fits, ``feasible`` (not proven optimal). Every retry
-    shares the one time limit.
+    The engines count what a checkpointed module holds through its own
+    backward (``held_input_bytes``), so their plans meet the budget with it.
+    Should one not (a bug), it is solved again under the budget lowered by
+    the excess: a plan that fits, ``feasible`` (not proven optimal), with a
+    message saying so. Every retry shares the one time limit.
     """
     deadline = started + time_left_s
     target = budget_bytes
@@ -162,7 +160,8 @@ def _solve_once(prob: Problem, budget_bytes: float, baseline_bytes: float, opts:
     gap = opts.effective_rel_gap
     if baseline_bytes <= budget_bytes:  # nothing to plan: no checkpointing fits, and nothing costs less
         return Solution.unplanned(prob, "no checkpointing needed: the step's peak fits the budget as it is")
-    if opts.solver in ("auto", "dp") and needs_peak_bytes(prob, _smallest_peak(prob)) > budget_bytes:
+    least = _smallest_peak(prob) if opts.solver in ("auto", "dp") else None
+    if least is not None and least.status == "optimal" and needs_peak_bytes(prob, least) > budget_bytes:
         return Solution.infeasible()  # exact and cheap (once per problem): said even when the time is up
     if time_left_s <= 0:
         return Solution.without_plan("time_limit", "time_limit_s ran out before this budget was planned (one "
@@ -172,8 +171,9 @@ def _solve_once(prob: Problem, budget_bytes: float, baseline_bytes: float, opts:
     if opts.solver in ("auto", "dp"):
         sol = solve_dp(prob, budget_bytes, time_limit_s=time_left_s, mip_rel_gap=gap)
         if sol is None and opts.solver == "dp":
-            raise ValueError("solver 'dp' does not apply to these stats (a module frontier is too large); "
-                             "use 'milp'")
+            why = ("a module called more than once discards at every call" if prob.repeat_counts()
+                   else "a module frontier is too large")
+            raise ValueError(f"solver 'dp' does not apply to these stats ({why}); use 'milp'")
     if sol is None:  # the MILP gets what is left of the time limit
         spent = time.perf_counter() - started
         left = time_left_s - spent if spent < time_left_s else min(time_left_s, 1e-3)
@@ -182,7 +182,7 @@ def _solve_once(prob: Problem, budget_bytes: float, baseline_bytes: float, opts:
 
 
 def _smallest_peak(prob: Problem) -> Solution:
-    return prob.derived("min_peak", solve_min_peak_dp)
+    return prob.derived("min_peak", smallest_peak)
 
 
 def _as_stats(stats: StatsInput) -> Stats:
@@ -218,7 +218,8 @@ def _budgets(budgets_gib: Any, name: str) -> list[float]:
 def _min_feasible(prob: Problem) -> float:
     """The smallest budget with a plan, rounded up to a readable figure that still fits: exact unless the inputs
     checkpointed modules hold through their own backward count (then no plan at all may beat the least-peak one)."""
-    return _round_up(min(_smallest_peak(prob).peak_bytes, prob.model.peak_bytes()) / GIB)
+    least = _smallest_peak(prob).peak_bytes
+    return _round_up(min(prob.model.peak_bytes() if least is None else least, prob.model.peak_bytes()) / GIB)
 
 
 def _round_up(gib: float, digits: int = 6) -> float:

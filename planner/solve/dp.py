@@ -25,12 +25,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from planner.memory_model import NEED_TOL_BYTES
 from planner.solve.bounds.cost_to_go import CostToGo, MaxBound
 from planner.solve.bounds.lagrange import HullLP, Lagrange
 from planner.solve.dp_search import SearchGaveUp, SearchTimedOut, StateSearch, beam_plan
 from planner.solve.giants import for_budget
 from planner.solve.points import absorbed
-from planner.solve.problem import Frontiers, Problem, key_needs
+from planner.solve.problem import Frontiers, Problem, held_needs, key_needs
 from planner.solve.solution import Solution
 from planner.solve.stack.relaxation import Stack, StackResult, find_stack, solve_stack
 
@@ -64,6 +65,11 @@ class DPSettings:
 def solve_dp(prob: Problem, budget_bytes: float, *, time_limit_s: float = 60.0, **settings) -> Solution | None:
     """Plan by bounded DP; None when the DP does not apply or finds nothing (use the MILP).
 
+    It does not apply when a candidate is called more than once and the stats
+    describe every call (``Problem.repeat_counts``): each call's discard is in
+    effect over its own span, so a moment's memory depends on which module
+    discarded, not only on how much was discarded before it.
+
     The hull LP's duals give an affine lower bound on what every DP state
     still has to recompute (:class:`planner.solve.bounds.lagrange.Lagrange`).
     The search then guesses how far above that bound the optimum lies
@@ -85,6 +91,8 @@ def solve_dp(prob: Problem, budget_bytes: float, *, time_limit_s: float = 60.0, 
     ``feasible`` with its proven gap. ``settings``: the fields of
     :class:`DPSettings`.
     """
+    if prob.repeat_counts():
+        return None  # later calls of a module discard too: the needs are no chain over running sums (the MILP's)
     cfg = DPSettings(**settings)
     deadline = time.perf_counter() + time_limit_s
     keyneed = key_needs(prob, budget_bytes)
@@ -100,6 +108,7 @@ def solve_dp(prob: Problem, budget_bytes: float, *, time_limit_s: float = 60.0, 
     if status != "ok":
         return None
     search = _Search(prob, fr, keyneed, Lagrange(mu, keyneed, fr.starts, fr.d, fr.rc), cfg, deadline)
+    search.held_need, search.budget_bytes = held_needs(prob, budget_bytes), budget_bytes
     return search.run()
 
 
@@ -153,6 +162,10 @@ class _Search:
         self.searched = -math.inf  # no plan over the kept points costs less (raised by every exact pass)
         self.stopped: Exception | None = None
         self.work = 0
+        # what the search's filters add for the inputs checkpointed modules hold (the bounds leave it out: they
+        # stay lower bounds), and the budget the stack relaxation's plans are checked against (it leaves it out)
+        self.held_need: dict[int, float] = {}
+        self.budget_bytes = math.inf
 
     def proven(self) -> float:
         """No plan at all costs less."""
@@ -169,7 +182,8 @@ class _Search:
         stack_first = stack is not None and len(stack.blocks) >= STACK_FIRST_BLOCKS
         if stack_first:
             res = self._stack_pass(stack)
-            if res is not None and res.choices is not None and res.cost - res.lower <= self.cfg.mip_rel_gap * abs(res.cost):
+            if (res is not None and res.choices is not None and res.cost - res.lower <= self.cfg.mip_rel_gap * abs(res.cost)
+                    and self._holds(res.choices)):
                 gap = max(res.cost - res.lower, 0.0) / res.cost if res.cost > 0 else 0.0
                 return plan_from_choices(self.prob, self.base_fr, res.choices, "optimal", "optimal plan found "
                                          "(exact count-space relaxation of a stack of identical blocks)", gap)
@@ -191,10 +205,17 @@ class _Search:
         res = solve_stack(self.base_fr, stack, self.keyneed, math.inf, eps=self.slack / len(stack.blocks),
                           work_limit=_STACK_WORK, deadline=self.deadline)
         if res is not None:
-            self.stack_lower = res.lower
-            if res.choices is not None and (self.best is None or res.cost < self.best[0]):
+            self.stack_lower = res.lower  # a relaxation of the held inputs too: still a lower bound
+            if res.choices is not None and (self.best is None or res.cost < self.best[0]) and self._holds(res.choices):
                 self.best = (res.cost, res.choices, self.base_fr)
         return res
+
+    def _holds(self, choices: dict[int, int]) -> bool:
+        """Whether the stack relaxation's plan meets the budget with the inputs its modules hold."""
+        if not self.held_need:
+            return True
+        plan = plan_from_choices(self.prob, self.base_fr, choices, "feasible", "", 0.0)
+        return plan.peak_bytes <= self.budget_bytes + NEED_TOL_BYTES
 
     def _bound(self, sub: Frontiers, cells: float, max_grid: int = 2**17) -> MaxBound:
         cfg = self.cfg
@@ -227,7 +248,7 @@ class _Search:
         bound = self._bound(sub, cfg.grid_cells)
         # a beam pass for a plan, unless the exact pass below searches up to the best one anyway
         h = None if best is not None and guess >= best[0] else beam_plan(self.prob, sub, self.keyneed, bound,
-                                                                         cfg.beam, cfg.state_limit)
+                                                                         cfg.beam, cfg.state_limit, self.held_need)
         if h is not None and (best is None or h[0] < best[0]):
             self.best = best = (h[0], h[1], sub)
             if best[0] < guess:  # a better plan fixes more points
@@ -248,7 +269,8 @@ class _Search:
         target = upper if best is None or upper < best[0] else best[0] - 0.5 * cfg.mip_rel_gap * abs(best[0])
         exact = None
         if root <= target + _TOL * (1 + abs(target)):  # else the bound alone rules out every plan the pass admits
-            search = StateSearch(self.prob, sub, self.keyneed, bound, target, None, cfg.state_limit, self.deadline)
+            search = StateSearch(self.prob, sub, self.keyneed, bound, target, None, cfg.state_limit, self.deadline,
+                                 held_need=self.held_need)
             search.work_limit = cfg.work_limit - self.work
             try:
                 exact = search.solve()
@@ -277,7 +299,7 @@ class _Search:
         bound = self._bound(sub, self.cfg.finish_cells, max_grid=2**18)
         self.searched = max(self.searched, min(best[0], float(bound(0, np.zeros(1))[0])))
         if time.perf_counter() < self.deadline:
-            h = beam_plan(self.prob, sub, self.keyneed, bound, self.cfg.beam, self.cfg.state_limit)
+            h = beam_plan(self.prob, sub, self.keyneed, bound, self.cfg.beam, self.cfg.state_limit, self.held_need)
             if h is not None and h[0] < best[0]:
                 self.best = (h[0], h[1], sub)
 

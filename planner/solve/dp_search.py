@@ -44,13 +44,19 @@ class StateSearch:
     """
 
     def __init__(self, prob: Problem, fr: Frontiers, keyneed: np.ndarray, lb: CostToGo,
-                 upper: float, beam: int | None, state_limit: int, deadline: float = math.inf):
+                 upper: float, beam: int | None, state_limit: int, deadline: float = math.inf,
+                 held_need: dict[int, float] | None = None):
         self.prob, self.fr, self.keyneed, self.lb = prob, fr, keyneed, lb
         self.deadline = deadline
         self.upper, self.beam, self.state_limit = upper, beam, state_limit
         self.work, self.work_limit = 0, math.inf
         m = len(prob.candidates)
-        self.cap = np.maximum(np.maximum.accumulate(keyneed[::-1])[::-1], 0.0)
+        # candidate -> the discard its subtree's start must reach when it is checkpointed (problem.held_needs)
+        self.held_need = {i: v for i, v in (held_need or {}).items() if v > keyneed[fr.starts[i]]}
+        reach = keyneed.copy()
+        for i, v in self.held_need.items():  # states are capped at what is still needed: held needs included
+            reach[fr.starts[i]] = max(reach[fr.starts[i]], v)
+        self.cap = np.maximum(np.maximum.accumulate(reach[::-1])[::-1], 0.0)
         self.start = fr.starts
         self.traces = TraceTable()
         self.m = m
@@ -58,9 +64,15 @@ class StateSearch:
     # A state is five parallel arrays: discarded bytes, cost, trace id, and the
     # (candidate, point) added at this step (-1 if none), turned into a trace
     # entry only if the state survives pruning.
-    def _filter(self, st, k: int):
-        ok = st[0] >= self.keyneed[k] - NEED_TOL_BYTES
+    def _filter(self, st, k: int, need: float | None = None):
+        ok = st[0] >= (self.keyneed[k] if need is None else need) - NEED_TOL_BYTES
         return tuple(a[ok] for a in st)
+
+    def _checkpointed(self, st, r: int):
+        """States extended with candidate r checkpointed (its subtree's keys already met): its held inputs too."""
+        if r in self.held_need:
+            st = self._filter(st, r, self.held_need[r])
+        return self._extend(st, r, with_none=False)
 
     def _prune(self, st, k: int):
         if time.perf_counter() > self.deadline:
@@ -137,14 +149,16 @@ class StateSearch:
         i = lo
         while i < hi:
             r = max(j for j in range(i, hi) if self.start[j] == i)
-            if r == i:
+            if r == i and r not in self.held_need:
                 st = self._extend(st, r, with_none=True)
+            elif r == i:
+                st = tuple(np.concatenate([a, b]) for a, b in zip(st, self._checkpointed(st, r)))
             else:
                 below = self.run(i, r, st)
                 skip = st
                 for k in range(i + 1, r + 1):
                     skip = self._filter(skip, k)
-                skip = self._extend(skip, r, with_none=False)
+                skip = self._checkpointed(skip, r)
                 st = tuple(np.concatenate([a, b]) for a, b in zip(below, skip))
             st = self._prune(self._filter(st, r + 1), r + 1)
             i = r + 1
@@ -162,9 +176,9 @@ class StateSearch:
 
 
 def beam_plan(prob: Problem, fr: Frontiers, keyneed: np.ndarray, lb: CostToGo, width: int,
-          state_limit: int) -> tuple[float, dict[int, int]] | None:
+              state_limit: int, held_need: dict[int, float] | None = None) -> tuple[float, dict[int, int]] | None:
     """A real plan from a beam pass (no deadline: its width bounds the work)."""
     try:
-        return StateSearch(prob, fr, keyneed, lb, math.inf, width, state_limit).solve()
+        return StateSearch(prob, fr, keyneed, lb, math.inf, width, state_limit, held_need=held_need).solve()
     except (SearchGaveUp, SearchTimedOut):
         return None

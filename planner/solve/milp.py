@@ -37,7 +37,7 @@ from planner.highs import quiet_milp
 from planner.ops.knapsack import best_saved_within
 from planner.plan_format import PlanStatus
 from planner.solve.problem import Candidate, Problem, need_rows
-from planner.solve.solution import Decision, Solution, needs_peak_bytes
+from planner.solve.solution import Decision, Solution
 
 __all__ = ["solve_budget", "solve_min_peak"]
 
@@ -119,10 +119,12 @@ class _Matrix:
 def solve_budget(prob: Problem, budget_bytes: float, *, time_limit_s: float, mip_rel_gap: float) -> Solution:
     """Least recompute with peak <= budget_bytes."""
     need = prob.model.base_bytes - budget_bytes
-    rows = [(k, v) for k, v in need_rows(prob.node_key, need) if v > 0]
-    if not rows:
+    plain, multi = _need_rows(prob, need)
+    rows = [(k, v) for k, v in plain if v > 0]
+    multi = [(k, terms, v) for k, terms, v in multi if v + sum(terms["held"].values()) > 0]
+    if not rows and not any(v > 0 for _, _, v in multi):
         return Solution.unplanned(prob, "no checkpointing needed")
-    if rows[0][0] == 0:
+    if rows and rows[0][0] == 0:
         return Solution.infeasible("modules before any checkpointable module already exceed the budget")
     mat = _Matrix(prob, with_peak=False)
     # First a relaxation: every need lowered by far more than HiGHS's tolerance,
@@ -139,14 +141,16 @@ def solve_budget(prob: Problem, budget_bytes: float, *, time_limit_s: float, mip
         lb = np.zeros(mat.n_var)
         for k, v in rows:
             lb[mat.s0 + k - 1] = max(lb[mat.s0 + k - 1], (v + margin) / prob.unit)
-        sol = _run(prob, mat, mat.cost, lb, mat.constraint(), max(left, 0.01), mip_rel_gap)
+        extra = [(_discard_entries(mat, k, terms, prob.unit), (v + margin) / prob.unit, np.inf)
+                 for k, terms, v in multi]
+        sol = _run(prob, mat, mat.cost, lb, mat.constraint(extra), max(left, 0.01), mip_rel_gap)
         if attempt == 0:
             bound = sol.lower_bound if sol.status in ("optimal", "feasible") else None
         if sol.decisions is None:
             if attempt == 0:
                 return sol  # infeasible even relaxed, or stopped before any plan
             return Solution.without_plan("error", _MISSED)
-        peak = needs_peak_bytes(prob, sol)  # the held inputs are planning.plan's to settle
+        peak = sol.peak_bytes  # held inputs and every call counted, as the rows have them
         if peak <= budget_bytes:
             return sol if attempt == 0 else _against(sol, bound, mip_rel_gap)
         margin = max(margin, 0.0) + 2 * (peak - budget_bytes) + 1
@@ -178,13 +182,46 @@ def solve_min_peak(prob: Problem, *, time_limit_s: float) -> Solution:
     mat = _Matrix(prob, with_peak=True)
     cost = np.zeros(mat.n_var)
     cost[mat.p] = 1.0
-    extra = []
-    for k, v in need_rows(prob.node_key, prob.model.base_bytes):
-        entries = [(mat.p, 1.0)] + ([(mat.s0 + k - 1, 1.0)] if k > 0 else [])
-        extra.append((entries, v / prob.unit, np.inf))
+    plain, multi = _need_rows(prob, prob.model.base_bytes)
+    extra = [([(mat.p, 1.0)] + _discard_entries(mat, k, reps, prob.unit), v / prob.unit, np.inf)
+             for k, reps, v in [(k, {}, v) for k, v in plain] + multi]
     lb = np.zeros(mat.n_var)
     lb[mat.p] = -np.inf
     return _run(prob, mat, cost, lb, mat.constraint(extra), time_limit_s, 1e-9)
+
+
+def _need_rows(prob: Problem, values: np.ndarray) -> tuple[list[tuple[int, float]], list[tuple[int, dict, float]]]:
+    """Rows for "discard at moment t >= values[t]": (key, value) bounds on the running sum where only the key
+    decides (:func:`need_rows`), and (key, terms, value) rows, one per moment, where later calls of a module
+    discard too (terms: candidate -> calls after its first discarding) or a checkpointed module holds its inputs
+    (terms["held"]: candidate -> bytes held then, if it is checkpointed)."""
+    reps, held = prob.repeat_counts(), prob.held_counts()
+    multi_at = np.zeros(len(values), bool)
+    for counts in (*reps.values(), *held.values()):
+        multi_at |= counts > 0
+    plain = need_rows(prob.node_key[~multi_at], values[~multi_at])
+    held_bytes = {i: prob.model.held_bytes[prob.candidates[i].fqn] for i in held}
+    multi = []
+    for t in np.flatnonzero(multi_at):
+        terms: dict = {i: float(c[t]) for i, c in reps.items() if c[t] > 0}
+        terms["held"] = {i: float(c[t]) * held_bytes[i] for i, c in held.items() if c[t] > 0}
+        multi.append((int(prob.node_key[t]), terms, float(values[t])))
+    return plain, multi
+
+
+def _discard_entries(mat: _Matrix, key: int, terms: dict, unit: float) -> list[tuple[int, float]]:
+    """The discard in effect at a moment, less the inputs held then: the running sum at ``key``, plus
+    ``terms[i]`` times candidate i's own discard (``S_i - S_{i-1}``), less ``terms["held"][i] * y_i``."""
+    coef: dict[int, float] = {mat.s0 + key - 1: 1.0} if key > 0 else {}
+    for i, r in terms.items():
+        if i == "held":
+            continue
+        coef[mat.s0 + i] = coef.get(mat.s0 + i, 0.0) + r
+        if i > 0:
+            coef[mat.s0 + i - 1] = coef.get(mat.s0 + i - 1, 0.0) - r
+    for i, nbytes in terms.get("held", {}).items():
+        coef[mat.y0 + i] = coef.get(mat.y0 + i, 0.0) - nbytes / unit
+    return list(coef.items())
 
 
 def _run(prob: Problem, mat: _Matrix, cost, lb, constraint, time_limit_s: float, mip_rel_gap: float) -> Solution:

@@ -5,10 +5,22 @@ from __future__ import annotations
 import numpy as np
 
 from planner.ops.frontier import max_discard_decision
+from planner.solve.milp import solve_min_peak
 from planner.solve.problem import Problem
 from planner.solve.solution import Solution
 
-__all__ = ["solve_min_peak_dp"]
+__all__ = ["MIN_PEAK_MILP_SECONDS", "smallest_peak", "solve_min_peak_dp"]
+
+# The least-peak MILP (modules called more than once) gets this long; past it its plan is an upper bound only.
+MIN_PEAK_MILP_SECONDS = 60.0
+
+
+def smallest_peak(prob: Problem) -> Solution:
+    """The plan of least peak: the exact DP, or the MILP where the DP does not apply (a candidate called more
+    than once whose stats describe every call); ``optimal`` when proven least."""
+    if prob.repeat_counts():
+        return solve_min_peak(prob, time_limit_s=MIN_PEAK_MILP_SECONDS)
+    return solve_min_peak_dp(prob)
 
 
 def solve_min_peak_dp(prob: Problem) -> Solution:

@@ -27,8 +27,8 @@ from planner.ops.knapsack import GroupClasses, group_classes
 from planner.solve.points import hull_vertices, lower_hull
 from planner.stats.format import ModuleStats, Stats
 
-__all__ = ["FRONTIER_ITEMS", "FRONTIER_LIMIT", "Candidate", "Frontiers", "Problem", "key_needs", "need_rows",
-           "prepare"]
+__all__ = ["FRONTIER_ITEMS", "FRONTIER_LIMIT", "Candidate", "Frontiers", "Problem", "held_needs", "key_needs",
+           "need_rows", "prepare"]
 
 # Frontiers up to this many points are listed; larger modules use the exact
 # per-module knapsack MILP to land on a non-dominated point.
@@ -152,6 +152,25 @@ class Problem:
             self._derived[name] = build(self)
         return self._derived[name]
 
+    def repeat_counts(self) -> dict[int, np.ndarray]:
+        """Candidate index -> per moment, how many of its calls after the first discard then (candidates called
+        more than once whose stats describe every call; the key covers the first call)."""
+        return self.derived("repeats", lambda p: {i: p.model.repeats[c.fqn] for i, c in enumerate(p.candidates)
+                                                  if c.fqn in p.model.repeats})
+
+    def held_counts(self) -> dict[int, np.ndarray]:
+        """Candidate index -> per moment, how many of its calls are in their own backward then (each holding its
+        inputs: ``held_input_bytes``), for the candidates that hold any."""
+        def build(p: Problem) -> dict[int, np.ndarray]:
+            model, out = p.model, {}
+            backward = np.array([ph == "backward" for ph in model.phases], dtype=bool)
+            for i, c in enumerate(p.candidates):
+                if model.held_bytes.get(c.fqn):
+                    first = backward & (model.keys <= c.post_pos) & (model.keys >= model.first_pos[c.fqn])
+                    out[i] = first + model.repeats_held.get(c.fqn, 0)
+            return out
+        return self.derived("held", build)
+
     def frontiers(self) -> Frontiers:
         """Every candidate's frontier points (built once)."""
         return self.derived("frontiers", _build_frontiers)
@@ -220,6 +239,21 @@ def key_needs(prob: Problem, budget_bytes: float) -> np.ndarray:
     """Per key (candidates finished), the largest need over modules at that key; -inf if none."""
     out = np.full(len(prob.candidates) + 1, -np.inf)
     np.maximum.at(out, prob.node_key, prob.model.base_bytes - budget_bytes)
+    return out
+
+
+def held_needs(prob: Problem, budget_bytes: float) -> dict[int, float]:
+    """Candidate i -> what the discards finished before its subtree must reach when i is checkpointed: the
+    largest need over the moments of its own backward, where it holds its inputs (``held_input_bytes``).
+
+    There no discard of i's subtree is credited (i's recompute has brought them back, and nothing inside a
+    checkpointed module is checkpointed), so one threshold on the running sum at the subtree's start covers them.
+    """
+    model, out = prob.model, {}
+    for i, counts in prob.held_counts().items():
+        at = counts > 0
+        out[i] = float(np.max(model.base_bytes[at] + counts[at] * model.held_bytes[prob.candidates[i].fqn])) \
+            - budget_bytes if at.any() else -np.inf
     return out
 
 

@@ -11,12 +11,13 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Container, Mapping
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, model_validator
 
 from planner.ops.groups import op_groups
+from planner.stats.orders import check_contiguous, check_order, check_sibling_order, innermost_prefix_module
 from planner.stats.sharding import Sharding
 from planner.stats.text import Text
 
@@ -102,7 +103,7 @@ class ModuleStats(_Strict):
                                     "saves them for backward): they offset what checkpointing the module frees.")
     calls: int = Field(1, ge=1, le=2**31, description="Forward calls of the module in the step (a shared layer "
                        "applied several times): checkpointing it recomputes every call. The other figures describe "
-                       "the first call.")
+                       "the first call (calls of one module in a step are alike: see docs/memory-model.md).")
     checkpoint_overhead_ms: Millis | None = Field(
         None, description="What checkpointing the module costs beyond recomputing its ops: re-running its forward "
         "code and the policy for every op, saved or not. Measured by `sacplan collect --benchmark`, else estimated "
@@ -142,6 +143,12 @@ class ModuleStats(_Strict):
         return self._recompute_cache[1]
 
 
+def _none(counts: dict) -> bool:
+    """Empty per-call counts are left out of a document: absent means none, so documents of modules called once
+    (and older ones) keep their text and hash."""
+    return not counts
+
+
 class Moment(_Strict):
     """Live memory at one moment of the collected step where the step's peak can occur.
 
@@ -161,6 +168,17 @@ class Moment(_Strict):
     grad_bytes: Bytes = Field(0, description="Parameter gradients live at that instant.")
     optimizer_bytes: Bytes = Field(0, description="Optimizer memory live at that instant (state and the step's "
                                                   "temporaries); 0 before the first optimizer step.")
+    repeat_calls_discarding: dict[Annotated[Text, Field(max_length=1024)], Annotated[int, Field(ge=1, le=2**31)]] = \
+        Field(default_factory=dict, max_length=4096, exclude_if=_none,
+              description="Modules called more than once in the step: per "
+              "module, how many of its calls after the first have finished their forward and not started their "
+              "backward at that instant (checkpointed, each discards as the first does). The key covers the first "
+              "call; a module absent here has none.")
+    repeat_calls_in_backward: dict[Annotated[Text, Field(max_length=1024)], Annotated[int, Field(ge=1, le=2**31)]] = \
+        Field(default_factory=dict, max_length=4096, exclude_if=_none,
+              description="Per module called more than once: how many of its "
+              "calls after the first are in their own backward at that instant (checkpointed, each holds its inputs "
+              "then).")
 
 
 class StatsMetadata(_Strict):
@@ -253,8 +271,8 @@ def _validate(s: Stats) -> None:
         if m.fqn in index:
             raise ValueError(f"modules[{i}].fqn {m.fqn!r} duplicates modules[{index[m.fqn]}]")
         index[m.fqn] = i
-    _check_order("fw_pre_order", s.fw_pre_order, index)
-    _check_order("fw_post_order", s.fw_post_order, index)
+    check_order("fw_pre_order", s.fw_pre_order, index)
+    check_order("fw_post_order", s.fw_post_order, index)
     if s.metadata.sharding is not None:
         for k, u in enumerate(s.metadata.sharding.units):
             if u not in index:
@@ -292,8 +310,8 @@ def _validate(s: Stats) -> None:
             )
         has_children.add(m.parent)
 
-    _check_contiguous(s, pre, post)
-    _check_sibling_order(s, pre, post)
+    check_contiguous(s, pre, post)
+    check_sibling_order(s, pre, post)
     for i, m in enumerate(s.modules):
         if m.is_leaf and m.fqn in has_children:
             raise ValueError(f"modules[{i}].is_leaf is true but {m.fqn!r} has submodules")
@@ -316,66 +334,13 @@ def _check_timeline(s: Stats, index: dict[str, int]) -> None:
             raise ValueError(f"timeline[{k}].key {t.key} is past the {n} modules of fw_post_order")
         if t.module is not None and t.module not in index:
             raise ValueError(f"timeline[{k}].module {short_value(t.module)!r} is not a module fqn")
-
-
-def _check_sibling_order(s: Stats, pre: dict[str, int], post: dict[str, int]) -> None:
-    """Both orders visit a module's children in the same order, as one depth-first walk does."""
-    children: dict[str, list[str]] = {}
-    for fqn in s.fw_pre_order:
-        parent = s.module(fqn).parent
-        if parent is not None:
-            children.setdefault(parent, []).append(fqn)
-    for parent, kids in children.items():
-        for a, b in zip(kids, kids[1:]):
-            if post[a] > post[b]:
-                raise ValueError(f"fw_pre_order runs {a!r} before its sibling {b!r} (fw_pre_order[{pre[a]}] and "
-                                 f"[{pre[b]}]) but fw_post_order has {b!r} first (fw_post_order[{post[b]}] and "
-                                 f"[{post[a]}]); one forward pass runs the children of {parent!r} in one order")
-
-
-def innermost_prefix_module(fqn: str, index: Container[str]) -> str | None:
-    """The longest proper dotted prefix of ``fqn`` that is a module."""
-    cut = fqn.rfind(".")
-    while cut > 0:
-        if fqn[:cut] in index:
-            return fqn[:cut]
-        cut = fqn.rfind(".", 0, cut)
-    return None
-
-
-def _check_contiguous(s: Stats, pre: dict[str, int], post: dict[str, int]) -> None:
-    """Each module's subtree is one unbroken run of both orders, as in a depth-first walk.
-
-    The memory model and the nesting rule read "finished before" and "inside"
-    off these orders; a module of another branch inside a subtree's run would
-    make them disagree with the parent links.
-    """
-    size = {m.fqn: 1 for m in s.modules}
-    for fqn in s.fw_post_order:  # children before parents
-        parent = s.module(fqn).parent
-        if parent is not None:
-            size[parent] += size[fqn]
-    for field, order, pos, first in (("fw_pre_order", s.fw_pre_order, pre, lambda f: pre[f]),
-                                     ("fw_post_order", s.fw_post_order, post, lambda f: post[f] - size[f] + 1)):
-        for fqn in order:
-            lo = first(fqn)
-            for k in range(lo, lo + size[fqn]):
-                other = order[k]
-                if other != fqn and not other.startswith(fqn + "."):
-                    raise ValueError(f"{field}[{k}] {other!r} is not a submodule of {fqn!r} but lies inside "
-                                     f"the run of its submodules, {field}[{lo}:{lo + size[fqn]}]")
-
-
-def _check_order(field: str, order: list[str], index: dict[str, int]) -> None:
-    if len(order) != len(index):
-        raise ValueError(f"{field} has {len(order)} entries but there are {len(index)} modules")
-    seen: set[str] = set()
-    for k, fqn in enumerate(order):
-        if fqn not in index:
-            raise ValueError(f"{field}[{k}] {fqn!r} is not a module fqn")
-        if fqn in seen:
-            raise ValueError(f"{field}[{k}] {fqn!r} appears twice")
-        seen.add(fqn)
+        for name in ("repeat_calls_discarding", "repeat_calls_in_backward"):
+            for fqn, count in getattr(t, name).items():
+                if fqn not in index:
+                    raise ValueError(f"timeline[{k}].{name} names {short_value(fqn)!r}, which is not a module fqn")
+                if count >= s.modules[index[fqn]].calls:
+                    raise ValueError(f"timeline[{k}].{name}[{short_value(fqn)!r}] is {count}, but the module has "
+                                     f"only {s.modules[index[fqn]].calls - 1} calls after its first (calls)")
 
 
 def _check_ops(where: str, m: ModuleStats) -> None:

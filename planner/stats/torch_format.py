@@ -15,7 +15,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from planner.stats.format import STATS_FORMAT, OpStats, Stats, innermost_prefix_module, short_value
+from planner.stats.format import STATS_FORMAT, OpStats, Stats, short_value
+from planner.stats.orders import innermost_prefix_module
 
 __all__ = ["TORCH_MODULE_FIELDS", "from_torch_format", "is_torch_format", "ops_from_torch"]
 

@@ -178,3 +178,63 @@ def test_recorder_keys_skip_modules_left_out():
         ("backward", 2, "root", 25), ("backward", 1, "b", 23), ("backward", 0, "a", 19),
         ("optimizer", 0, None, 15),
     ]
+
+
+def test_recorder_counts_later_calls_over_their_own_spans():
+    """Hand-worked: module s is called twice inside root (calls 1 and 2), then the backward runs call 2's backward
+    before call 1's; a later call discards from its forward's end to its backward's start, and is in its own
+    backward until that ends."""
+    from estimators.timeline import BACKWARD, OPTIMIZER, TimelineRecorder
+
+    rec = TimelineRecorder(lambda: [])
+    live = dict.fromkeys(("param", "buffer", "input", "act", "temp", "grad", "opt"), 0)
+
+    def alloc(nbytes: int) -> None:
+        live["act"] += nbytes
+        rec.on_alloc("act", live)
+
+    alloc(1)
+    rec.forward_finished("s")          # call 1 ends: key 1
+    alloc(1)
+    rec.repeat_forward_finished("s")   # call 2 ends: one later call discarding
+    alloc(1)
+    rec.forward_finished("root")
+    alloc(1)
+    rec.enter(BACKWARD)
+    rec.backward_started("root")
+    alloc(1)
+    rec.repeat_backward_started("s")   # call 2's backward: no longer discarding, in its backward
+    alloc(1)
+    rec.repeat_backward_ended("s")
+    rec.backward_started("s")          # call 1's backward: the key passes s
+    alloc(1)
+    rec.enter(OPTIMIZER)
+    alloc(1)
+    got = [(m["phase"], m["key"], m["repeat_calls_discarding"], m["repeat_calls_in_backward"])
+           for m in rec.moments(["s", "root"], per_call={"s"})]
+    assert got == [
+        ("forward", 0, {}, {}), ("forward", 1, {}, {}), ("forward", 1, {"s": 1}, {}), ("forward", 2, {"s": 1}, {}),
+        ("backward", 1, {"s": 1}, {}), ("backward", 1, {}, {"s": 1}), ("backward", 0, {}, {}),
+        ("optimizer", 0, {}, {}),
+    ]
+    # a module whose later calls are not described per call (other shapes) keeps its first call's keys alone
+    assert all(not m["repeat_calls_discarding"] for m in rec.moments(["s", "root"], per_call=()))
+
+
+def test_collected_timeline_counts_every_call_of_a_shared_layer():
+    """The shared layer of bench/fidelity_factories.py runs 4 times: after the last forward 3 later calls of it
+    discard, and each later call's backward comes before the first call's."""
+    from bench.fidelity_factories import make_shared_encoder
+
+    model, inputs, loss_fn = make_shared_encoder(1, 16, "cpu")
+    stats = collect_stats(model, inputs, loss_fn=loss_fn, device="cpu", cost_model=RooflineCostModel(device_spec("cpu")))
+    layer = "SharedLayerEncoder.layer"
+    assert stats.module(layer).calls == 4
+    counts = [t.repeat_calls_discarding.get(layer, 0) for t in stats.timeline]
+    in_bw = [t.repeat_calls_in_backward.get(layer, 0) for t in stats.timeline]
+    assert max(counts) == 3 and max(in_bw) == 1
+    last_forward = max(k for k, t in enumerate(stats.timeline) if t.phase == "forward")
+    assert counts[last_forward] == 3
+    first_call_bw = next(k for k, t in enumerate(stats.timeline)
+                         if t.phase == "backward" and t.key <= stats.fw_post_order.index(layer))
+    assert all(c == 0 and b == 0 for c, b in zip(counts[first_call_bw:], in_bw[first_call_bw:]))

@@ -30,18 +30,20 @@ def realize(stats: Stats, decisions: dict[str, list[int]], world_size: int = 1, 
     if stats.timeline:
         moments = [(t.activation_bytes + (root.param_bytes + t.grad_bytes
                                           + (t.optimizer_bytes if t.phase == "optimizer" else state)) / world_size,
-                    t.key, t.phase) for t in stats.timeline]
+                    t.key, t.phase, t.repeat_calls_discarding, t.repeat_calls_in_backward) for t in stats.timeline]
     else:
         moments = [(m.act_total_bytes + m.act_grad_bytes + (root.param_bytes + state + m.grad_total_bytes) / world_size,
-                    post[m.fqn], "module") for m in stats.modules]
+                    post[m.fqn], "module", {}, {}) for m in stats.modules]
 
     def held(fqn: str, key: int, phase: str) -> int:
         # the inputs a checkpointed module holds, through its own backward: keys of its subtree's positions
         inside = [post[f] for f in post if f == fqn or f.startswith(fqn + ".")]
         return mods[fqn].held_input_bytes if phase == "backward" and min(inside) <= key <= post[fqn] else 0
 
-    peak = max(base + reserve_bytes - sum(d for f, d in discard.items() if post[f] < key)
-               + sum(held(f, key, phase) for f in discard) for base, key, phase in moments)
+    # a module's later calls: each discards as the first over its own span, and holds its inputs in its backward
+    peak = max(base + reserve_bytes - sum(d * ((post[f] < key) + later.get(f, 0)) for f, d in discard.items())
+               + sum(held(f, key, phase) + mods[f].held_input_bytes * in_bw.get(f, 0) for f in discard)
+               for base, key, phase, later, in_bw in moments)
     return peak, recompute
 
 

@@ -74,22 +74,14 @@ def test_plans_equal_brute_force_on_random_trees(solver, world_size):
     assert compared >= 25 and infeasible >= 1
 
 
-HELD_MISSES: list[int] = []  # trials where the planner found no plan though brute force did (held inputs)
-
-
 def _is_brute_force_optimum(stats, p, expected, trial, world_size=1, **terms) -> bool:
     """False when brute force found no plan (then neither may the planner); else the plan is checked in full."""
     if expected is None:
         assert p.status == "infeasible", f"trial {trial}"
         return False
-    if p.status in ("feasible", "infeasible") and "inputs checkpointed modules hold" in p.message:
-        if p.status == "infeasible":  # the retries missed a plan brute force has: counted, must be rare
-            HELD_MISSES.append(trial)
-            return False
-        # solved again under a lower budget (docs/memory-model.md): a plan that fits, no cheaper than the best
-        assert p.recompute_ms >= expected - 1e-6, f"trial {trial}"
-        check_plan(stats, p, world_size, **terms)
-        return True
+    # the engines count the inputs checkpointed modules hold (planner 0.7): the re-solve under a lowered budget,
+    # kept as a safety net, never runs
+    assert "inputs checkpointed modules hold" not in p.message, f"trial {trial}: {p.message}"
     assert p.status == "optimal", f"trial {trial}: {p.status} {p.message}"
     assert p.recompute_ms == pytest.approx(expected, abs=1e-6), f"trial {trial}"
     check_plan(stats, p, world_size, **terms)
@@ -139,7 +131,6 @@ def test_step_model_plans_equal_brute_force(solver, world_size, first):
         assert max(t.planned_bytes for t in p.timeline) == p.peak_bytes
         compared += 1
     assert compared >= 15 and infeasible >= 1
-    assert len(HELD_MISSES) <= 2, HELD_MISSES
 
 
 def test_min_feasible_budget_under_the_step_model_is_exact():

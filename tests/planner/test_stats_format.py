@@ -289,3 +289,31 @@ def test_sharded_stats_are_per_rank():
 def test_sharding_errors_are_named(fields, match):
     with pytest.raises(StatsError, match=match):
         parse_stats(_sharded(**fields))
+
+
+def _with_calls(counts: dict, calls: int = 3):
+    doc = small_doc()
+    doc["modules"][1]["calls"] = calls
+    doc["timeline"] = [{"phase": "forward", "key": 2, "activation_bytes": 10, **counts}]
+    return doc
+
+
+@pytest.mark.parametrize("counts, match", [
+    ({"repeat_calls_discarding": {"M.nope": 1}}, r"timeline\[0\]\.repeat_calls_discarding names 'M.nope'"),
+    ({"repeat_calls_in_backward": {"M.block": 3}}, r"repeat_calls_in_backward\['M.block'\] is 3, but the module "
+                                                   r"has only 2 calls after its first"),
+    ({"repeat_calls_discarding": {"M.block": 0}}, r"repeat_calls_discarding\.M\.block"),
+])
+def test_per_call_counts_are_checked(counts, match):
+    with pytest.raises(StatsError, match=match):
+        parse_stats(_with_calls(counts))
+
+
+def test_per_call_counts_round_trip_and_leave_other_documents_alone():
+    doc = _with_calls({"repeat_calls_discarding": {"M.block": 2}})
+    s = parse_stats(doc)
+    assert parse_stats(json.loads(s.canonical_json())).timeline[0].repeat_calls_discarding == {"M.block": 2}
+    # empty counts are not written: a document without them keeps its text, so its hash (the service's identity)
+    plain = _with_calls({})
+    assert "repeat_calls" not in parse_stats(plain).canonical_json()
+    assert stats_hash(parse_stats(plain)) == stats_hash(parse_stats(_with_calls({"repeat_calls_in_backward": {}})))
