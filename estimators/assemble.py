@@ -51,7 +51,8 @@ def build_stats(model: nn.Module, mods: dict, col: Any, hooks: Any, opt_bytes: d
                 act_bw_bytes=m.act_at_peak,
                 grad_total_bytes=grad_total or 0,
                 input_bytes=m.input_bytes,
-                held_input_bytes=_held_input_bytes(m, col),
+                held_input_bytes=sum(b for _, b in _held_inputs(m, col)),
+                held_inputs=_held_inputs(m, col),
                 output_bytes=m.output_bytes,
                 optimizer_state_bytes=obytes,
                 fw_ms=m.fw_ms,
@@ -99,14 +100,18 @@ def modules_out_of_place(pre_order: list[str], by_fqn: dict) -> dict[str, str]:
     return reasons
 
 
-def _held_input_bytes(m: Any, col: Any) -> int:
-    """Inputs checkpointing would keep until the module's backward that no op saves (the plain step frees them).
+def _held_inputs(m: Any, col: Any) -> list[tuple[int, int]]:
+    """(storage serial, bytes) of the inputs checkpointing would keep until the module's backward that no op saves
+    (the plain step frees them).
 
     torch.utils.checkpoint holds a checkpointed module's inputs to recompute
     from; an input some op saves for backward is kept anyway, so only the
     others cost extra (a MultiheadAttention's input, only copied inside it).
+    The serial names the storage, so an input several modules take (an
+    attention mask) is known to be one tensor.
     """
-    return 0 if m.is_leaf else sum(nbytes for serial, nbytes in m.activation_inputs if serial not in col.saved)
+    return [] if m.is_leaf else [(serial, nbytes) for serial, nbytes in m.activation_inputs
+                                 if serial not in col.saved]
 
 
 def _param_bytes(mod: nn.Module, book: StorageBook, opt_bytes: dict[int, int]) -> tuple[int, int]:
