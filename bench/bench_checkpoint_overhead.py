@@ -79,7 +79,7 @@ def measure_once() -> list[tuple[str, str, int, float]]:
         seen = set()
         for m in stats.modules:
             kind = m.fqn.replace(".1", ".0")  # the second layer repeats the first: measured once
-            if m.ops and kind not in seen:
+            if m.ops and m.checkpoint_overhead_ms is not None and kind not in seen:  # the root: not measured
                 seen.add(kind)
                 rows.append((label, m.fqn, len(m.ops), m.checkpoint_overhead_ms))
     return rows
@@ -102,9 +102,11 @@ def report(rows: list[tuple[str, str, int, float]], rounds: int) -> str:
         f"work); Python {platform.python_version()}, torch {torch.__version__}, intra-op threads: {torch.get_num_threads()}. "
         "Command: `python bench/bench_checkpoint_overhead.py --write`.",
         "",
-        "Each distinct non-leaf module of the models in the script's docstring: forward+backward under "
-        "`torch.utils.checkpoint` (non-reentrant, a selective policy saving every op) minus plain, the fastest of 7 "
-        f"interleaved runs each after one warm-up, on real CPU tensors; the median of {rounds} such collections.",
+        "Each distinct non-leaf module but the root of the models in the script's docstring: forward+backward "
+        "under `torch.utils.checkpoint` (non-reentrant, a selective policy saving every op but views and doing "
+        "`apply_plan`'s per-op work) minus plain, the median of 7 interleaved runs each after one warm-up, in "
+        f"process CPU time on real CPU tensors (`measure_checkpoint_overhead`); the median of {rounds} such "
+        "collections.",
         "",
         "| model | module | ops | overhead ms | us per op |",
         "|---|---|---:|---:|---:|",

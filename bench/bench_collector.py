@@ -172,15 +172,25 @@ def main() -> int:
     if args.child:
         print(json.dumps(_child(args.child[0], int(args.child[1]))))
         return 0
-    rows = []
+    if not args.skip_torch and not _has_pwlf():
+        # PyTorch's SACEstimator fits its trade-off curves with pwlf: without it every PyTorch run fails
+        ap.error("PyTorch's pipeline needs pwlf (SACEstimator fits its curves with it): pip install pwlf (the "
+                 "'bench' extra), or pass --skip-torch")
+    rows, failed = [], []
     for layers in [int(x) for x in args.layers.split(",")]:
         ours = _spawn("ours", layers)
-        theirs = {"seconds": float("nan")} if args.skip_torch else _spawn("torch", layers)
+        theirs = {} if args.skip_torch else _spawn("torch", layers)
         rows.append((layers, ours, theirs))
-        print(f"L={layers:>3}  ours {ours}  pytorch {theirs}", flush=True)
+        failed += [f"{who} L={layers}: {r['error']}" for who, r in (("ours", ours), ("PyTorch", theirs))
+                   if "error" in r]
+        print(f"L={layers:>3}  ours {ours}  pytorch {theirs or 'skipped'}", flush=True)
     llama = None if args.skip_llama else _spawn("llama8b", 0)
     if llama:
         print(f"llama-3-8b shape: {llama}", flush=True)
+        failed += [f"llama-3-8b shape: {llama['error']}"] if "error" in llama else []
+    if failed:  # an error is no figure: nothing is written
+        print("failed, nothing written:\n" + "\n".join(failed), file=sys.stderr)
+        return 1
     text = _report(rows, llama, " ".join(["python", "bench/bench_collector.py"] + sys.argv[1:]))
     print(text)
     if args.write:
@@ -188,8 +198,16 @@ def main() -> int:
     return 0
 
 
+def _has_pwlf() -> bool:
+    try:
+        import pwlf  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def _fmt(r: dict, key: str, f: str) -> str:
-    return format(r[key], f) if key in r else r.get("error", "n/a")
+    return format(r[key], f) if key in r else "skipped"
 
 
 def _report(rows, llama, command: str) -> str:
@@ -207,9 +225,9 @@ def _report(rows, llama, command: str) -> str:
         "|---:|---:|---:|---:|---:|---:|",
     ]
     for layers, ours, theirs in rows:
-        ratio = (theirs["seconds"] / ours["seconds"]) if "seconds" in ours and "seconds" in theirs else float("nan")
+        ratio = f"{theirs['seconds'] / ours['seconds']:.1f}x" if "seconds" in theirs else "-"
         lines.append(f"| {layers} | {_fmt(ours, 'seconds', '.2f')} | {_fmt(ours, 'peak_rss_mib', '.0f')} | "
-                     f"{_fmt(theirs, 'seconds', '.2f')} | {_fmt(theirs, 'peak_rss_mib', '.0f')} | {ratio:.1f}x |")
+                     f"{_fmt(theirs, 'seconds', '.2f')} | {_fmt(theirs, 'peak_rss_mib', '.0f')} | {ratio} |")
     if llama:
         lines += [
             "",

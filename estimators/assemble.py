@@ -51,7 +51,8 @@ def build_stats(model: nn.Module, mods: dict, col: Any, hooks: Any, opt_bytes: d
                 act_bw_bytes=m.act_at_peak,
                 grad_total_bytes=grad_total or 0,
                 input_bytes=m.input_bytes,
-                held_input_bytes=_held_input_bytes(m, col),
+                held_input_bytes=sum(b for _, b in _held_inputs(m, col)),
+                held_inputs=_held_inputs(m, col),
                 output_bytes=m.output_bytes,
                 optimizer_state_bytes=obytes,
                 fw_ms=m.fw_ms,
@@ -105,14 +106,18 @@ def _described_per_call(modules: list[ModuleStats], hooks: Any) -> set[str]:
     return {m.fqn for m in modules if m.calls > 1 and not m.is_leaf and m.fqn not in hooks.repeats.differ}
 
 
-def _held_input_bytes(m: Any, col: Any) -> int:
-    """Inputs checkpointing would keep until the module's backward that no op saves (the plain step frees them).
+def _held_inputs(m: Any, col: Any) -> list[tuple[int, int]]:
+    """(storage serial, bytes) of the inputs checkpointing would keep until the module's backward that no op saves
+    (the plain step frees them).
 
     torch.utils.checkpoint holds a checkpointed module's inputs to recompute
     from; an input some op saves for backward is kept anyway, so only the
     others cost extra (a MultiheadAttention's input, only copied inside it).
+    The serial names the storage, so an input several modules take (an
+    attention mask) is known to be one tensor.
     """
-    return 0 if m.is_leaf else sum(nbytes for serial, nbytes in m.activation_inputs if serial not in col.saved)
+    return [] if m.is_leaf else [(serial, nbytes) for serial, nbytes in m.activation_inputs
+                                 if serial not in col.saved]
 
 
 def _param_bytes(mod: nn.Module, book: StorageBook, opt_bytes: dict[int, int]) -> tuple[int, int]:
@@ -152,10 +157,14 @@ def _op_stats(m: Any, col: Any) -> list[OpStats]:
     # in-place: the block output is kept anyway. That holds only when autograd
     # does keep it (a decoder layer's output, saved by the next layer's norm);
     # a feed-forward whose output only feeds a residual add does not keep it,
-    # and caching it under SAC costs its bytes. So: zero it only when saved.
+    # and caching it under SAC costs its bytes. So: zero it only when saved,
+    # and only when a recompute reaches it: past the early stop a cached output
+    # is never handed back, so SAC holds it until the module's backward ends,
+    # after autograd would have freed it (qwen2_moe's shared expert, whose
+    # backward comes last: 0.5 MiB over the predicted peak).
     for k in range(len(out) - 1, -1, -1):
         if not out[k].view_like and out[k].inplace_parent is None:
-            if out[k].saved_by_autograd:
+            if out[k].saved_by_autograd and k < m.recompute_stop:
                 out[k].output_bytes = 0
             break
     return out

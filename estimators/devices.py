@@ -57,10 +57,13 @@ from dataclasses import dataclass, replace
 __all__ = ["DeviceSpec", "DEVICES", "device_spec", "device_names", "cuda_device_entry", "CPU_CHECKPOINT_OVERHEAD_US"]
 
 
-# bench/RESULTS.md, "Checkpoint overhead per op": median over 18 modules, 56.8 us (quartiles 48-65)
-CPU_CHECKPOINT_OVERHEAD_US = 55.0
+# bench/RESULTS.md, "Checkpoint overhead per op" (planner 0.6.1: a policy doing apply_plan's per-op work, medians
+# of process CPU time): median over 14 modules 80.5 us (quartiles 67-95). Before (planner 0.5): 55 us, taken with a
+# policy returning a constant, the fastest of 7 wall-clock runs, which left out the policy's ~22 us an op.
+CPU_CHECKPOINT_OVERHEAD_US = 80.0
 _MEASURED = ("measured on a 2-core AMD EPYC, torch 2.13, one thread (bench/bench_checkpoint_overhead.py, "
-             "bench/RESULTS.md): median 56.8 us per op over 18 modules, rounded to 5 us")
+             "bench/RESULTS.md 'Checkpoint overhead per op'): median 80.5 us per op over 14 modules, with "
+             "apply_plan's per-op policy work, rounded to 5 us")
 _HOST_ESTIMATE = ("estimate, not measured on a GPU: the host-side cost measured on a CPU (" + _MEASURED
                   + "); an upper estimate where queued GPU work hides host time")
 

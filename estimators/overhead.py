@@ -38,6 +38,7 @@ from estimators.tracking import tensors_in
 
 __all__ = ["TensorSpec", "call_spec", "Overhead", "measure_checkpoint_overhead", "fill_checkpoint_overheads"]
 
+_MIN_ROUNDS = 3  # timed rounds of a module however long its runs take
 # Argument values a replayed call keeps; any other object (a KV cache, a mask object) is replayed as None,
 # since keeping it would keep the fake step's tensors alive and replaying it may carry state between runs.
 _PLAIN = (type(None), bool, int, float, str, torch.dtype, torch.device)
@@ -114,11 +115,13 @@ class _ListPolicy:
 
 def measure_checkpoint_overhead(module: nn.Module, args: tuple, kwargs: dict, ops: list[Any],
                                 recompute_op_count: int | None = None, *, device: torch.device, warmup: int = 1,
-                                repeat: int = 7) -> Overhead:
+                                repeat: int = 7, max_seconds: float | None = 60.0) -> Overhead:
     """``module``'s forward+backward plain, checkpointed saving every op but views, and recomputing every op.
 
     Runs interleaved (a shared machine's drift hits all three alike), each
-    timed by :func:`estimators.cost_model.elapsed_ms`, medians. ``ops``: the
+    timed by :func:`estimators.cost_model.elapsed_ms`, medians; ``repeat``
+    rounds, or as many as fit in ``max_seconds`` by the first round's time
+    (at least 3): a module spanning a large model takes seconds a run. ``ops``: the
     module's ops in the stats (``view_like``, ``runtime_ms``), of which a
     recompute re-runs the first ``recompute_op_count`` (None: all).
     Recomputing every op costs ``every_saved_ms`` plus the runtimes of the
@@ -148,11 +151,17 @@ def measure_checkpoint_overhead(module: nn.Module, args: tuple, kwargs: dict, op
 
     runs = {"plain": plain, "saved": checkpointed(every), "recomputed": checkpointed([0] * len(ops))}
     times: dict[str, list[float]] = {k: [] for k in runs}
-    for k in range(warmup + repeat):
+    rounds, k = warmup + repeat, 0
+    while k < rounds:
+        round_ms = 0.0
         for name, forward in runs.items():
             ms = elapsed_ms(partial(step, forward), device)
+            round_ms += ms
             if k >= warmup:
                 times[name].append(ms)
+        if k == 0 and max_seconds is not None and round_ms > 0:
+            rounds = warmup + max(min(repeat, _MIN_ROUNDS), min(repeat, int(max_seconds * 1e3 / round_ms)))
+        k += 1
     med = {k: statistics.median(v) for k, v in times.items()}
     every_saved = max(0.0, med["saved"] - med["plain"])
     recompute_ms = math.fsum(op.runtime_ms for op in ops[:recompute_op_count])
@@ -170,16 +179,19 @@ def fill_checkpoint_overheads(stats: Any, modules: dict[str, nn.Module], calls: 
     With ``measure``, a module whose call was captured (``calls``: fqn ->
     :func:`call_spec`) is measured once per (class, op names, call) and the
     figure reused for its repeats; one that cannot run alone gets the
-    estimate, its op count times ``us_per_op`` (none without it). How the
+    estimate, its op count times ``us_per_op`` (none without it), and so does
+    the root, which no plan checkpoints (measuring it runs the whole model
+    24 times: minutes on a large MoE). How the
     figures were made goes to ``stats.metadata.tags['checkpoint_overhead']``.
     ``progress(phase, done, total)`` is told of each module measured.
     """
     seen: dict[Any, Overhead | None] = {}
     measured = estimated = 0
     with_ops = [m for m in stats.modules if m.ops is not None]
+    root = stats.fw_post_order[-1]
     for done, m in enumerate(with_ops, 1):
         got, spec = None, calls.get(m.fqn)
-        if measure and spec is not None:
+        if measure and spec is not None and m.fqn != root:
             key = (type(modules[m.fqn]), tuple(op.name for op in m.ops), m.recompute_op_count, repr(spec))
             if key not in seen:
                 seen[key] = _try_measure(modules[m.fqn], spec, m, device, dtype)
@@ -193,7 +205,7 @@ def fill_checkpoint_overheads(stats: Any, modules: dict[str, nn.Module], calls: 
             m.checkpoint_overhead_ms = len(m.ops) * us_per_op / 1e3
             estimated += 1
     distinct = sum(got is not None for got in seen.values())
-    how = [f"measured on {device.type}: {measured} modules ({distinct} distinct)"] if measure else []
+    how = [f"measured on {device.type}: {measured} modules ({distinct} distinct), not the root"] if measure else []
     if estimated:
         how.append(f"estimated: {estimated} modules at {us_per_op:g} us per op")
     stats.metadata.tags["checkpoint_overhead"] = "; ".join(how) or "not known"

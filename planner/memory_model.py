@@ -68,6 +68,8 @@ class MemoryModel:
     # discard then (``repeat_calls_discarding``) and how many are in their own backward (``repeat_calls_in_backward``)
     repeats: Mapping[str, np.ndarray] = field(default_factory=dict)
     repeats_held: Mapping[str, np.ndarray] = field(default_factory=dict)
+    # fqn -> (tensor number, bytes) of the inputs in held_bytes, when the stats say which tensors they are
+    held_inputs: Mapping[str, tuple[tuple[int, int], ...]] = field(default_factory=dict)
 
     def profile_bytes(self, discarded: Mapping[str, float] | None = None, *, held: bool = True) -> np.ndarray:
         """m_t per moment (in step order) with ``discarded[fqn]`` bytes freed by each checkpointed module.
@@ -90,7 +92,29 @@ class MemoryModel:
                 if backward is None:
                     backward = np.array([p == "backward" for p in self.phases], dtype=bool)
                 m[backward & (self.keys <= post) & (self.keys >= self.first_pos[fqn])] += self.held_bytes[fqn]
+        if held and discarded and self.held_inputs:
+            m -= self._held_more_than_once(discarded)
         return m
+
+    def _held_more_than_once(self, discarded: Mapping[str, float]) -> np.ndarray:
+        """Per moment, the bytes of inputs the held term counts for several checkpointed modules at once.
+
+        One tensor several modules take (an attention mask every layer gets)
+        is one allocation: held from the first of them finishing its forward
+        until that one's backward ends, once, however many hold it.
+        """
+        backward = np.array([p == "backward" for p in self.phases], dtype=bool)
+        counts: dict[int, tuple[int, np.ndarray]] = {}
+        for fqn in discarded:
+            for number, nbytes in self.held_inputs.get(fqn, ()):
+                post = self.post_pos[fqn]
+                window = (self.keys > post) | (backward & (self.keys >= self.first_pos[fqn]))
+                prev = counts.get(number)
+                counts[number] = (nbytes, window.astype(np.int64) + (prev[1] if prev else 0))
+        excess = np.zeros(len(self.keys), dtype=np.float64)
+        for nbytes, count in counts.values():
+            excess += nbytes * np.maximum(count - 1, 0)
+        return excess
 
     def peak_bytes(self, discarded: Mapping[str, float] | None = None, *, held: bool = True) -> float:
         """The step's peak with ``discarded[fqn]`` bytes freed by each checkpointed module."""
@@ -140,9 +164,11 @@ def _step(stats: Stats, post: dict[str, int], world_size: int, first_step_only: 
             first[parent] = min(first.get(parent, post[m.fqn]), post[m.fqn])
             parent = stats.module(parent).parent
     held = {m.fqn: float(m.held_input_bytes) for m in stats.modules if m.held_input_bytes}
+    held_inputs = {m.fqn: tuple(m.held_inputs) for m in stats.modules if m.held_inputs}
     return MemoryModel("step", f"the collected step's timeline, {when}", np.array([t.key for t in moments]), base,
                        tuple(t.phase for t in moments), tuple(t.module for t in moments), post, held, first,
-                       _per_moment(moments, "repeat_calls_discarding"), _per_moment(moments, "repeat_calls_in_backward"))
+                       _per_moment(moments, "repeat_calls_discarding"), _per_moment(moments, "repeat_calls_in_backward"),
+                       held_inputs)
 
 
 def _per_moment(moments: list, name: str) -> dict[str, np.ndarray]:

@@ -70,12 +70,8 @@ class OpStats(_Strict):
     output_bytes: Bytes = Field(description="Bytes of the op's outputs that SAC would keep if the op is saved.")
     view_like: bool = Field(False, description="Output aliases an input: always recomputed.")
     random: bool = Field(False, description="Op draws random numbers (dropout): random ops are saved or recomputed together.")
-    inplace_parent: int | None = Field(
-        None,
-        ge=0,
-        description="For an in-place op, the index of the op that produced the tensor it mutates "
-        "(its own index when it mutates a module input: then it is always saved).",
-    )
+    inplace_parent: int | None = Field(None, ge=0, description="For an in-place op, the index of the op that "
+        "produced the tensor it mutates (its own index when it mutates a module input: then it is always saved).")
     saved_by_autograd: bool = Field(False, description="Autograd saves this op's output for backward.")
 
 
@@ -101,6 +97,9 @@ class ModuleStats(_Strict):
     held_input_bytes: Bytes = Field(0, description="Bytes of the module's inputs that checkpointing keeps alive "
                                     "until its backward although the step without it frees them sooner (no op "
                                     "saves them for backward): they offset what checkpointing the module frees.")
+    held_inputs: list[tuple[Bytes, Bytes]] | None = Field(None, description="(tensor number, bytes) of each input "
+        "in held_input_bytes, if known. A number in several modules is one tensor (an attention mask every layer "
+        "takes): held once, however many of them are checkpointed.")
     calls: int = Field(1, ge=1, le=2**31, description="Forward calls of the module in the step (a shared layer "
                        "applied several times): checkpointing it recomputes every call. The other figures describe "
                        "the first call (calls of one module in a step are alike: see docs/memory-model.md).")
@@ -195,12 +194,9 @@ class StatsMetadata(_Strict):
     torch_version: Text | None = Field(None, max_length=64)
     collector_version: Text | None = Field(None, max_length=64)
     tags: dict[Annotated[Text, Field(max_length=128)], Annotated[Text, Field(max_length=1024)]] = Field(
-        default_factory=dict, max_length=64
-    )
+        default_factory=dict, max_length=64)
     model_settings: dict[Annotated[Text, Field(max_length=64)], SettingValue] = Field(
-        default_factory=dict,
-        max_length=32,
-        description="Settings of the model the collector ran that decide which ops run, so a plan can be applied to "
+        default_factory=dict, max_length=32, description="Settings of the model the collector ran that decide which ops run, so a plan can be applied to "
         "the same model: use_cache, attn_implementation, experts_implementation, moe_routing, moe_capacity_factor, "
         "training.",
         examples=[{"use_cache": False, "attn_implementation": "sdpa"}],
@@ -218,9 +214,7 @@ class Stats(_Strict):
     fw_pre_order: list[str] = Field(description="Module fqns in forward pre-order (root first).")
     fw_post_order: list[str] = Field(description="Module fqns in forward post-order (root last).")
     modules: list[ModuleStats] = Field(min_length=1)
-    timeline: list[Moment] | None = Field(
-        None, max_length=2**22,
-        description="The step's memory at the moments its peak can occur (sacplan's collector writes it). With it "
+    timeline: list[Moment] | None = Field(None, max_length=2**22, description="The step's memory at the moments its peak can occur (sacplan's collector writes it). With it "
         "the planner follows the step (memory_model 'step'); without it (PyTorch's format, older uploads) it plans "
         "under PyTorch's sac_milp model (memory_model 'torch').")
 
@@ -312,6 +306,7 @@ def _validate(s: Stats) -> None:
 
     check_contiguous(s, pre, post)
     check_sibling_order(s, pre, post)
+    held: dict[int, int] = {}
     for i, m in enumerate(s.modules):
         if m.is_leaf and m.fqn in has_children:
             raise ValueError(f"modules[{i}].is_leaf is true but {m.fqn!r} has submodules")
@@ -320,6 +315,13 @@ def _validate(s: Stats) -> None:
                              f"op lists belong to non-leaf modules (give null)")
         if m.ops is not None:
             _check_ops(f"modules[{i}]", m)
+        if m.held_inputs is not None and (total := sum(b for _, b in m.held_inputs)) != m.held_input_bytes:
+            raise ValueError(f"modules[{i}].held_inputs add up to {total} bytes, not held_input_bytes "
+                             f"{m.held_input_bytes}")
+        for number, nbytes in m.held_inputs or ():
+            if held.setdefault(number, nbytes) != nbytes:
+                raise ValueError(f"modules[{i}].held_inputs: tensor {number} has {nbytes} bytes here and "
+                                 f"{held[number]} in an earlier module")
     _check_timeline(s, index)
 
 

@@ -25,6 +25,10 @@ TINY_LLAMA = {
 # dropout: a saved CPU dropout (bernoulli_, then mutated) does not replay exactly yet (issue 17, point 2).
 TINY_MIXTRAL = {**TINY_LLAMA, "model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2,
                 "attention_dropout": 0.0}
+# the fidelity set's gemma2_eager (../shared/reference/fidelity/gemma2_eager.json) made smaller
+TINY_GEMMA2_EAGER = {"model_type": "gemma2", "vocab_size": 256, "hidden_size": 32, "intermediate_size": 64,
+                     "num_hidden_layers": 4, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16,
+                     "max_position_embeddings": 512, "sliding_window": 4096, "attn_implementation": "eager"}
 
 
 def _storages(tree: Any) -> dict[int, torch.UntypedStorage]:
