@@ -71,13 +71,15 @@ class MemoryModel:
     # fqn -> (tensor number, bytes) of the inputs in held_bytes, when the stats say which tensors they are
     held_inputs: Mapping[str, tuple[tuple[int, int], ...]] = field(default_factory=dict)
 
-    def profile_bytes(self, discarded: Mapping[str, float] | None = None, *, held: bool = True) -> np.ndarray:
+    def profile_bytes(self, discarded: Mapping[str, float] | None = None, *, held: bool = True,
+                      shared_once: bool = True) -> np.ndarray:
         """m_t per moment (in step order) with ``discarded[fqn]`` bytes freed by each checkpointed module.
 
         A checkpointed module's discard counts from the end of its forward
         until its backward starts; its held inputs (step model) count on
         through its own backward, which the discard no longer offsets
-        (``held=False``: not, as the engines' needs have it).
+        (``held=False``: not). A held tensor several checkpointed modules take counts
+        once (``shared_once=False``: once per module, as the engines' needs have it).
         """
         m = self.base_bytes.copy()
         backward = None
@@ -92,7 +94,7 @@ class MemoryModel:
                 if backward is None:
                     backward = np.array([p == "backward" for p in self.phases], dtype=bool)
                 m[backward & (self.keys <= post) & (self.keys >= self.first_pos[fqn])] += self.held_bytes[fqn]
-        if held and discarded and self.held_inputs:
+        if held and shared_once and discarded and self.held_inputs:
             m -= self._held_more_than_once(discarded)
         return m
 
@@ -116,9 +118,10 @@ class MemoryModel:
             excess += nbytes * np.maximum(count - 1, 0)
         return excess
 
-    def peak_bytes(self, discarded: Mapping[str, float] | None = None, *, held: bool = True) -> float:
+    def peak_bytes(self, discarded: Mapping[str, float] | None = None, *, held: bool = True,
+                   shared_once: bool = True) -> float:
         """The step's peak with ``discarded[fqn]`` bytes freed by each checkpointed module."""
-        return float(self.profile_bytes(discarded, held=held).max())
+        return float(self.profile_bytes(discarded, held=held, shared_once=shared_once).max())
 
     def describe(self, t: int) -> str:
         """Moment t in words: 'backward of Model.layers.3', 'optimizer step', 'forward'."""

@@ -23,7 +23,7 @@ from planner.solve.dp import solve_dp
 from planner.solve.milp import solve_budget
 from planner.solve.min_peak import smallest_peak
 from planner.solve.problem import Problem, prepare
-from planner.solve.solution import Solution, needs_peak_bytes
+from planner.solve.solution import Solution, discards, needs_peak_bytes
 from planner.stats.format import Stats
 from planner.stats.loader import load_stats, parse_stats
 from planner.version import PLANNER_VERSION
@@ -218,7 +218,12 @@ def _budgets(budgets_gib: Any, name: str) -> list[float]:
 def _min_feasible(prob: Problem) -> float:
     """The smallest budget with a plan, rounded up to a readable figure that still fits: exact unless the inputs
     checkpointed modules hold through their own backward count (then no plan at all may beat the least-peak one)."""
-    least = _smallest_peak(prob).peak_bytes
+    sol = _smallest_peak(prob)
+    least = sol.peak_bytes
+    if least is not None and sol.decisions:
+        # as the engines count it: a held tensor several checkpointed modules take, once per module (the
+        # plan's own peak counts it once), so that a plan is found at the figure given
+        least = max(least, prob.model.peak_bytes(discards(prob, sol.decisions), shared_once=False))
     return _round_up(min(prob.model.peak_bytes() if least is None else least, prob.model.peak_bytes()) / GIB)
 
 

@@ -4,7 +4,9 @@ The SAC conventions (PyTorch's and xformers'):
 
 * view-like ops are always recomputed;
 * an in-place op shares the decision of the op whose output it mutates, and
-  one that mutates a module input (its own parent) is always saved;
+  one that mutates a module input (its own parent) is always saved; so does
+  every op (views aside) between that op and its mutation, which may have
+  read the output before it changed;
 * random ops are all saved or all recomputed together (recomputing only some
   would replay the RNG out of step), and all saved when ``force_store_random``.
 
@@ -95,6 +97,26 @@ def _tie(ops: Sequence[OpLike], force_store_random: bool) -> tuple[list[int], li
     if not force_store_random:
         for a, b in zip(rand, rand[1:]):
             union(a, b)
+    # An op between a parent and its in-place mutation may read the parent's output before it changes (a
+    # router's top-k weights summed, then divided in place). Recomputed while the parent is saved, it would
+    # read the mutated tensor SAC cached: so it shares the parent's decision, where no rule forbids it (a
+    # parent that is a view is recomputed anyway).
+    forced: dict[int, int] = {}
+    for i, op in enumerate(ops):
+        for want, _ in _rules(i, op, force_store_random):
+            forced[find(i)] = want
+    for i, op in enumerate(ops):
+        p = op.inplace_parent
+        if p is None or p == i or ops[p].view_like:
+            continue
+        for k in range(p + 1, i):
+            a, b = find(k), find(p)
+            if ops[k].view_like or a == b or {forced.get(a, FREE), forced.get(b, FREE)} >= {SAVE, RECOMPUTE}:
+                continue
+            want = max(forced.get(a, FREE), forced.get(b, FREE))
+            union(a, b)
+            if want != FREE:
+                forced[find(a)] = want
     index: dict[int, int] = {}
     members: list[list[int]] = []
     gid = []

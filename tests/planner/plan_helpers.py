@@ -81,6 +81,12 @@ def valid_save(ops, save, fsr=False):
         p = op.inplace_parent
         if p is not None and ((p == i and not save[i]) or save[i] != save[p]):
             return False
+        # an op between the parent and its in-place mutation may read the unmutated output: same decision
+        # an op between a parent (not a view) and its in-place mutation may read the unmutated output: it
+        # shares the parent's decision
+        if p is not None and p != i and not ops[p].view_like and any(save[k] != save[p] for k in range(p + 1, i)
+                                                                      if not ops[k].view_like):
+            return False
     rand = {save[i] for i, op in enumerate(ops) if op.random}
     return len(rand) <= 1 and (not fsr or rand <= {1})
 
