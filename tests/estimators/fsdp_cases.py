@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from estimators.fake_step import make_optimizer
+from estimators.gloo_comms import settle_gloo_collectives
 from estimators.models import build_from_hf_config
 from estimators.real_fsdp import measure_fsdp_steps, shard
 
@@ -24,6 +25,7 @@ def hand_case(mesh: Any) -> list[Any]:
     for layer in model:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
+    settle_gloo_collectives(model)  # as shard_model does on gloo: buffers freed in FSDP2's program order
     opt = make_optimizer("adamw", list(model.parameters()))
     x = torch.randn(HAND_BATCH, HAND_FEATURES)
     return measure_fsdp_steps(model, x, lambda out: out.sum(), opt, steps=3)
