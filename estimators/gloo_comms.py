@@ -40,7 +40,8 @@ def _use_count(st: torch.UntypedStorage) -> int:
 
 def _counts(tensors: tuple[torch.Tensor, ...], storages: dict[int, torch.UntypedStorage]) -> list[int]:
     # gloo's work may hold the very tensors passed (their TensorImpl) or views of them (their storage)
-    return [t._use_count() for t in tensors] + [_use_count(st) for st in storages.values()]
+    held = [t._use_count() for t in tensors]  # layout: allow-private (no public reference count of a tensor)
+    return held + [_use_count(st) for st in storages.values()]
 
 
 def _settled(tensors: tuple[torch.Tensor, ...], issue: Callable[[], Any]) -> None:
