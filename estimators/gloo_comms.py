@@ -76,7 +76,7 @@ class SettledAllGather(_AllGatherBase):
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup,
                  async_op: bool = False) -> None:
         _settled((output_tensor, input_tensor),
-                 lambda: dist.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=True))
+                 lambda: dist.all_gather_single(output_tensor, input_tensor, group=group, async_op=True))
         return None
 
 
