@@ -158,7 +158,7 @@ def shard_model(model: nn.Module, setup: FsdpSetup, mesh: Any, units: Sequence[s
     for fqn in units:  # disjoint units (outermost only), the root last: as torchtitan's apply_fsdp does
         fully_shard(by_fqn[fqn], mesh=mesh, mp_policy=setup.mp_policy(),
                     reshard_after_forward=setup.reshard_after_forward)
-    if dist.get_backend(mesh.get_group()) == "gloo":
+    if mesh.ndim == 1 and dist.get_backend(mesh.get_group()) == "gloo":
         from estimators.gloo_comms import settle_gloo_collectives
 
         settle_gloo_collectives(model)

@@ -102,7 +102,8 @@ def settle_gloo_collectives(model: nn.Module) -> int:
     """Give every ``fully_shard``-ed module of ``model`` whose process group is gloo the settled collectives.
 
     Call it after ``fully_shard`` on a CPU (gloo) rank; returns how many
-    modules got them (0 on any other backend, the fake one included).
+    modules got them (0 on any other backend, the fake one included; 1-D
+    meshes only, as ``shard_model`` makes).
     """
     from torch.distributed.fsdp import FSDPModule
 
@@ -111,7 +112,7 @@ def settle_gloo_collectives(model: nn.Module) -> int:
         if not isinstance(module, FSDPModule):
             continue
         mesh = _mesh(module)
-        if mesh is not None and dist.get_backend(mesh.get_group()) == "gloo":
+        if mesh is not None and mesh.ndim == 1 and dist.get_backend(mesh.get_group()) == "gloo":
             module.set_custom_all_gather(SettledAllGather())
             module.set_custom_reduce_scatter(SettledReduceScatter())
             n += 1
