@@ -145,13 +145,23 @@ def fake_process_group(world_size: int, device_type: str) -> Iterator[Any]:
 
 def shard_model(model: nn.Module, setup: FsdpSetup, mesh: Any, units: Sequence[str],
                 fqns: dict[nn.Module, str]) -> None:
-    """``fully_shard`` each unit, then the root (``units`` ends with it; run this under the step's FakeTensorMode)."""
+    """``fully_shard`` each unit, then the root (``units`` ends with it; run this under the step's FakeTensorMode).
+
+    On a real gloo mesh the units get collectives that return only once gloo
+    has let go of their buffers (``estimators.gloo_comms``), so a CPU rank
+    holds memory in FSDP2's program order, as the stats count it.
+    """
+    import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
 
     by_fqn = {fqn: mod for mod, fqn in fqns.items()}
     for fqn in units:  # disjoint units (outermost only), the root last: as torchtitan's apply_fsdp does
         fully_shard(by_fqn[fqn], mesh=mesh, mp_policy=setup.mp_policy(),
                     reshard_after_forward=setup.reshard_after_forward)
+    if mesh.ndim == 1 and dist.get_backend(mesh.get_group()) == "gloo":
+        from estimators.gloo_comms import settle_gloo_collectives
+
+        settle_gloo_collectives(model)
 
 
 class ShardedStep:

@@ -20,7 +20,11 @@ What is live at the peak is split by where FSDP2 made it (``unsharded``,
 ``all_gather``, ``reduce_scatter``: its record_function regions) besides
 the usual kinds. gloo's own copy inside a CPU reduce-scatter (``backend``)
 is left out of ``peak_bytes`` (a GPU's NCCL buffers are not in the
-allocator either) and kept in ``peak_with_backend_bytes``.
+allocator either) and kept in ``peak_with_backend_bytes``; a model sharded
+by :func:`shard` has none (on gloo its reduce-scatter is an in-place
+all-reduce, ``estimators.gloo_comms``, which also makes gloo let go of every
+collective's buffers before FSDP2 goes on, so the peaks follow FSDP2's
+program order exactly).
 
 :func:`run_ranks` starts the ranks (``torch.multiprocessing.spawn``, gloo on
 127.0.0.1, one thread each) and gathers what each returns.

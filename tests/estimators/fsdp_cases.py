@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from estimators.fake_step import make_optimizer
+from estimators.gloo_comms import SettledAllGather, SettledReduceScatter, settle_gloo_collectives
 from estimators.models import build_from_hf_config
 from estimators.real_fsdp import measure_fsdp_steps, shard
 
@@ -24,6 +25,7 @@ def hand_case(mesh: Any) -> list[Any]:
     for layer in model:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
+    settle_gloo_collectives(model)  # as shard_model does on gloo: buffers freed in FSDP2's program order
     opt = make_optimizer("adamw", list(model.parameters()))
     x = torch.randn(HAND_BATCH, HAND_FEATURES)
     return measure_fsdp_steps(model, x, lambda out: out.sum(), opt, steps=3)
@@ -39,10 +41,36 @@ def llama_case(mesh: Any, config: dict, batch: int, seq: int, mixed_precision: s
     return measure_fsdp_steps(built.model, built.inputs, built.loss_fn, opt, steps=3, seed=1)
 
 
+def release_case(mesh: Any, repeats: int = 20, n: int = 1024) -> list[tuple[bool, bool, bool, bool]]:
+    """FSDP2's collectives as ``shard_model`` gives them on gloo: right values, and buffers the caller drops
+    right after the call freed there and then (not later by gloo's worker thread); per repeat: (all-gather
+    values right, its buffer freed, reduce-scatter values right, its buffers freed)."""
+    import weakref
+
+    import torch.distributed as dist
+
+    group, rank, world = mesh.get_group(), mesh.get_rank(), mesh.size()
+    out = []
+    for _ in range(repeats):
+        buf = SettledAllGather().allocate((world * n,), dtype=torch.float32, device=torch.device("cpu"))
+        buf.narrow(0, rank * n, n).fill_(rank)
+        SettledAllGather()(buf, buf.narrow(0, rank * n, n), group)
+        gathered = torch.equal(buf, torch.arange(world, dtype=torch.float32).repeat_interleave(n))
+        ag_ref = weakref.ref(buf.untyped_storage())
+        del buf
+        grad, shard = torch.full((world * n,), float(rank + 1)), torch.empty(n)
+        SettledReduceScatter()(shard, grad, group, dist.ReduceOp.SUM)
+        reduced = torch.equal(shard, torch.full((n,), float(world * (world + 1) // 2)))
+        rs_refs = (weakref.ref(grad.untyped_storage()), weakref.ref(shard.untyped_storage()))
+        del grad, shard
+        out.append((gathered, ag_ref() is None, reduced, all(r() is None for r in rs_refs)))
+    return out
+
+
 def all_cases(rank: int, world_size: int, config: dict, batch: int, seq: int) -> dict[str, list[Any]]:
     """Every case, in one set of processes (starting ranks costs more than running the cases)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     mesh = init_device_mesh("cpu", (world_size,))
-    return {"hand": hand_case(mesh), "llama": llama_case(mesh, config, batch, seq, None),
+    return {"release": release_case(mesh), "hand": hand_case(mesh), "llama": llama_case(mesh, config, batch, seq, None),
             "llama_bf16": llama_case(mesh, config, batch, seq, "bf16")}

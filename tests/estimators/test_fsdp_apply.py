@@ -31,13 +31,14 @@ def test_planned_fsdp2_job_matches_plain_grads_and_holds_its_peak():
     p = plan(stats, 0.9 * baseline / GIB)
     assert p.status == "optimal" and p.modules, p.message
     results = run_ranks(run_rank, WORLD, p.model_dump(mode="json"), stats.model_dump(mode="json"))
-    # Step 2 is the steady state the stats predict (optimizer state live). Most runs: the plain peak is the
-    # baseline to the byte, the planned one the plan's peak within bytes. But gloo's worker thread may drop
-    # an all-gather's buffers after FSDP2 does, now and then (seen: +147968 bytes on one rank, exactly one
-    # decoder layer's gathered parameters): the allowance is one unit's gathered bytes (docs/fsdp.md).
-    unit_bytes = max(stats.module(u).param_bytes * WORLD for u in stats.metadata.sharding.units[:-1])
+    # Step 2 is the steady state the stats predict (optimizer state live). On gloo, shard_model's collectives
+    # return once gloo's worker thread has let go of their buffers (docs/fsdp.md), so no rank holds a buffer
+    # FSDP2 has dropped: the plain peak is the baseline to the byte, the planned one within the budget, at
+    # most the plan's peak and within 2% of it, on every rank of every run.
+    budget = 0.9 * baseline
     for r in results:
         assert r["grads_equal"], f"rank {r['rank']}: grads differ by up to {r['max_grad_diff']}"
-        assert baseline <= r["plain"][1] <= baseline + unit_bytes
-        assert r["planned"][1] <= p.peak_bytes + unit_bytes
+        assert r["plain"][1] == baseline, (r["rank"], r["plain"], baseline)
+        assert r["planned"][1] <= min(budget, p.peak_bytes), (r["rank"], r["planned"], p.peak_bytes, budget)
+        assert r["planned"][1] >= 0.98 * p.peak_bytes, (r["rank"], r["planned"], p.peak_bytes)
         assert r["planned"][1] < r["plain"][1]

@@ -1,0 +1,126 @@
+"""FSDP2's collectives on gloo (CPU ranks), made to let go of their buffers before FSDP2 goes on.
+
+gloo runs each collective on a worker thread of its own. The work object
+that thread runs holds the collective's tensors (an all-gather's flat output
+buffer, a reduce-scatter's input and output) and the thread drops it only
+after marking it complete, so after ``work.wait()`` the buffers may stay
+allocated for a while, until that thread is scheduled again: FSDP2 has
+dropped its all-gather buffer and already allocates the next unit's, and the
+rank holds one buffer more than FSDP2's program order says, now and then
+(seen: +147,968 bytes, one tiny llama decoder layer's gathered parameters;
++49,664 bytes at the step's peak when the extra buffer overlapped another
+moment). The per-rank stats model program order, so a real gloo rank is made
+to follow it: the collectives here wait until gloo's thread no longer
+references the buffers FSDP2 passed (their storages' reference counts are
+back to what they were before the call), then return. Deterministic, and it
+adds no memory (the buffers are FSDP2's own, allocated as by default).
+
+Only for gloo: NCCL's buffers live in the CUDA caching allocator, whose reuse
+follows stream events, not these references (docs/fsdp.md).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+__all__ = ["SettledAllGather", "SettledReduceScatter", "settle_gloo_collectives", "SETTLE_TIMEOUT_S"]
+
+SETTLE_TIMEOUT_S = 60.0  # gloo's thread drops a finished work within microseconds; this only guards a hang
+
+
+def _use_count(st: torch.UntypedStorage) -> int:
+    return torch._C._storage_Use_Count(st._cdata)  # layout: allow-private (no public reference count of a storage)
+
+
+def _counts(tensors: tuple[torch.Tensor, ...], storages: dict[int, torch.UntypedStorage]) -> list[int]:
+    # gloo's work may hold the very tensors passed (their TensorImpl) or views of them (their storage)
+    held = [t._use_count() for t in tensors]  # layout: allow-private (no public reference count of a tensor)
+    return held + [_use_count(st) for st in storages.values()]
+
+
+def _settled(tensors: tuple[torch.Tensor, ...], issue: Callable[[], Any]) -> None:
+    """Run ``issue()`` (an async collective on ``tensors``), wait for it, then until the backend lets go."""
+    storages: dict[int, torch.UntypedStorage] = {}
+    for t in tensors:
+        st = t.untyped_storage()
+        storages.setdefault(st._cdata, st)  # layout: allow-private (a storage's only identity)
+    before = _counts(tensors, storages)
+    work = issue()
+    work.wait()
+    del work
+    deadline = time.monotonic() + SETTLE_TIMEOUT_S
+    while any(now > then for now, then in zip(_counts(tensors, storages), before)):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the process group still holds a collective's buffers {SETTLE_TIMEOUT_S} s "
+                               "after the collective completed")
+        time.sleep(0)  # let gloo's worker thread run (it needs no GIL to drop the work)
+
+
+# FSDP2's comm interfaces (what set_custom_all_gather/set_custom_reduce_scatter take) are not re-exported publicly
+from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather as _AllGatherBase  # noqa: E402
+from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter as _ReduceScatterBase  # noqa: E402
+
+
+class SettledAllGather(_AllGatherBase):
+    """FSDP2's default all-gather (buffer from ``torch.empty``), returning once gloo has let go of it."""
+
+    def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup,
+                 async_op: bool = False) -> None:
+        _settled((output_tensor, input_tensor),
+                 lambda: dist.all_gather_single(output_tensor, input_tensor, group=group, async_op=True))
+        return None
+
+
+class SettledReduceScatter(_ReduceScatterBase):
+    """FSDP2's reduce-scatter as an in-place all-reduce of its input and a copy of this rank's chunk, returning
+    once gloo has let go of the input."""
+
+    def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup,
+                 op: Any, async_op: bool = False) -> None:
+        # gloo's reduce-scatter reduces a copy of its input that its work holds (out of FSDP2's reach); an
+        # all-reduce in place on FSDP2's own input buffer (a temporary it frees after) needs no copy, then this
+        # rank's chunk is the reduce-scatter's output: the same sums, no buffer FSDP2 does not know of.
+        _settled((input_tensor,), lambda: dist.all_reduce(input_tensor, op=op, group=group, async_op=True))
+        chunk = input_tensor.view(dist.get_world_size(group), -1)[dist.get_rank(group)]
+        output_tensor.view(-1).copy_(chunk)
+        return None
+
+
+def settle_gloo_collectives(model: nn.Module) -> int:
+    """Give every ``fully_shard``-ed module of ``model`` whose process group is gloo the settled collectives.
+
+    Call it after ``fully_shard`` on a CPU (gloo) rank; returns how many
+    modules got them (0 on any other backend, the fake one included; 1-D
+    meshes only, as ``shard_model`` makes).
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    n = 0
+    for module in model.modules():
+        if not isinstance(module, FSDPModule):
+            continue
+        mesh = _mesh(module)
+        if mesh is not None and mesh.ndim == 1 and dist.get_backend(mesh.get_group()) == "gloo":
+            module.set_custom_all_gather(SettledAllGather())
+            module.set_custom_reduce_scatter(SettledReduceScatter())
+            n += 1
+    return n
+
+
+def _mesh(module: nn.Module) -> Any:
+    """The device mesh of a sharded module's parameters (one mesh per ``fully_shard`` call here)."""
+    from torch.distributed.tensor import DTensor
+
+    return next((p.device_mesh for p in module.parameters() if isinstance(p, DTensor)), None)
