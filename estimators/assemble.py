@@ -130,11 +130,32 @@ def _grad_bytes(mod: nn.Module, book: StorageBook) -> int:
     return sum(book.nbytes(s) for s in storages_of([p for p in mod.parameters() if p.requires_grad]))
 
 
+def _alias_parent(ops: list[Any], k: int) -> int | None:
+    """The earlier op of the module whose new storage op k returns again, if any (else None).
+
+    An op that is neither a view nor in-place may still hand back an existing
+    storage: ``_unsafe_view`` (the ``mm`` of a linear on a 3-D input, a clone
+    made contiguous) aliases its input without autograd's view tracking. Its
+    bytes are that op's: saving both keeps one allocation, so the two share
+    one decision, as an in-place op shares its parent's (twice_mlp: a cloned
+    attention input saved with its ``_unsafe_view`` was counted twice, 512 KiB
+    over the real peak).
+    """
+    op = ops[k]
+    if op.view_like or op.inplace or op.fresh or len(op.out_serials) != 1:
+        return None
+    (serial,) = op.out_serials
+    for j in range(k):
+        if serial in ops[j].out_serials:
+            return j if ops[j].fresh and not ops[j].view_like and not ops[j].inplace else None
+    return None
+
+
 def _op_stats(m: Any, col: Any) -> list[OpStats]:
     ops = [col.ops[i] for i in m.ops]
     out: list[OpStats] = []
     for k, op in enumerate(ops):
-        parent = None
+        parent = _alias_parent(ops, k)
         if op.inplace:
             parent = k
             if op.mutated_serial is not None:
@@ -146,7 +167,7 @@ def _op_stats(m: Any, col: Any) -> list[OpStats]:
             OpStats(
                 name=op.name,
                 runtime_ms=op.runtime_ms,
-                output_bytes=op.output_bytes,
+                output_bytes=0 if parent is not None and not op.inplace else op.output_bytes,
                 view_like=op.view_like,
                 random=op.random,
                 inplace_parent=parent,

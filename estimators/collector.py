@@ -72,6 +72,7 @@ class _Op:
     random: bool
     inplace: bool
     mutated_serial: int | None
+    fresh: bool = True  # every output storage is new (False: an alias op such as _unsafe_view, or in-place)
 
 
 @dataclass
@@ -135,16 +136,17 @@ class _Collector(TorchDispatchMode):
             mutated = self.book.serial(args[0].untyped_storage())
         out = func(*args, **kwargs)
         ms = self.cost(func, args, kwargs, out)
-        serials, out_bytes = set(), 0
+        serials, out_bytes, fresh = set(), 0, True
         for st in storages_of(out):
-            serial, _ = self.book.add(st, self.phase)
+            serial, new = self.book.add(st, self.phase)
             serials.add(serial)
             out_bytes += self.book.nbytes(st)
+            fresh = fresh and new
         if self.phase == ACT:
             for m in self.fw_stack:
                 m.fw_ms += ms
             if func not in SAC_IGNORED_OPS and self.fw_stack:
-                self._record(func, args, kwargs, ms, out_bytes, serials, mutated)
+                self._record(func, args, kwargs, ms, out_bytes, serials, mutated, fresh)
         elif self.phase == TEMP:
             for m in self.bw_open:
                 m.bw_ms += ms
@@ -163,7 +165,7 @@ class _Collector(TorchDispatchMode):
                 self.book.recategorize(st, COMM)
         return out
 
-    def _record(self, func, args, kwargs, ms, out_bytes, serials, mutated) -> None:
+    def _record(self, func, args, kwargs, ms, out_bytes, serials, mutated, fresh) -> None:
         # Bytes follow PyTorch's SACEstimator (every output storage of a
         # non-view op) except in-place ops: their storage is their parent's,
         # which carries the bytes, and the two share one decision.
@@ -172,7 +174,7 @@ class _Collector(TorchDispatchMode):
         idx = len(self.ops)
         self.ops.append(
             _Op(op_name(func), ms, 0 if view or inplace else out_bytes, frozenset(serials), view,
-                is_random_op(func, args, kwargs), inplace, mutated)
+                is_random_op(func, args, kwargs), inplace, mutated, fresh)
         )
         for m in self.fw_stack:
             if not m.is_leaf and not m.done_fw:

@@ -71,7 +71,9 @@ class OpStats(_Strict):
     view_like: bool = Field(False, description="Output aliases an input: always recomputed.")
     random: bool = Field(False, description="Op draws random numbers (dropout): random ops are saved or recomputed together.")
     inplace_parent: int | None = Field(None, ge=0, description="For an in-place op, the index of the op that "
-        "produced the tensor it mutates (its own index when it mutates a module input: then it is always saved).")
+        "produced the tensor it mutates (its own index when it mutates a module input: then it is always saved); "
+        "for an op returning a storage an earlier op made (_unsafe_view), that op's index (the two share one "
+        "decision).")
     saved_by_autograd: bool = Field(False, description="Autograd saves this op's output for backward.")
 
 

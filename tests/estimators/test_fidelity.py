@@ -12,6 +12,7 @@ and without the plan. Run with ``-s`` to see real/predicted.
 from __future__ import annotations
 
 import copy
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +27,7 @@ from estimators.fake_step import make_optimizer  # noqa: E402
 from estimators.real_step import measure_steps  # noqa: E402
 from estimators.models import build_from_hf_config  # noqa: E402
 from estimators.moe import TopKRecorder  # noqa: E402
+from estimators.session import CollectRequest, run_collection  # noqa: E402
 from est_helpers import TINY_GEMMA2_EAGER, TINY_LLAMA, TINY_MIXTRAL  # noqa: E402
 from bench.fidelity_factories import make_shared_encoder, make_twice_mlp  # noqa: E402
 
@@ -282,3 +284,37 @@ def test_a_mask_several_checkpointed_layers_hold_counts_once(runs: dict[str, Run
     assert shared, run.held_by  # else this run does not test what it is for
     assert all(peak <= run.budget_bytes for peak in run.peaks), (run.peaks, run.budget_bytes)
     assert abs(run.peaks[1] / run.predicted_bytes - 1) <= 0.01, (run.peaks, run.predicted_bytes)
+
+
+def test_an_alias_op_saved_with_its_source_counts_once():
+    """twice_mlp as bench/bench_fidelity.py collects it (``sacplan collect --model``, 4 x 256 tokens) and plans it
+    at 75%: the plan checkpoints block 0's attention and saves its in-projection's ``clone`` of the transposed
+    input together with the ``_unsafe_view`` that returns the clone's storage: one allocation in the real step.
+
+    Planner 0.7.1 counted both ops' bytes (bench/RESULTS.md "Fidelity", twice_mlp p75: real/predicted 0.9896,
+    the predicted peak 524288 bytes over the real one at step 2). The op that only hands back a storage now
+    costs nothing and shares its source's decision, as an in-place op does.
+    """
+    request = CollectRequest(model=f"{inspect.getfile(make_twice_mlp)}:make_twice_mlp", batch=4,
+                             seq=256, dtype="fp32", device="cpu", optimizer="adamw")
+    stats = run_collection(request).stats
+    plan = planner.plan(stats, 0.75 * planner.baseline_peak_bytes(stats) / planner.GIB)
+    attn = next(pm for pm in plan.modules if pm.fqn.endswith("blocks.0.attn"))
+    ops = stats.module(attn.fqn).ops
+    # the in-projection of a transposed (batch_first) input: clone (made contiguous), _unsafe_view of the clone
+    pairs = [k for k in range(1, len(ops)) if (ops[k - 1].name, ops[k].name) == ("aten.clone", "aten._unsafe_view")
+             and attn.save[k - 1] and attn.save[k]]
+    assert pairs, attn.save  # else this plan does not test what it is for
+    torch.manual_seed(0)
+    model, inputs, loss_fn = make_twice_mlp(4, 256, "cpu")
+    apply_plan(model, plan, stats=stats)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        peaks = [s.peak_bytes for s in measure_steps(model, inputs, loss_fn,
+                                                     make_optimizer("adamw", list(model.parameters())), steps=2)]
+    finally:
+        torch.set_num_threads(threads)
+    assert all(peak <= plan.memory_budget_gib * planner.GIB for peak in peaks), (peaks, plan.memory_budget_gib)
+    assert peaks[1] == plan.peak_bytes, (peaks, plan.peak_bytes)
+    assert all(ops[k].output_bytes == 0 and ops[k].inplace_parent == k - 1 for k in pairs)
