@@ -135,8 +135,11 @@ def test_plan_applies_to_the_default_model_with_equal_gradients(implementation):
     built = _build(config, batch=4, seq=64)  # activations outweigh the parameters and AdamW's state
     stats = _collect(built)
     baseline = planner.baseline_peak_bytes(stats)
-    plan = planner.plan(stats, 0.75 * baseline / planner.GIB)
-    assert plan.status in ("optimal", "feasible") and any(m.fqn.endswith("mlp.experts") for m in plan.modules)
+    # the first budget (from 75% of the baseline down) whose plan checkpoints the experts: that is the case
+    plans = (planner.plan(stats, f * baseline / planner.GIB) for f in (0.75, 0.7, 0.65, 0.6, 0.55, 0.8, 0.85))
+    plan = next((p for p in plans if p.status in ("optimal", "feasible")
+                 and any(m.fqn.endswith("mlp.experts") for m in p.modules)), None)
+    assert plan is not None, "no plan between 55% and 85% of the baseline checkpoints the experts"
     planned = apply_plan(copy.deepcopy(built.model), plan, stats=stats)
     want, got = _grads(copy.deepcopy(built.model), built.inputs), _grads(planned, built.inputs)
     for name, g in want.items():
