@@ -38,6 +38,7 @@ def build_stats(model: nn.Module, mods: dict, col: Any, hooks: Any, opt_bytes: d
                 p = by_fqn[p][1].parent
             grad_total = by_fqn[p][1].grad_total if p is not None else book.live[GRAD]
         ops = None if m.is_leaf else _op_stats(m, col)
+        held = _held_inputs(m, col)
         modules.append(
             ModuleStats(
                 fqn=fqn,
@@ -51,8 +52,8 @@ def build_stats(model: nn.Module, mods: dict, col: Any, hooks: Any, opt_bytes: d
                 act_bw_bytes=m.act_at_peak,
                 grad_total_bytes=grad_total or 0,
                 input_bytes=m.input_bytes,
-                held_input_bytes=sum(b for _, b in _held_inputs(m, col)),
-                held_inputs=_held_inputs(m, col),
+                held_input_bytes=sum(b for _, b in held),
+                held_inputs=held,
                 output_bytes=m.output_bytes,
                 optimizer_state_bytes=obytes,
                 fw_ms=m.fw_ms,
