@@ -99,6 +99,9 @@ class _Mod:
     call: tuple | None = None  # its first call's arguments (tensors as TensorSpecs), when asked for
     recompute_stop: int = 0  # its ops recorded when autograd last saved a tensor in its forward
     calls: int = 0  # forward calls in the step (a shared layer is called once per use)
+    out_serials: frozenset[int] = frozenset()  # its first call's output storages
+    # per later call: its inputs made in the forward ({serial: bytes}) and its output storages
+    later_calls: list[tuple[dict[int, int], frozenset[int]]] = field(default_factory=list)
 
 
 class _Collector(TorchDispatchMode):

@@ -35,6 +35,7 @@ class ModuleHooks:
         self.pre_order: list[str] = []
         self.post_order: list[str] = []
         self._repeat: list[bool] = []
+        self._later_inputs: list[dict[int, int]] = []  # the inputs of each later call running
         self._seen: set[str] = set()
         self._handles: list[Any] = []
         self.repeats = RepeatCalls(book, col.timeline)
@@ -85,6 +86,8 @@ class ModuleHooks:
         self._repeat.append(not first)
         if not first:
             self.repeats.started(m.fqn, m.is_leaf, args)
+            self._later_inputs.append({self.book.serial(s): self.book.nbytes(s) for s in storages_of(args)
+                                       if self.book.category(s) == ACT})
         if first:
             self._seen.add(m.fqn)
             self.pre_order.append(m.fqn)
@@ -107,12 +110,14 @@ class ModuleHooks:
         self.col.fw_stack.pop()
         if self._repeat.pop():
             self.repeats.finished(m.fqn, m.is_leaf, max(0, m.act_after - m.act_before - m.output_bytes), output)
+            m.later_calls.append((self._later_inputs.pop(), _serials(self.book, output)))
             return
         m.done_fw = True
         self.post_order.append(m.fqn)
         self.col.timeline.forward_finished(m.fqn)
         m.act_after = _live_act(self.book)
         m.output_bytes = sum(self.book.nbytes(s) for s in storages_of(output))
+        m.out_serials = _serials(self.book, output)
         outs = [t for t in tensors_in(output) if t.requires_grad]
         if outs:
             torch.autograd.graph.register_multi_grad_hook(outs, lambda _g, m=m: self._bw_pre(m), mode="any")
@@ -140,3 +145,7 @@ class ModuleHooks:
             self.col.bw_open.remove(m)
         if self.progress:
             self.progress("backward", sum(x.bw_state == "closed" for x in self.mods.values()), self.runnable)
+
+
+def _serials(book: StorageBook, output: Any) -> frozenset[int]:
+    return frozenset(s for s in (book.serial(st) for st in storages_of(output)) if s is not None)

@@ -27,7 +27,7 @@ the step's peak is the largest ``m_t``. Two sets of moments:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -70,16 +70,22 @@ class MemoryModel:
     repeats_held: Mapping[str, np.ndarray] = field(default_factory=dict)
     # fqn -> (tensor number, bytes) of the inputs in held_bytes, when the stats say which tensors they are
     held_inputs: Mapping[str, tuple[tuple[int, int], ...]] = field(default_factory=dict)
+    # fqn -> {op index: tensor numbers of its outputs some module holds}; fqn -> (op index, bytes) of a chained
+    # module's op whose output the next call holds (the stats' held_tensors and chained_calls)
+    op_held: Mapping[str, Mapping[int, tuple[int, ...]]] = field(default_factory=dict)
+    chained: Mapping[str, tuple[int, float]] = field(default_factory=dict)
 
     def profile_bytes(self, discarded: Mapping[str, float] | None = None, *, held: bool = True,
-                      shared_once: bool = True) -> np.ndarray:
+                      shared_once: bool = True, saves: Mapping[str, Sequence[int]] | None = None) -> np.ndarray:
         """m_t per moment (in step order) with ``discarded[fqn]`` bytes freed by each checkpointed module.
 
         A checkpointed module's discard counts from the end of its forward
         until its backward starts; its held inputs (step model) count on
         through its own backward, which the discard no longer offsets
         (``held=False``: not). A held tensor several checkpointed modules take counts
-        once (``shared_once=False``: once per module, as the engines' needs have it).
+        once (``shared_once=False``: once per module, as the engines' needs have it); so does a
+        tensor a module holds that a checkpointed module's saved op made, given the plan's
+        per-op decisions ``saves`` (fqn -> save list).
         """
         m = self.base_bytes.copy()
         backward = None
@@ -95,22 +101,35 @@ class MemoryModel:
                     backward = np.array([p == "backward" for p in self.phases], dtype=bool)
                 m[backward & (self.keys <= post) & (self.keys >= self.first_pos[fqn])] += self.held_bytes[fqn]
         if held and shared_once and discarded and self.held_inputs:
-            m -= self._held_more_than_once(discarded)
+            m -= self._held_more_than_once(discarded, saves or {})
+        if held and shared_once and discarded and saves:
+            for fqn, (op, nbytes) in self.chained.items():  # call k's saved op is call k+1's held input
+                if fqn in discarded and fqn in saves and saves[fqn][op]:
+                    m -= nbytes * (self.repeats.get(fqn, 0.0) + self.repeats_held.get(fqn, 0.0))
         return m
 
-    def _held_more_than_once(self, discarded: Mapping[str, float]) -> np.ndarray:
+    def _held_more_than_once(self, discarded: Mapping[str, float], saves: Mapping[str, Sequence[int]]
+                             ) -> np.ndarray:
         """Per moment, the bytes of inputs the held term counts for several checkpointed modules at once.
 
         One tensor several modules take (an attention mask every layer gets)
         is one allocation: held from the first of them finishing its forward
-        until that one's backward ends, once, however many hold it.
+        until that one's backward ends, once, however many hold it. A
+        checkpointed module that saves the op making it (the module before
+        the holder, saving its last op) counts it too, from the end of its
+        forward until its backward starts: one allocation all the same.
         """
         backward = np.array([p == "backward" for p in self.phases], dtype=bool)
         counts: dict[int, tuple[int, np.ndarray]] = {}
+        sizes = {number: nbytes for fqn in discarded for number, nbytes in self.held_inputs.get(fqn, ())}
         for fqn in discarded:
-            for number, nbytes in self.held_inputs.get(fqn, ()):
-                post = self.post_pos[fqn]
-                window = (self.keys > post) | (backward & (self.keys >= self.first_pos[fqn]))
+            post = self.post_pos[fqn]
+            windows = [(number, nbytes, (self.keys > post) | (backward & (self.keys >= self.first_pos[fqn])))
+                       for number, nbytes in self.held_inputs.get(fqn, ())]
+            save = saves.get(fqn)
+            windows += [(number, sizes[number], self.keys > post) for op, numbers in self.op_held.get(fqn, {}).items()
+                        if save is not None and save[op] for number in numbers if number in sizes]
+            for number, nbytes, window in windows:
                 prev = counts.get(number)
                 counts[number] = (nbytes, window.astype(np.int64) + (prev[1] if prev else 0))
         excess = np.zeros(len(self.keys), dtype=np.float64)
@@ -119,9 +138,9 @@ class MemoryModel:
         return excess
 
     def peak_bytes(self, discarded: Mapping[str, float] | None = None, *, held: bool = True,
-                   shared_once: bool = True) -> float:
+                   shared_once: bool = True, saves: Mapping[str, Sequence[int]] | None = None) -> float:
         """The step's peak with ``discarded[fqn]`` bytes freed by each checkpointed module."""
-        return float(self.profile_bytes(discarded, held=held, shared_once=shared_once).max())
+        return float(self.profile_bytes(discarded, held=held, shared_once=shared_once, saves=saves).max())
 
     def describe(self, t: int) -> str:
         """Moment t in words: 'backward of Model.layers.3', 'optimizer step', 'forward'."""
@@ -168,10 +187,13 @@ def _step(stats: Stats, post: dict[str, int], world_size: int, first_step_only: 
             parent = stats.module(parent).parent
     held = {m.fqn: float(m.held_input_bytes) for m in stats.modules if m.held_input_bytes}
     held_inputs = {m.fqn: tuple(m.held_inputs) for m in stats.modules if m.held_inputs}
+    op_held = {m.fqn: {k: tuple(op.held_tensors) for k, op in enumerate(m.ops) if op.held_tensors}
+               for m in stats.modules if m.ops and any(op.held_tensors for op in m.ops)}
+    chained = {m.fqn: (m.chained_calls[0], float(m.chained_calls[1])) for m in stats.modules if m.chained_calls}
     return MemoryModel("step", f"the collected step's timeline, {when}", np.array([t.key for t in moments]), base,
                        tuple(t.phase for t in moments), tuple(t.module for t in moments), post, held, first,
                        _per_moment(moments, "repeat_calls_discarding"), _per_moment(moments, "repeat_calls_in_backward"),
-                       held_inputs)
+                       held_inputs, op_held, chained)
 
 
 def _per_moment(moments: list, name: str) -> dict[str, np.ndarray]:

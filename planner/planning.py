@@ -283,7 +283,8 @@ def _timeline(prob: Problem, sol: Solution) -> dict:
     planned = None
     if sol.decisions is not None:
         planned = model.profile_bytes({f: discardable_bytes(prob.stats.module(f)) - saved
-                                       for f, (_, saved, _) in sol.decisions.items()})
+                                       for f, (_, saved, _) in sol.decisions.items()},
+                                      saves={f: save for f, (save, _, _) in sol.decisions.items()})
     shown = planned if planned is not None else base
     moments = [PlanMoment(phase=model.phases[t], module=model.modules[t], baseline_bytes=math.ceil(base[t]),
                           planned_bytes=None if planned is None else math.ceil(planned[t])) for t in range(len(base))]

@@ -25,7 +25,8 @@ def _moments(stats: Stats, plan: dict[str, Any]) -> tuple[list[tuple[str, str | 
     # a plan stored by an older planner: its moments re-derived, and described, by the memory model
     model = memory_model(stats, world_size=plan.get("world_size", 1),
                          first_step_only=plan.get("first_step_only", False))
-    planned = model.profile_bytes({m["fqn"]: float(m["discarded_bytes"]) for m in plan.get("modules", [])})
+    planned = model.profile_bytes({m["fqn"]: float(m["discarded_bytes"]) for m in plan.get("modules", [])},
+                                  saves={m["fqn"]: m["save"] for m in plan.get("modules", []) if m.get("save")})
     shown = planned if plan.get("status") in ("optimal", "feasible") else model.base_bytes
     return (list(zip(model.phases, model.modules)), model.base_bytes, planned,
             model.describe(int(np.argmax(shown))))

@@ -35,7 +35,7 @@ class Solution:
     def planned(cls, prob: Problem, decisions: dict[str, Decision], status: PlanStatus, message: str,
                 gap: float, lower_bound: float | None = None) -> Solution:
         """A plan (``optimal`` or ``feasible``): its peak and recompute derived from the decisions."""
-        peak = prob.model.peak_bytes(discards(prob, decisions))
+        peak = prob.model.peak_bytes(discards(prob, decisions), saves={f: d[0] for f, d in decisions.items()})
         recompute = math.fsum(_module_recompute_ms(prob, f, saved_ms) for f, (_, _, saved_ms) in decisions.items())
         return cls(status, message, peak, recompute, gap, decisions, lower_bound)
 

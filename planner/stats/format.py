@@ -75,6 +75,9 @@ class OpStats(_Strict):
         "for an op returning a storage an earlier op made (_unsafe_view), that op's index (the two share one "
         "decision).")
     saved_by_autograd: bool = Field(False, description="Autograd saves this op's output for backward.")
+    held_tensors: list[Bytes] | None = Field(None, max_length=64, exclude_if=lambda v: v is None, description="Tensor numbers (as in "
+        "held_inputs) of this op's outputs that some module holds as an input (a module's output that the next "
+        "module takes): while both are checkpointed and this op is saved, one tensor. Null: none, or not known.")
 
 
 class ModuleStats(_Strict):
@@ -105,6 +108,10 @@ class ModuleStats(_Strict):
     calls: int = Field(1, ge=1, le=2**31, description="Forward calls of the module in the step (a shared layer "
                        "applied several times): checkpointing it recomputes every call. The other figures describe "
                        "the first call (calls of one module in a step are alike: see docs/memory-model.md).")
+    chained_calls: tuple[Annotated[int, Field(ge=0, le=2**31)], Bytes] | None = Field(
+        None, exclude_if=lambda v: v is None, description="(op index, bytes) when every later call takes, as an input checkpointing holds, the "
+        "tensor (of these bytes) that op made in the call before (a layer applied in a chain, x = layer(x)): "
+        "checkpointed with that op saved, each call's saved output and the next call's held input are one tensor.")
     checkpoint_overhead_ms: Millis | None = Field(
         None, description="What checkpointing the module costs beyond recomputing its ops: re-running its forward "
         "code and the policy for every op, saved or not. Measured by `sacplan collect --benchmark`, else estimated "
@@ -320,10 +327,18 @@ def _validate(s: Stats) -> None:
         if m.held_inputs is not None and (total := sum(b for _, b in m.held_inputs)) != m.held_input_bytes:
             raise ValueError(f"modules[{i}].held_inputs add up to {total} bytes, not held_input_bytes "
                              f"{m.held_input_bytes}")
+        if m.chained_calls is not None:
+            _check_chained_calls(f"modules[{i}]", m)
         for number, nbytes in m.held_inputs or ():
             if held.setdefault(number, nbytes) != nbytes:
                 raise ValueError(f"modules[{i}].held_inputs: tensor {number} has {nbytes} bytes here and "
                                  f"{held[number]} in an earlier module")
+    for i, m in enumerate(s.modules):
+        for k, op in enumerate(m.ops or ()):
+            for number in op.held_tensors or ():
+                if number not in held:
+                    raise ValueError(f"modules[{i}].ops[{k}].held_tensors: tensor {number} is in no module's "
+                                     f"held_inputs")
     _check_timeline(s, index)
 
 
@@ -345,6 +360,17 @@ def _check_timeline(s: Stats, index: dict[str, int]) -> None:
                 if count >= s.modules[index[fqn]].calls:
                     raise ValueError(f"timeline[{k}].{name}[{short_value(fqn)!r}] is {count}, but the module has "
                                      f"only {s.modules[index[fqn]].calls - 1} calls after its first (calls)")
+
+
+def _check_chained_calls(where: str, m: ModuleStats) -> None:
+    op, nbytes = m.chained_calls
+    if m.calls < 2:
+        raise ValueError(f"{where}.chained_calls is set but the module has calls {m.calls}: no later call to chain")
+    if m.ops is None or op >= len(m.ops):
+        raise ValueError(f"{where}.chained_calls op {op} is out of range for {len(m.ops or ())} ops")
+    if nbytes > m.ops[op].output_bytes:
+        raise ValueError(f"{where}.chained_calls: {nbytes} bytes is more than ops[{op}].output_bytes "
+                         f"{m.ops[op].output_bytes}")
 
 
 def _check_ops(where: str, m: ModuleStats) -> None:

@@ -317,3 +317,34 @@ def test_per_call_counts_round_trip_and_leave_other_documents_alone():
     plain = _with_calls({})
     assert "repeat_calls" not in parse_stats(plain).canonical_json()
     assert stats_hash(parse_stats(plain)) == stats_hash(parse_stats(_with_calls({"repeat_calls_in_backward": {}})))
+
+
+def _chained(edits: dict):
+    doc = small_doc()
+    doc["modules"][1].update(calls=3, chained_calls=[0, 400], held_input_bytes=400, held_inputs=[[7, 400]])
+    for (i, k), v in edits.items():
+        (doc["modules"][i] if k is None else doc["modules"][i]["ops"][k]).update(v)
+    return doc
+
+
+@pytest.mark.parametrize("edits, match", [
+    ({(1, None): {"calls": 1}}, r"modules\[1\]\.chained_calls is set but the module has calls 1"),
+    ({(1, None): {"chained_calls": [9, 400]}}, r"modules\[1\]\.chained_calls op 9 is out of range for 4 ops"),
+    ({(1, None): {"chained_calls": [0, 401]}}, r"modules\[1\]\.chained_calls: 401 bytes is more than "
+                                               r"ops\[0\]\.output_bytes 400"),
+    ({(1, None): {"chained_calls": [0, -1]}}, r"modules\[1\]\.chained_calls\[1\]: .*\(got -1\)"),
+    ({(1, 3): {"held_tensors": [8]}}, r"modules\[1\]\.ops\[3\]\.held_tensors: tensor 8 is in no module's "
+                                      r"held_inputs"),
+])
+def test_held_tensor_links_are_checked(edits, match):
+    with pytest.raises(StatsError, match=match):
+        parse_stats(_chained(edits))
+
+
+def test_held_tensor_links_round_trip_and_leave_other_documents_alone():
+    s = parse_stats(_chained({(1, 0): {"held_tensors": [7]}}))
+    again = parse_stats(json.loads(s.canonical_json()))
+    assert again.module("M.block").chained_calls == (0, 400) and again.module("M.block").ops[0].held_tensors == [7]
+    # absent, they are not written: older documents keep their text and hash
+    assert "held_tensors" not in parse_stats(small_doc()).canonical_json()
+    assert "chained_calls" not in parse_stats(small_doc()).canonical_json()
