@@ -238,3 +238,22 @@ def test_collected_timeline_counts_every_call_of_a_shared_layer():
     first_call_bw = next(k for k, t in enumerate(stats.timeline)
                          if t.phase == "backward" and t.key <= stats.fw_post_order.index(layer))
     assert all(c == 0 and b == 0 for c, b in zip(counts[first_call_bw:], in_bw[first_call_bw:]))
+
+
+def test_only_a_layer_applied_in_a_chain_is_marked_chained():
+    """shared_encoder's layer runs on its own previous output (x = layer(x)): chained, through its last op, a norm
+    whose output is one [batch, seq, 128] fp32 tensor (batch 2: with batch 1 the attention's input projection
+    saves the layer input itself, so checkpointing holds nothing extra). twice_mlp's MLP runs twice on two
+    different norms' outputs: not chained."""
+    from bench.fidelity_factories import make_shared_encoder, make_twice_mlp
+
+    cost = RooflineCostModel(device_spec("cpu"))
+    model, inputs, loss_fn = make_shared_encoder(2, 16, "cpu")
+    layer = collect_stats(model, inputs, loss_fn=loss_fn, device="cpu", cost_model=cost).module(
+        "SharedLayerEncoder.layer")
+    op, nbytes = layer.chained_calls
+    assert (op, layer.ops[op].name, nbytes) == (len(layer.ops) - 1, "aten.native_layer_norm", 2 * 16 * 128 * 4)
+    model, inputs, loss_fn = make_twice_mlp(1, 16, "cpu")
+    stats = collect_stats(model, inputs, loss_fn=loss_fn, device="cpu", cost_model=cost)
+    mlp = stats.module("TwiceMLPEncoder.blocks.0.mlp")
+    assert mlp.calls == 2 and mlp.chained_calls is None
