@@ -26,7 +26,7 @@ def build_stats(model: nn.Module, mods: dict, col: Any, hooks: Any, opt_bytes: d
     ran = set(hooks.post_order) - left_out.keys()
     held_of = {fqn: _held_inputs(by_fqn[fqn][1], col) for fqn in pre_order}
     held_serials = {serial for held in held_of.values() for serial, _ in held}
-    per_call = {fqn for fqn in pre_order if by_fqn[fqn][1].calls > 1 and fqn not in hooks.repeats.differ}
+    per_call = _described_per_call(pre_order, by_fqn, hooks)
     modules = []
     for fqn in pre_order:
         mod, m = by_fqn[fqn]
@@ -63,7 +63,7 @@ def build_stats(model: nn.Module, mods: dict, col: Any, hooks: Any, opt_bytes: d
                 bw_ms=m.bw_ms,
                 recompute_op_count=None if ops is None else m.recompute_stop,
                 calls=max(1, m.calls),
-                chained_calls=_chained_calls(m, col) if fqn in per_call and ops is not None else None,
+                chained_calls=_chained_calls(m, col) if fqn in per_call else None,
                 ops=ops,
             )
         )
@@ -73,7 +73,7 @@ def build_stats(model: nn.Module, mods: dict, col: Any, hooks: Any, opt_bytes: d
     post_order = [f for f in hooks.post_order if f not in left_out]
     try:
         return Stats(metadata=metadata, fw_pre_order=pre_order, fw_post_order=post_order, modules=modules,
-                     timeline=col.timeline.moments(post_order, _described_per_call(modules, hooks)))
+                     timeline=col.timeline.moments(post_order, per_call))
     except ValidationError as exc:  # a ValueError too, but its text is a dump of the whole document
         msg = exc.errors()[0]["msg"].removeprefix("Value error, ")
         raise ValueError(f"the collected stats are not valid stats v1: {msg}. This is a collector bug: "
@@ -105,10 +105,11 @@ def modules_out_of_place(pre_order: list[str], by_fqn: dict) -> dict[str, str]:
     return reasons
 
 
-def _described_per_call(modules: list[ModuleStats], hooks: Any) -> set[str]:
+def _described_per_call(pre_order: list[str], by_fqn: dict, hooks: Any) -> set[str]:
     """Non-leaf modules called more than once whose later calls save what the first does: the timeline counts
     each of their calls (the others keep the first call's description alone: see docs/memory-model.md)."""
-    return {m.fqn for m in modules if m.calls > 1 and not m.is_leaf and m.fqn not in hooks.repeats.differ}
+    return {f for f in pre_order if by_fqn[f][1].calls > 1 and not by_fqn[f][1].is_leaf
+            and f not in hooks.repeats.differ}
 
 
 def _held_inputs(m: Any, col: Any) -> list[tuple[int, int]]:

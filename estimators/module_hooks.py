@@ -86,8 +86,7 @@ class ModuleHooks:
         self._repeat.append(not first)
         if not first:
             self.repeats.started(m.fqn, m.is_leaf, args)
-            self._later_inputs.append({self.book.serial(s): self.book.nbytes(s) for s in storages_of(args)
-                                       if self.book.category(s) == ACT})
+            self._later_inputs.append(dict(_activation_inputs(self.book, args)))
         if first:
             self._seen.add(m.fqn)
             self.pre_order.append(m.fqn)
@@ -96,8 +95,7 @@ class ModuleHooks:
             m.ran_inside = tuple(x.fqn for x, rep in zip(self.col.fw_stack, self._repeat) if not rep)
             m.act_before = _live_act(self.book)
             m.input_bytes = sum(self.book.nbytes(s) for s in storages_of(args))
-            m.activation_inputs = tuple((self.book.serial(s), self.book.nbytes(s)) for s in storages_of(args)
-                                        if self.book.category(s) == ACT)
+            m.activation_inputs = _activation_inputs(self.book, args)
             grads = [t for t in tensors_in(args) if t.requires_grad]
             if grads:
                 torch.autograd.graph.register_multi_grad_hook(grads, lambda _g, m=m: self._bw_post(m))
@@ -145,6 +143,11 @@ class ModuleHooks:
             self.col.bw_open.remove(m)
         if self.progress:
             self.progress("backward", sum(x.bw_state == "closed" for x in self.mods.values()), self.runnable)
+
+
+def _activation_inputs(book: StorageBook, args: Any) -> tuple[tuple[int, int], ...]:
+    """(serial, bytes) of a call's inputs made in the forward."""
+    return tuple((book.serial(s), book.nbytes(s)) for s in storages_of(args) if book.category(s) == ACT)
 
 
 def _serials(book: StorageBook, output: Any) -> frozenset[int]:

@@ -23,7 +23,7 @@ from planner.solve.dp import solve_dp
 from planner.solve.milp import solve_budget
 from planner.solve.min_peak import smallest_peak
 from planner.solve.problem import Problem, prepare
-from planner.solve.solution import Solution, discards, needs_peak_bytes
+from planner.solve.solution import Solution, discards, needs_peak_bytes, save_lists
 from planner.stats.format import Stats
 from planner.stats.loader import load_stats, parse_stats
 from planner.version import PLANNER_VERSION
@@ -282,9 +282,7 @@ def _timeline(prob: Problem, sol: Solution) -> dict:
     base = model.profile_bytes()
     planned = None
     if sol.decisions is not None:
-        planned = model.profile_bytes({f: discardable_bytes(prob.stats.module(f)) - saved
-                                       for f, (_, saved, _) in sol.decisions.items()},
-                                      saves={f: save for f, (save, _, _) in sol.decisions.items()})
+        planned = model.profile_bytes(discards(prob, sol.decisions), saves=save_lists(sol.decisions))
     shown = planned if planned is not None else base
     moments = [PlanMoment(phase=model.phases[t], module=model.modules[t], baseline_bytes=math.ceil(base[t]),
                           planned_bytes=None if planned is None else math.ceil(planned[t])) for t in range(len(base))]

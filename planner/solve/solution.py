@@ -14,7 +14,7 @@ from planner.memory_model import discardable_bytes
 from planner.plan_format import PlanStatus
 from planner.solve.problem import Problem
 
-__all__ = ["Decision", "Solution", "discards", "needs_peak_bytes"]
+__all__ = ["Decision", "Solution", "discards", "needs_peak_bytes", "save_lists"]
 
 Decision = tuple[list[int], int, float]  # (save list, saved bytes, saved ms) of one checkpointed module
 
@@ -35,7 +35,7 @@ class Solution:
     def planned(cls, prob: Problem, decisions: dict[str, Decision], status: PlanStatus, message: str,
                 gap: float, lower_bound: float | None = None) -> Solution:
         """A plan (``optimal`` or ``feasible``): its peak and recompute derived from the decisions."""
-        peak = prob.model.peak_bytes(discards(prob, decisions), saves={f: d[0] for f, d in decisions.items()})
+        peak = prob.model.peak_bytes(discards(prob, decisions), saves=save_lists(decisions))
         recompute = math.fsum(_module_recompute_ms(prob, f, saved_ms) for f, (_, _, saved_ms) in decisions.items())
         return cls(status, message, peak, recompute, gap, decisions, lower_bound)
 
@@ -61,6 +61,11 @@ class Solution:
 def discards(prob: Problem, decisions: dict[str, Decision]) -> dict[str, float]:
     """fqn -> bytes each checkpointed module frees."""
     return {f: discardable_bytes(prob.stats.module(f)) - saved for f, (_, saved, _) in decisions.items()}
+
+
+def save_lists(decisions: dict[str, Decision]) -> dict[str, list[int]]:
+    """fqn -> the per-op save list of each checkpointed module."""
+    return {f: save for f, (save, _, _) in decisions.items()}
 
 
 def needs_peak_bytes(prob: Problem, sol: Solution) -> float:

@@ -75,9 +75,10 @@ class OpStats(_Strict):
         "for an op returning a storage an earlier op made (_unsafe_view), that op's index (the two share one "
         "decision).")
     saved_by_autograd: bool = Field(False, description="Autograd saves this op's output for backward.")
-    held_tensors: list[Bytes] | None = Field(None, max_length=64, exclude_if=lambda v: v is None, description="Tensor numbers (as in "
-        "held_inputs) of this op's outputs that some module holds as an input (a module's output that the next "
-        "module takes): while both are checkpointed and this op is saved, one tensor. Null: none, or not known.")
+    held_tensors: list[Bytes] | None = Field(
+        None, max_length=64, exclude_if=lambda v: v is None, description="Tensor numbers (as in held_inputs) "
+        "of this op's outputs that some module holds as an input (a module's output that the next module takes): "
+        "while both are checkpointed and this op is saved, one tensor. Null: none, or not known.")
 
 
 class ModuleStats(_Strict):
@@ -109,8 +110,8 @@ class ModuleStats(_Strict):
                        "applied several times): checkpointing it recomputes every call. The other figures describe "
                        "the first call (calls of one module in a step are alike: see docs/memory-model.md).")
     chained_calls: tuple[Annotated[int, Field(ge=0, le=2**31)], Bytes] | None = Field(
-        None, exclude_if=lambda v: v is None, description="(op index, bytes) when every later call takes, as an input checkpointing holds, the "
-        "tensor (of these bytes) that op made in the call before (a layer applied in a chain, x = layer(x)): "
+        None, exclude_if=lambda v: v is None, description="(op index, bytes) when every later call takes, as an "
+        "input checkpointing holds, the tensor (of these bytes) that op made in the call before (a layer applied in a chain, x = layer(x)): "
         "checkpointed with that op saved, each call's saved output and the next call's held input are one tensor.")
     checkpoint_overhead_ms: Millis | None = Field(
         None, description="What checkpointing the module costs beyond recomputing its ops: re-running its forward "

@@ -286,6 +286,17 @@ def test_a_mask_several_checkpointed_layers_hold_counts_once(runs: dict[str, Run
     assert abs(run.peaks[1] / run.predicted_bytes - 1) <= 0.01, (run.peaks, run.predicted_bytes)
 
 
+def _two_steps_on_one_thread(model: nn.Module, inputs: Any, loss_fn: Any) -> list[int]:
+    """The real peaks of two AdamW steps, run on one thread as bench/bench_fidelity.py runs them."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return [s.peak_bytes for s in measure_steps(model, inputs, loss_fn,
+                                                    make_optimizer("adamw", list(model.parameters())), steps=2)]
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_an_alias_op_saved_with_its_source_counts_once():
     """twice_mlp as bench/bench_fidelity.py collects it (``sacplan collect --model``, 4 x 256 tokens) and plans it
     at 75%: the plan checkpoints block 0's attention and saves its in-projection's ``clone`` of the transposed
@@ -308,13 +319,7 @@ def test_an_alias_op_saved_with_its_source_counts_once():
     torch.manual_seed(0)
     model, inputs, loss_fn = make_twice_mlp(4, 256, "cpu")
     apply_plan(model, plan, stats=stats)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        peaks = [s.peak_bytes for s in measure_steps(model, inputs, loss_fn,
-                                                     make_optimizer("adamw", list(model.parameters())), steps=2)]
-    finally:
-        torch.set_num_threads(threads)
+    peaks = _two_steps_on_one_thread(model, inputs, loss_fn)
     assert all(peak <= plan.memory_budget_gib * planner.GIB for peak in peaks), (peaks, plan.memory_budget_gib)
     assert peaks[1] == plan.peak_bytes, (peaks, plan.peak_bytes)
     assert all(ops[k].output_bytes == 0 and ops[k].inplace_parent == k - 1 for k in pairs)
@@ -354,13 +359,7 @@ def test_a_chained_layer_saving_its_output_counts_it_once():
     torch.manual_seed(0)
     real_model, inputs, loss_fn = make_shared_encoder(4, 256, "cpu")
     apply_plan(real_model, forced, stats=stats)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        peaks = [s.peak_bytes for s in measure_steps(real_model, inputs, loss_fn,
-                                                     make_optimizer("adamw", list(real_model.parameters())), steps=2)]
-    finally:
-        torch.set_num_threads(threads)
+    peaks = _two_steps_on_one_thread(real_model, inputs, loss_fn)
     assert abs(peaks[1] / predicted - 1) <= 0.001, (peaks, predicted, twice)
 
 
