@@ -20,7 +20,7 @@ builds it, called with ``input_ids`` and ``labels``).
 
 Memory under ``aot_eager``: two real AdamW steps of the compiled planned
 model after a warm-up step, every live storage counted
-(``estimators.real_step.measure_steps``; the compiled graph runs its ATen ops
+(``estimators.measure.real_step.measure_steps``; the compiled graph runs its ATen ops
 through the dispatcher, and no recompilation happens under the tracker:
 checked). Under ``inductor`` the tracker cannot see the kernels' buffers
 (they are allocated outside the dispatcher, and an active dispatch mode
@@ -51,10 +51,7 @@ import planner  # noqa: E402
 from bench.bench_fidelity import machine_line  # noqa: E402
 from bench.bench_planner import write_results  # noqa: E402
 from bench.fidelity import BUILD_SEED, ModelSpec, build_real, describe_error  # noqa: E402
-from estimators import apply_plan  # noqa: E402
-from estimators.fake_step import call_model, default_loss, make_optimizer  # noqa: E402
-from estimators.real_step import measure_steps  # noqa: E402
-from estimators.session import run_collection  # noqa: E402
+from estimators import apply_plan, call_model, default_loss, make_optimizer, measure_steps, run_collection  # noqa: E402
 
 SECTION = "## Apply"
 REFERENCE = Path("../shared/reference/fidelity")

@@ -2,7 +2,7 @@
 
 Checkpointing a module costs more than recomputing its ops: ``torch.utils.checkpoint``
 re-runs the module's Python forward and calls the selective policy for every op,
-saved or not. ``estimators.overhead.measure_checkpoint_overhead`` measures it
+saved or not. ``estimators.collect.overhead.measure_checkpoint_overhead`` measures it
 (``every_saved_ms``) as the module's forward+backward under a policy saving every
 op but views (nothing is recomputed) minus the plain forward+backward, on real
 tensors; since planner 0.6 that policy does ``apply_plan``'s per-op work and the
@@ -47,8 +47,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _machine import cpu_model  # noqa: E402
 
-from estimators import RooflineCostModel, collect_stats, device_spec  # noqa: E402
-from estimators.models import build_from_hf_config  # noqa: E402
+from estimators import RooflineCostModel, build_from_hf_config, collect_stats, device_spec  # noqa: E402
 
 SECTION = "## Checkpoint overhead per op"
 

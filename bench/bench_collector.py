@@ -123,8 +123,7 @@ def run_torch(layers: int) -> dict:
 def run_llama8b() -> dict:
     import torch
 
-    from estimators import RooflineCostModel, collect_stats, device_spec
-    from estimators.models import build_from_hf_config
+    from estimators import RooflineCostModel, build_from_hf_config, collect_stats, device_spec
     from planner import baseline_peak_bytes
 
     t0 = time.perf_counter()

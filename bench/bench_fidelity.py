@@ -6,11 +6,11 @@
 
 For each model of ``../shared/reference/fidelity`` (settings of its README:
 batch 4, seq 256, fp32, CPU, AdamW; ``llama_wide`` batch 1, the ViT batch 8
-seq 64): collect stats (``estimators.session.run_collection``, as ``sacplan
+seq 64): collect stats (``estimators.collect.session.run_collection``, as ``sacplan
 collect``), plan at 50%, 75% and 90% of the predicted no-checkpointing peak
 (``planner.plan``), apply each plan (``estimators.apply_plan``) to a fresh
 model built the same way on the CPU (random weights, same seed), and run real
-steps (``estimators.real_step.measure_steps``: forward with the loss, backward,
+steps (``estimators.measure.real_step.measure_steps``: forward with the loss, backward,
 ``AdamW.step()``, ``zero_grad(set_to_none=True)``; AdamW as the collector
 models it, ``foreach=False``). Peak = every distinct live storage counted
 once (parameters, buffers, inputs, gradients, optimizer state and everything
@@ -196,7 +196,7 @@ def report(results: list[ModelResult], *, command: str, header: str, options: di
            f"Command: `{command}` (from the repo root; {minutes:.1f} min in all). Plans: `planner.plan(stats, "
            f"budget{''.join(f', {k}={v!r}' for k, v in options.items())})` at {', '.join(f'{round(f * 100)}%' for f in FRACTIONS)} of the plans' own "
            "predicted no-checkpointing peak. Real peaks are exact (every distinct live storage once, see "
-           "`estimators.real_step.measure_steps`); 's2+' is the worst of steps 2 on (the steady state, with AdamW "
+           "`estimators.measure.real_step.measure_steps`); 's2+' is the worst of steps 2 on (the steady state, with AdamW "
            "state); bold: over the budget. "
            + ", ".join(f"f{round(f * 100)}" for f in FIRST_STEP_FRACTIONS)
            + ": planned with `first_step_only=True` at that fraction of the first step's own predicted peak, "

@@ -5,7 +5,7 @@
 
 For a small llama and gpt2 of ``../shared/reference/fidelity`` (its README's
 settings: batch 4 per rank, seq 256, AdamW, dropout 0.1): collect one rank's
-stats under the fake process group (``estimators.session.run_collection``, as
+stats under the fake process group (``estimators.collect.session.run_collection``, as
 ``sacplan collect --fsdp-world-size N [--mixed-precision bf16]``), plan at 60%
 and 85% of the per-rank no-checkpointing peak they predict (``planner.plan``,
 the stats used as they are: FSDP units from the stats), then run real FSDP2
@@ -14,7 +14,7 @@ the plan applied before ``fully_shard`` on each decoder block
 (``_no_split_modules``) and the root, fp32 or bf16 mixed precision
 (``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``) or fp32
 without resharding after forward, AdamW, three
-steps) and measure each rank's peak (``estimators.real_fsdp``: every distinct
+steps) and measure each rank's peak (``estimators.measure.real_fsdp``: every distinct
 live storage once, DTensors by their shard, FSDP2's resized all-gather
 outputs at their current size).
 
@@ -45,8 +45,8 @@ import planner  # noqa: E402
 from bench._machine import describe_machine  # noqa: E402
 from bench.bench_planner import write_results  # noqa: E402
 from bench.fsdp_run import RankResult, RunSpec, run_specs  # noqa: E402
-from estimators.real_fsdp import ALL_GATHER, REDUCE_SCATTER, UNSHARDED, run_ranks  # noqa: E402
-from estimators.session import CollectRequest, run_collection  # noqa: E402
+from estimators.measure import ALL_GATHER, REDUCE_SCATTER, UNSHARDED  # noqa: E402
+from estimators import CollectRequest, run_collection, run_ranks  # noqa: E402
 
 SECTION = "## FSDP2"
 REFERENCE = Path("../shared/reference/fidelity")
@@ -186,7 +186,7 @@ def report(rows: list[Row], *, command: str, header: str, minutes: float) -> str
            "--fsdp-world-size N`, with `--mixed-precision bf16` for the bf16 rows and `--no-reshard-after-forward` for "
            "the no-reshard rows, as the real runs), `planner.plan(stats, budget)`; "
            "budgets: 60% and 85% of their baseline. Real: each rank's "
-           "peak per step (`estimators.real_fsdp.measure_fsdp_steps`: every distinct live storage once, DTensors "
+           "peak per step (`estimators.measure.real_fsdp.measure_fsdp_steps`: every distinct live storage once, DTensors "
            "by their shard, `resize_`-d storages at their current size); the table gives the largest over the "
            "ranks and how far apart the ranks were. Bold: over the budget.", "",
            f"Verdict: worst |real/predicted - 1| over steps 2-{STEPS} (the steady state the plans are for) "
@@ -235,7 +235,7 @@ def notes(rows: list[Row]) -> list[str]:
             "- **Reduce-scatter.** A unit's reduction allocates its input (the unsharded gradients, padded, in the "
             "reduce dtype: fp32 under bf16) and output (one shard) while the unsharded gradients are still held, "
             "and keeps the input until the next unit's reduction; the sharded gradients then stay until "
-            "`zero_grad`. In the hand-counted test case (`tests/estimators/test_fsdp_real.py`: two Linear(64, 64) "
+            "`zero_grad`. In the hand-counted test case (`tests/estimators/measure/test_fsdp_real.py`: two Linear(64, 64) "
             "units, 2 ranks) this is the peak, to the byte: shards + AdamW + input + the loss + the prefetched "
             "all-gather buffer of unit 0 + dW1 and the input gradient + unit 1's reduce-scatter input and output; "
             "the per-rank collector predicts it to the byte, step 1 (no AdamW state) included.",

@@ -46,8 +46,7 @@ TARGET = "H100-SXM"
 
 def _child(model: str, ranks: int) -> dict:
     t_wall = time.perf_counter()
-    from estimators.devices import device_spec
-    from estimators.session import CollectRequest, run_collection
+    from estimators import CollectRequest, device_spec, run_collection
     from planner import GIB, min_feasible_budget_gib, plan
 
     req = CollectRequest(hf_config=dict(MODELS[model]), batch=1, seq=8192, dtype="fp32", optimizer="adamw",

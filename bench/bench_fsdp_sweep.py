@@ -27,8 +27,7 @@ if str(REPO) not in sys.path:
 import planner  # noqa: E402
 from bench._machine import describe_machine  # noqa: E402
 from bench.fsdp_run import RunSpec, run_specs  # noqa: E402
-from estimators.real_fsdp import run_ranks  # noqa: E402
-from estimators.session import CollectRequest, run_collection  # noqa: E402
+from estimators import CollectRequest, run_collection, run_ranks  # noqa: E402
 
 RANKS, BATCH, SEQ, STEPS = 2, 2, 32, 2
 FRACTIONS = (0.82, 0.85, 0.88, 0.91, 0.94, 0.97)

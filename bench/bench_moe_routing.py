@@ -34,7 +34,7 @@ import torch  # noqa: E402
 from bench.bench_fidelity import FRACTIONS, REFERENCE, machine_line  # noqa: E402
 from bench.bench_planner import write_results  # noqa: E402
 from bench.fidelity import DEFAULT_PLAN_OPTIONS, ModelResult, ModelSpec, build_real, run_model  # noqa: E402
-from estimators.moe import TopKRecorder  # noqa: E402
+from estimators.collect import TopKRecorder  # noqa: E402
 
 SECTION = "## MoE routing"
 KIB = 2**10
@@ -81,7 +81,7 @@ def run(quick: bool) -> str:
     header = ("| model | experts | real busiest expert / share | stats assume | predicted baseline MiB | "
               + " | ".join(f"p{round(f * 100)} real/budget (worst step)" for f in FRACTIONS) + " |")
     lines += [f"Command: `python bench/bench_moe_routing.py{' --quick' if quick else ''}` "
-              f"({(time.time() - started) / 60:.1f} min). Real peaks exact (`estimators.real_step.measure_steps`), "
+              f"({(time.time() - started) / 60:.1f} min). Real peaks exact (`estimators.measure.real_step.measure_steps`), "
               "steps 1 and 2; real/budget (real - budget); bold: over the budget.", "", header, "|" + "---|" * (header.count("|") - 1), *rows, ""]
     return "\n".join(lines)
 

@@ -2,7 +2,7 @@
 
 The measuring half of ``bench/bench_fidelity.py`` (which formats and writes
 the figures). Every model is built the way ``sacplan collect`` builds it
-(``estimators.models``), but on the CPU with real tensors and random weights
+(``estimators.collect.models``), but on the CPU with real tensors and random weights
 from a fixed seed, so the baseline and each planned run start from identical
 weights and inputs and draw identical dropout masks step by step.
 """
@@ -23,11 +23,10 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 
 import planner  # noqa: E402
-from estimators import apply_plan  # noqa: E402
-from estimators.fake_step import make_optimizer  # noqa: E402
-from estimators.models import DTYPES, BuiltModel, build_from_factory, build_from_hf_config, load_factory  # noqa: E402
-from estimators.real_step import BACKWARD, FORWARD, StepMeasure, measure_steps  # noqa: E402
-from estimators.session import CollectRequest, run_collection  # noqa: E402
+from estimators import BuiltModel, apply_plan, build_from_factory, build_from_hf_config, make_optimizer  # noqa: E402
+from estimators.collect import DTYPES, load_factory  # noqa: E402
+from estimators.measure import BACKWARD, FORWARD  # noqa: E402
+from estimators import CollectRequest, StepMeasure, measure_steps, run_collection  # noqa: E402
 
 BUILD_SEED = 0  # weights and inputs
 STEP_SEED = 1  # dropout masks: step k of every run draws after manual_seed(STEP_SEED + k)

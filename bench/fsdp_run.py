@@ -1,10 +1,10 @@
 """One rank of ``bench/bench_fsdp.py``: build, plan, shard and train each variant, measuring its peak.
 
 Every variant starts from a fresh model built the way ``sacplan collect``
-builds it (``estimators.models``) on the CPU, random weights from a fixed
+builds it (``estimators.collect.models``) on the CPU, random weights from a fixed
 seed; the plan (if any) is applied before ``fully_shard``, as torchtitan
 does; then AdamW (``foreach=False``, as the collector models it) and
-``estimators.real_fsdp.measure_fsdp_steps``.
+``estimators.measure.real_fsdp.measure_fsdp_steps``.
 """
 
 from __future__ import annotations
@@ -56,10 +56,7 @@ class RankResult:
 
 
 def _one(spec: RunSpec, mesh: Any) -> RankResult:
-    from estimators import apply_plan
-    from estimators.fake_step import make_optimizer
-    from estimators.models import build_from_hf_config
-    from estimators.real_fsdp import measure_fsdp_steps, shard
+    from estimators import apply_plan, build_from_hf_config, make_optimizer, measure_fsdp_steps, shard
 
     torch.manual_seed(BUILD_SEED)
     built = build_from_hf_config(spec.hf_config, batch_size=spec.batch, seq_len=spec.seq, dtype=torch.float32,
@@ -77,7 +74,7 @@ def _one(spec: RunSpec, mesh: Any) -> RankResult:
 
 
 def run_specs(rank: int, world_size: int, specs: list[RunSpec]) -> list[RankResult]:
-    """Every run of ``specs`` on this rank, in order (``estimators.real_fsdp.run_ranks`` calls it on each)."""
+    """Every run of ``specs`` on this rank, in order (``estimators.measure.real_fsdp.run_ranks`` calls it on each)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     mesh = init_device_mesh("cpu", (world_size,))

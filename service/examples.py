@@ -71,7 +71,7 @@ EXAMPLE_STATS: dict[str, Any] = {
         "seq_len": 1024,
         "dtype": "fp32",
         "device": "cpu",
-        "target_device": "A100-80GB",  # a device of estimators/devices.py's table
+        "target_device": "A100-80GB",  # a device of estimators/collect/devices.py's table
         "tags": {"team": "demo"},
     },
     "fw_pre_order": ["Net", "Net.layers.0", "Net.layers.0.fc", "Net.layers.1", "Net.layers.1.fc"],

@@ -1,5 +1,5 @@
-"""The layout rules, checked on the source with ``ast`` (from the issue "Planner layout: a
-structure a newcomer can read").
+"""The layout rules, checked on the source with ``ast`` (from the issues "Planner layout: a
+structure a newcomer can read" and "Estimators and service in layers").
 
 In ``planner/``, ``service/`` and ``estimators/``:
 
@@ -13,6 +13,16 @@ c. No reaching into another object's private attributes: only ``self._x`` and ``
    is marked on its line with ``# layout: allow-private (the reason)``.
 d. No file over 400 lines and no function over 100: past that a file or function is
    usually two ideas.
+
+In ``estimators/`` and ``service/``, whose subpackages are the rooms' jobs or layers:
+
+f. A subpackage imports only the subpackages :data:`ALLOWED_IMPORTS` lists for it (lazy
+   imports inside functions count): collecting imports neither applying nor measuring,
+   and the service's layers import only downwards. Every subpackage and top-level module
+   has its row, so a new one is placed on purpose.
+g. What one subpackage takes from a sibling is listed in the sibling's ``__init__.__all__``:
+   the rest of a subpackage is its own business. ``estimators/__init__.py`` exports
+   lazily only names its subpackages list.
 
 In ``tests/`` and ``bench/``:
 
@@ -33,6 +43,16 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("planner", "service", "estimators")
 MAX_FILE_LINES = 400
 MAX_FUNCTION_LINES = 100
+# f.: for each room, each subpackage (or top-level module) and the others it may import.
+ALLOWED_IMPORTS: dict[str, dict[str, frozenset[str]]] = {
+    "estimators": {
+        "common": frozenset(),  # what every job shares
+        "collect": frozenset({"common"}),
+        "apply": frozenset({"common"}),
+        "measure": frozenset({"common"}),
+        "cli": frozenset({"common", "collect"}),
+    },
+}
 ALLOW_PRIVATE = re.compile(r"#\s*layout:\s*allow-private\s*\(\s*\S[^)]*\)")
 PRIVATE_TARGET = re.compile(r"^(planner|service|estimators)(\.\w+)*\._[a-zA-Z]\w*$")
 
@@ -238,3 +258,75 @@ def test_tests_and_benchmarks_use_public_names():
                 target = f"{resolve(src, node.args[0])}.{node.args[1].value}"
                 violations.append(f"{src.rel}:{node.lineno}: names the private {target!r} by string")
     assert not violations, report(violations, "uses of private names from tests or benchmarks")
+
+
+def unit_of(module: str) -> tuple[str, str] | None:
+    """(room, subpackage or top-level module) of a dotted module in a layered room; None for the room itself."""
+    parts = module.split(".")
+    if parts[0] not in ALLOWED_IMPORTS or len(parts) < 2:
+        return None
+    return parts[0], parts[1]
+
+
+@cache
+def exported(package: str) -> frozenset[str] | None:
+    """The names a subpackage's ``__init__.__all__`` lists; None for a plain module."""
+    path = ROOT / package.replace(".", "/") / "__init__.py"
+    if not path.exists():
+        return None
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
+            return frozenset(ast.literal_eval(node.value))
+    return frozenset()
+
+
+def test_every_subpackage_has_its_row_in_the_import_table():
+    missing = []
+    for room, table in ALLOWED_IMPORTS.items():
+        units = {unit_of(src.module)[1] for src in sources(room) if unit_of(src.module)}
+        missing += [f"{room}/{u}" for u in sorted(units - set(table))]
+        missing += [f"{room}: the table names {u!r}, which is not there" for u in sorted(set(table) - units)]
+        missing += [f"{room}/{u} may import {v!r}, which is not there" for u, vs in table.items() for v in vs - units]
+    assert not missing, report(missing, "subpackages without a row in ALLOWED_IMPORTS (or rows without one)")
+
+
+def test_subpackages_import_only_what_the_table_allows():
+    violations = []
+    for room in ALLOWED_IMPORTS:
+        for src in sources(room):
+            unit = unit_of(src.module)
+            if unit is None:
+                continue
+            for line, module, name, *_ in imports(src, skip_type_checking=True):
+                target = unit_of(import_target(module, name) or "")
+                if target is not None and target[1] != unit[1] and target[1] not in ALLOWED_IMPORTS[room][unit[1]]:
+                    violations.append(f"{src.rel}:{line}: {room}/{unit[1]} imports {room}/{target[1]}, "
+                                      f"which ALLOWED_IMPORTS does not let it")
+    assert not violations, report(violations, "imports against the table of allowed imports")
+
+
+def test_siblings_take_only_the_names_a_subpackage_exports():
+    violations = []
+    for room in ALLOWED_IMPORTS:
+        for src in sources(room):
+            unit = unit_of(src.module)
+            for line, module, name, *_ in imports(src, skip_type_checking=False):
+                target = unit_of(module)
+                if unit is None or target is None or target[1] == unit[1]:
+                    continue
+                package = f"{room}.{target[1]}"
+                names = exported(package)
+                taken = name if name is not None else module.split(".")[2] if module.count(".") >= 2 else None
+                if names is not None and taken is not None and taken not in names:
+                    violations.append(f"{src.rel}:{line}: takes {taken} from {module}, which {package}.__all__ "
+                                      f"does not list")
+    assert not violations, report(violations, "names taken from a sibling subpackage that it does not export")
+
+
+def test_the_estimators_facade_exports_only_what_its_subpackages_list():
+    tree = ast.parse((ROOT / "estimators" / "__init__.py").read_text(encoding="utf-8"))
+    where = next(ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
+                 and any(getattr(t, "id", None) == "_WHERE" for t in node.targets))
+    violations = [f"estimators/__init__.py: {name} from {package}, which {package}.__all__ does not list"
+                  for name, package in where.items() if name not in (exported(package) or ())]
+    assert not violations, report(violations, "facade names a subpackage does not export")

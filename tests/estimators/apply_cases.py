@@ -15,8 +15,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from estimators import RooflineCostModel, collect_stats, device_spec
-from estimators.models import build_from_hf_config
+from estimators import RooflineCostModel, build_from_hf_config, collect_stats, device_spec
 from planner import Stats, optimal_op_policy
 
 BATCH, SEQ = 2, 16

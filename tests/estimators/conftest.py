@@ -40,7 +40,7 @@ def torch_test_transformer() -> tuple[Any, tuple]:
 
 
 def tiny_llama() -> tuple[Any, dict]:
-    from estimators.models import build_from_hf_config
+    from estimators import build_from_hf_config
 
     torch.manual_seed(0)
     built = build_from_hf_config(TINY_LLAMA, batch_size=2, seq_len=32, dtype=torch.float32,

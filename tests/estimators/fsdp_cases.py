@@ -7,10 +7,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from estimators.fake_step import make_optimizer
-from estimators.gloo_comms import SettledAllGather, SettledReduceScatter, settle_gloo_collectives
-from estimators.models import build_from_hf_config
-from estimators.real_fsdp import measure_fsdp_steps, shard
+from estimators import build_from_hf_config, make_optimizer, measure_fsdp_steps, shard
+from estimators.measure import SettledAllGather, SettledReduceScatter, settle_gloo_collectives
 
 HAND_FEATURES, HAND_BATCH = 64, 8  # two bias-free Linear(64, 64) units, an (8, 64) input
 

@@ -18,26 +18,21 @@ def sharded_tiny_llama(world_size: int, plan: dict | None, stats: dict | None) -
     """
     from torch.distributed.device_mesh import init_device_mesh
 
-    from estimators import apply_plan, module_fqns
-    from estimators.fsdp import FsdpSetup, default_units, shard_model, unit_fqns
-    from estimators.models import build_from_hf_config
+    from estimators import apply_plan, build_from_hf_config, shard
 
     torch.manual_seed(0)
     built = build_from_hf_config(TINY_LLAMA, batch_size=2, seq_len=32, dtype=torch.float32,
                                  device=torch.device("cpu"))
     if plan is not None:
         apply_plan(built.model, plan, stats=stats)
-    fqns = module_fqns(built.model)
-    units = unit_fqns(built.model, default_units(built.model), fqns)
-    shard_model(built.model, FsdpSetup(world_size), init_device_mesh("cpu", (world_size,)), units, fqns)
+    shard(built.model, init_device_mesh("cpu", (world_size,)), world_size=world_size)
     return built
 
 
 def run_rank(rank: int, world_size: int, plan: dict, stats: dict) -> dict[str, Any]:
-    """One rank (under ``estimators.real_fsdp.run_ranks``): the unplanned and the planned sharded model, one
+    """One rank (under ``estimators.measure.real_fsdp.run_ranks``): the unplanned and the planned sharded model, one
     backward each (grads), two measured steps each."""
-    from estimators.fake_step import call_model, make_optimizer
-    from estimators.real_step import measure_steps
+    from estimators import call_model, make_optimizer, measure_steps
 
     result: dict[str, Any] = {"rank": rank}
     grads = {}

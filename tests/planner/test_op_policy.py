@@ -184,7 +184,7 @@ def test_torch_dict_errors_are_named(edit, match):
 def test_an_op_between_a_saved_output_and_its_mutation_shares_its_decision():
     """Mixtral's router: top-k weights (op 0) summed (op 1), then divided in place (op 2). Recomputing the sum
     while the top-k output is saved reads the divided weights SAC cached (seen: gradients 1e-3 off in
-    tests/estimators/test_apply_anywhere.py); so the three share one decision, and a view between them does not."""
+    tests/estimators/apply/test_apply_anywhere.py); so the three share one decision, and a view between them does not."""
     from planner.ops.groups import op_groups
 
     ops = [OpStats(name="aten.topk", runtime_ms=1, output_bytes=64),

@@ -69,7 +69,7 @@ def test_every_request_example_succeeds_as_is_on_a_fresh_database(client, make_c
 
 
 def test_the_example_stats_target_a_device_of_the_table():
-    from estimators.devices import device_names
+    from estimators.collect import device_names
 
     from service.examples import EXAMPLE_STATS
 

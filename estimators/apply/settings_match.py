@@ -1,0 +1,89 @@
+"""Matching a model to the settings its stats were collected with, before a plan applies.
+
+``use_cache`` is switched off on the model, as training does anyway (Hugging
+Face's ``gradient_checkpointing_enable`` does the same); any other setting
+that differs is refused, naming it, because the model would run other ops
+than the ones the plan decides for.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from torch import nn
+
+from estimators.apply.policy import PlanMismatchError
+from estimators.common import DTYPE_NAMES, experts_implementation, model_dtype_name, model_settings_of
+
+__all__ = ["experts_mismatch", "match_model_settings"]
+
+log = logging.getLogger(__name__)
+
+
+def match_model_settings(model: nn.Module, metadata: Mapping[str, Any]) -> str:
+    """Make ``model`` run as the stats' model did, or refuse; returns the likely cause of a later mismatch.
+
+    The returned text (empty when nothing is suspect) is what a
+    :class:`PlanMismatchError` says about the cause, e.g. stats collected
+    for a CUDA target running on the CPU.
+    """
+    recorded = dict(metadata.get("model_settings") or {})
+    config = getattr(model, "config", None)
+    if recorded.get("use_cache") is False and getattr(config, "use_cache", None):
+        config.use_cache = False
+        log.info("apply_plan: set %s.config.use_cache = False, as the stats were collected (and training runs)",
+                 type(model).__name__)
+    current = model_settings_of(model)
+    experts = experts_mismatch(model, recorded)
+    if experts is not None:
+        raise PlanMismatchError(f"model setting experts_implementation: {experts}")
+    for key in ("attn_implementation",):
+        if key in recorded and key in current and recorded[key] != current[key]:
+            raise PlanMismatchError(
+                f"model setting {key} is {current[key]!r} but the stats were collected with {recorded[key]!r}: "
+                f"the model would run other ops; build it with {key}={recorded[key]!r} (e.g. "
+                f"AutoModelForCausalLM.from_config(cfg, {key}={recorded[key]!r})) or collect the stats again")
+    dtype, here = metadata.get("dtype"), model_dtype_name(model)
+    if dtype in DTYPE_NAMES.values() and here is not None and here != dtype:
+        raise PlanMismatchError(f"model setting dtype is {here!r} but the stats were collected with {dtype!r}: "
+                                f"cast the model (model.to(torch.{_name(dtype)})) or collect the stats again")
+    return _hint(model, metadata)
+
+
+def experts_mismatch(model: nn.Module, model_settings: dict[str, Any]) -> str | None:
+    """Why a plan made from stats with these ``model_settings`` cannot apply to ``model``'s experts, or None.
+
+    The experts implementations run different op sequences, so a plan's
+    decisions only fit the implementation the stats were collected with. For
+    :func:`estimators.apply_plan` to call before the first step.
+    """
+    wanted = model_settings.get("experts_implementation")
+    running = experts_implementation(model)
+    if wanted is None or running is None or wanted == running:
+        return None
+    return (f"the stats were collected with experts_implementation {wanted!r} but {type(model).__name__} runs "
+            f"{running!r}: call model.set_experts_implementation({wanted!r}) before applying the plan, or collect "
+            f"the model as it is built")
+
+
+def _name(dtype: str) -> str:
+    return {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[dtype]
+
+
+def _hint(model: nn.Module, metadata: Mapping[str, Any]) -> str:
+    tags = metadata.get("tags") or {}
+    if (metadata.get("model_settings") or {}).get("training") is False:
+        return ("the stats were collected in eval mode (no dropout, other kernels) and the plan is applied to "
+                "training; fix: collect with the model in training mode (model.train())")
+    p = next(iter(model.parameters()), None)
+    here = p.device.type if p is not None else "cpu"
+    if tags.get("attention_kernels") and here != "cuda":
+        return (f"the stats were collected for a CUDA target ({metadata.get('target_device')}: attention kernels "
+                f"{tags['attention_kernels']}) and this model runs on {here}, whose attention kernels differ; "
+                f"fix: collect with --target-device cpu for a CPU run, or run on the target GPU")
+    if metadata.get("device") and metadata.get("device") != here:
+        return (f"the stats were collected on {metadata['device']} and this model runs on {here}; fix: collect "
+                f"on the device the model trains on")
+    return ""

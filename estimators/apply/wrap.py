@@ -1,0 +1,169 @@
+"""Apply a plan: wrap the planned modules with selective activation checkpointing.
+
+Each planned module's ``forward`` runs under ``torch.utils.checkpoint``
+(non-reentrant, ``preserve_rng_state=True``) with a policy that maps the
+plan's ``save`` list onto the ops the module runs
+(:mod:`estimators.apply.policy`), only while the module is in training mode
+and grad is enabled: in eval mode or under ``torch.no_grad()`` the module
+runs as it is (there is nothing to discard, and no memory promise).
+
+Give ``example_inputs`` and the plan is checked on one dry step before
+training (:func:`estimators.check_plan`): a plan that cannot be mapped
+raises :class:`PlanMismatchError` there, naming the module, the op, the
+likely cause and its fix; with ``compile_backend`` the sequence
+``torch.compile`` traces is recorded and aligned too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+
+from estimators.apply.alignment import StatsOps
+from estimators.apply.dry_check import check_plan
+from estimators.apply.policy import PLAN_MARK, ModulePlan, PlanMismatchError, RngReplay, aot_tracing
+from estimators.apply.settings_match import match_model_settings
+from estimators.common import module_fqns
+
+__all__ = ["apply_plan", "remove_plan", "PlanMismatchError"]
+
+_USABLE = ("optimal", "feasible")
+
+
+def apply_plan(model: nn.Module, plan: Any, *, stats: Any = None, example_inputs: Any = None,
+               loss_fn: Callable[[Any], torch.Tensor] | None = None,
+               compile_backend: str | None = None) -> nn.Module:
+    """Checkpoint every module the plan names, saving the ops it says; returns ``model``.
+
+    ``plan`` is the plan JSON as a dict or a :class:`planner.Plan`. ``stats``
+    (a :class:`planner.Stats`, its dict, or None) gives the op names, view and
+    random flags and the model settings the stats were collected with
+    (``metadata.model_settings``): ``use_cache`` is switched off as training
+    does, any other difference is refused. Without stats the plan's own
+    ``op_names`` are used. ``example_inputs`` (and ``loss_fn``, default
+    ``output.loss`` or the sum of the first float output) run
+    :func:`estimators.check_plan` at once, under ``compile_backend`` too if
+    given. Apply the plan before ``torch.compile``.
+    """
+    doc = plan.model_dump() if hasattr(plan, "model_dump") else plan
+    if not isinstance(doc, Mapping):
+        raise ValueError(f"plan must be a dict or a planner.Plan, got {type(plan).__name__}")
+    status = doc.get("status", "optimal")
+    if status not in _USABLE:
+        raise ValueError(f"plan status is {status!r}: only {' or '.join(_USABLE)} plans can be applied")
+    sdoc = stats.model_dump() if hasattr(stats, "model_dump") else stats
+    hint = match_model_settings(model, (sdoc or {}).get("metadata") or {})
+    ops = _stats_ops(sdoc)
+    remove_plan(model)
+    by_fqn = {fqn: mod for mod, fqn in module_fqns(model).items()}
+    planned = list(doc.get("modules") or [])
+    fqns = [str(pm.get("fqn")) for pm in planned]
+    _check_fqns(model, fqns, by_fqn)
+    plans = [_module_plan(i, pm, fqns[i], ops, hint) for i, pm in enumerate(planned)]
+    for mp in plans:
+        _wrap(by_fqn[mp.fqn], mp)
+    if example_inputs is not None:
+        check_plan(model, example_inputs, loss_fn=loss_fn, compile_backend=compile_backend)
+    return model
+
+
+def remove_plan(model: nn.Module) -> nn.Module:
+    """Undo :func:`apply_plan`: every wrapped module gets its own forward back; returns ``model``."""
+    for mod in model.modules():
+        inner = mod.__dict__.pop("_sacplan_forward", None)
+        mod.__dict__.pop(PLAN_MARK, None)
+        if inner is not None:
+            mod.__dict__.pop("forward", None)
+            if getattr(inner, "__self__", None) is not mod:  # an instance-level forward the user had set
+                mod.forward = inner
+    return model
+
+
+def _check_fqns(model: nn.Module, fqns: list[str], by_fqn: dict[str, nn.Module]) -> None:
+    for i, fqn in enumerate(fqns):
+        if fqn not in by_fqn:
+            raise ValueError(f"plan modules[{i}].fqn {fqn!r} is not a module of {type(model).__name__}")
+        for other in fqns:
+            if other != fqn and fqn.startswith(other + "."):
+                raise ValueError(f"plan modules[{i}].fqn {fqn!r} lies inside planned module {other!r}: "
+                                 f"nesting is not supported")
+
+
+def _stats_ops(sdoc: Mapping | None) -> dict[str, list[dict]] | None:
+    if sdoc is None:
+        return None
+    return {m["fqn"]: m["ops"] for m in sdoc["modules"] if m.get("ops") is not None}
+
+
+def _module_plan(i: int, pm: Mapping, fqn: str, ops: dict[str, list[dict]] | None, hint: str) -> ModulePlan:
+    save = pm.get("save")
+    if not isinstance(save, Sequence) or any(s not in (0, 1) for s in save):
+        raise ValueError(f"plan modules[{i}].save must be a list of 0/1, got {save!r}")
+    save = tuple(int(s) for s in save)
+    if ops is not None and fqn not in ops:
+        raise PlanMismatchError(f"module {fqn!r} has no op list in the stats (a leaf, or a module the collector "
+                                f"left out: see their tags['modules_left_out']), so no plan for these stats "
+                                f"checkpoints it")
+    if ops is not None:
+        mine = ops[fqn]
+        names = [op["name"] for op in mine]
+        view = [bool(op.get("view_like")) for op in mine]
+        random = [bool(op.get("random")) for op in mine]
+    elif pm.get("op_names") is not None:
+        names = list(pm["op_names"])
+        view, random = [_looks_view(n) for n in names], [False] * len(names)
+    else:
+        return ModulePlan(fqn, None, save, hint)
+    if len(names) != len(save):
+        raise PlanMismatchError(f"module {fqn!r}: the plan has {len(save)} save decisions but the stats list "
+                                f"{len(names)} ops")
+    rand = sorted({s for s, r in zip(save, random) if r})
+    if len(rand) > 1:
+        first = next(k for k, r in enumerate(random) if r)
+        other = next(k for k, r in enumerate(random) if r and save[k] != save[first])
+        raise PlanMismatchError(f"module {fqn!r}: random op {other} ({names[other]}) has save={save[other]} but "
+                                f"random op {first} has save={save[first]}: random ops must all be saved or all "
+                                f"recomputed")
+    return ModulePlan(fqn, StatsOps(tuple(names), save, tuple(view), tuple(random)), save, hint)
+
+
+def _looks_view(name: str) -> bool:
+    """A plan without stats lists names only: view-ness from the ATen schema."""
+    from estimators.common import is_view_op
+
+    packet = getattr(torch.ops.aten, name.removeprefix("aten."), None) if name.startswith("aten.") else None
+    overload = getattr(packet, "default", None) if packet is not None else None
+    return bool(overload is not None and is_view_op(overload))
+
+
+def _contexts(mp: ModulePlan, compiled: bool) -> Any:
+    pair = create_selective_checkpoint_contexts(mp.new_call(compiled), allow_cache_entry_mutation=True)
+    if compiled and not aot_tracing():  # compile's eager backend runs checkpoint without preserve_rng_state
+        return RngReplay(*pair).contexts()
+    return pair
+
+
+def _wrap(module: nn.Module, mp: ModulePlan) -> None:
+    inner = module.forward
+    module._sacplan_forward = inner  # layout: allow-private (our mark on the user's module, for remove_plan)
+    module.__dict__[PLAN_MARK] = mp
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        if not (module.training and torch.is_grad_enabled()):
+            return inner(*args, **kwargs)  # nothing autograd keeps, or not training: no checkpointing
+        compiled = torch.compiler.is_compiling()
+        out = checkpoint(inner, *args, use_reentrant=False, preserve_rng_state=True,
+                         context_fn=partial(_contexts, mp, compiled), **kwargs)
+        if not compiled and mp.recording is None and mp.last_call is not None:
+            missing = mp.last_call.missing_op()
+            if missing is not None:
+                raise PlanMismatchError(f"module {mp.fqn!r}: ran {mp.last_call.count} ops but {missing}. Likely "
+                                        f"cause: {mp.hint or 'the model is not the one the plan was made for'}")
+        return out
+
+    module.forward = forward

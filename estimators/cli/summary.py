@@ -1,0 +1,126 @@
+"""The summary ``sacplan collect`` prints: what was collected, whether it fits the target, what to run next.
+
+It formats a :class:`estimators.collect.session.CollectResult` and an
+:class:`estimators.cli.guide.Guidance`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from estimators.cli.guide import WORLD_SIZES, Guidance
+from estimators.collect import LEFT_OUT_TAG
+from planner import GIB, Plan
+
+__all__ = ["collect_summary", "guidance_rows", "size_text"]
+
+
+def collect_summary(result: Any, out: str, guidance: Guidance | None) -> str:
+    """The whole summary: the collected step, then (with ``guidance``) its fit and the next command."""
+    s = result.stats
+    left_out = s.metadata.tags.get(LEFT_OUT_TAG)
+    rows = [
+        ("model", s.metadata.model_name),
+        ("modules", _modules_text(result)),
+        ("parameters", f"{result.parameter_count:,} ({size_text(s.root.param_bytes)}"
+         f"{' on this rank' if s.metadata.sharding else ''})"),
+        ("activations at forward end", size_text(s.root.act_total_bytes)),
+        ("baseline peak", f"{size_text(result.baseline_peak_bytes)} (no checkpointing, {_scope(s)})"),
+        ("step time", f"{s.root.fw_ms + s.root.bw_ms:.2f} ms (fw {s.root.fw_ms:.2f} + bw {s.root.bw_ms:.2f}) "
+         f"on {s.metadata.target_device}"),
+        ("optimizer state", f"{size_text(s.root.optimizer_state_bytes)} ({s.metadata.optimizer})"),
+        ("model settings", (", ".join(f"{k}={v}" for k, v in sorted(s.metadata.model_settings.items())) or "none")
+         + (f" (attention: {s.metadata.tags['attention']})" if "attention" in s.metadata.tags else "")),
+        ("emulated kernels", s.metadata.tags.get("attention_kernels", "none")),
+        ("checkpoint overhead", s.metadata.tags.get("checkpoint_overhead", "not known")),
+        ("left out", f"{left_out}; never checkpointed on their own, their ops count in the modules they ran "
+         f"inside" if left_out else "none"),
+        ("written to", out),
+    ]
+    if guidance is not None:
+        rows += [("", "")] + guidance_rows(guidance)
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}".rstrip() for k, v in rows)
+
+
+def _scope(s: Any) -> str:
+    sh = s.metadata.sharding
+    return "world size 1" if sh is None else f"per rank, {sh.kind} x{sh.world_size}"
+
+
+def _modules_text(result: Any) -> str:
+    s = result.stats
+    text = f"{len(s.modules)} that run ({sum(m.ops is not None for m in s.modules)} with op lists)"
+    left_out = s.metadata.tags.get(LEFT_OUT_TAG)
+    silent = result.model_module_count - len(s.modules) - (len(left_out.split(",")) if left_out else 0)
+    if silent > 0:
+        text += f"; {silent} more in the model never ran on their own (containers such as ModuleList)"
+    return text
+
+
+def guidance_rows(g: Guidance) -> list[tuple[str, str]]:
+    """Rows saying whether the step fits, which budgets have plans and what to run next."""
+    rows = [(f"{g.device} holds", _device_text(g))]
+    if g.device_bytes is not None:
+        rows.append(("fits as is", _fits_as_is_text(g)))
+        if not g.fits_as_is:
+            rows.append(("fits with checkpointing", _fits_with_plan_text(g)))
+        if g.world_size > 1 or not g.fits_with_plan:
+            rows.append(("sharded", _sharded_text(g)))
+    else:
+        rows.append(("smallest budget", f"{g.min_budget_gib:g} GiB has a plan ({g.scope})"))
+    for k, p in enumerate(g.suggestions):
+        rows.append(("suggested budgets" if k == 0 else "", _suggestion_text(p)))
+    if g.next_command:
+        rows.append(("next", g.next_command))
+    if g.world_size > 1 or g.next_command is None:
+        rows.append(("or", "collect again with a smaller --batch or --seq"))
+    return rows
+
+
+def _device_text(g: Guidance) -> str:
+    if g.device_bytes is None:
+        return "no fixed memory in the device table: budgets below run from the smallest with a plan"
+    return f"{g.device_bytes / 10**9:g} GB = {size_text(g.device_bytes)} (the datasheet's GB are 10^9 bytes)"
+
+
+def _fits_as_is_text(g: Guidance) -> str:
+    verdict = "yes" if g.fits_as_is else "no"
+    return f"{verdict}: {size_text(g.baseline_bytes)} without checkpointing ({g.scope})"
+
+
+def _fits_with_plan_text(g: Guidance) -> str:
+    if g.fits_with_plan:
+        return f"yes: the smallest budget with a plan is {g.min_budget_gib:g} GiB ({g.scope})"
+    return (f"no: the smallest budget with a plan is {g.min_budget_gib:g} GiB ({g.scope}), "
+            f"above the {size_text(g.device_bytes)} the device holds")
+
+
+def _sharded_text(g: Guidance) -> str:
+    if g.sharded_min_budget_gib * GIB > g.device_bytes:
+        return (f"even with --world-size {WORLD_SIZES[-1]} the smallest budget with a plan is "
+                f"{g.sharded_min_budget_gib:g} GiB: nothing fits this device")
+    verdict = "fits as is" if g.sharded_baseline_bytes <= g.device_bytes else "fits with checkpointing"
+    return (f"with --world-size {g.world_size} (parameters, gradients and optimizer state sharded over "
+            f"{g.world_size} ranks, e.g. FSDP): {verdict}; no checkpointing {size_text(g.sharded_baseline_bytes)}, "
+            f"smallest budget with a plan {g.sharded_min_budget_gib:g} GiB")
+
+
+def _suggestion_text(p: Plan) -> str:
+    head = f"{p.memory_budget_gib:g} GiB"
+    if p.status not in ("optimal", "feasible"):
+        return f"{head}: {p.status}"
+    if not p.modules:
+        return f"{head}: no checkpointing needed"
+    share = f" ({p.recompute_ms / p.compute_ms:.1%} of the step)" if p.compute_ms else ""
+    n = len(p.modules)
+    return (f"{head}: recompute {p.recompute_ms:.1f} ms{share}, {n} module{'s' if n != 1 else ''} checkpointed"
+            + (f" ({p.status})" if p.status != "optimal" else ""))
+
+
+def size_text(n: float) -> str:
+    """Bytes in the largest binary unit that keeps the figure at least 1."""
+    for unit, scale in (("GiB", GIB), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{int(n)} B"

@@ -1,0 +1,222 @@
+"""Turning what the collector saw into a stats v1 document."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+from torch import nn
+
+from estimators.common import GRAD, StorageBook, storages_of
+from planner import ModuleStats, OpStats, Stats, StatsMetadata
+
+__all__ = ["build_stats", "modules_out_of_place", "LEFT_OUT_TAG"]
+
+# metadata tag listing the modules left out of the stats because they ran out of place
+LEFT_OUT_TAG = "modules_left_out"
+
+
+def build_stats(model: nn.Module, mods: dict, col: Any, hooks: Any, opt_bytes: dict[int, int], book: StorageBook,
+                metadata: StatsMetadata | None) -> Stats:
+    """The stats of one collected step: modules in forward pre-order, op lists of non-leaf modules."""
+    by_fqn = {m.fqn: (mod, m) for mod, m in mods.items()}
+    left_out = modules_out_of_place(hooks.pre_order, by_fqn)
+    pre_order = [f for f in hooks.pre_order if f not in left_out]
+    # Only modules that ran in forward (and in place) are in the stats; parents fall back to the nearest kept.
+    ran = set(hooks.post_order) - left_out.keys()
+    held_of = {fqn: _held_inputs(by_fqn[fqn][1], col) for fqn in pre_order}
+    held_serials = {serial for held in held_of.values() for serial, _ in held}
+    per_call = _described_per_call(pre_order, by_fqn, hooks)
+    modules = []
+    for fqn in pre_order:
+        mod, m = by_fqn[fqn]
+        parent = m.parent
+        while parent is not None and parent not in ran:
+            parent = by_fqn[parent][1].parent
+        pbytes, obytes = _param_bytes(mod, book, opt_bytes)
+        grad_total = m.grad_total
+        if grad_total is None:  # backward never reached this module: take its parent's figure
+            p = parent
+            while p is not None and by_fqn[p][1].grad_total is None:
+                p = by_fqn[p][1].parent
+            grad_total = by_fqn[p][1].grad_total if p is not None else book.live[GRAD]
+        ops = None if m.is_leaf else _op_stats(m, col, held_serials)
+        held = held_of[fqn]
+        modules.append(
+            ModuleStats(
+                fqn=fqn,
+                parent=parent,
+                is_leaf=m.is_leaf,
+                param_bytes=pbytes,
+                grad_bytes=_grad_bytes(mod, book),
+                act_saved_bytes=max(0, m.act_after - m.act_before - m.output_bytes),
+                act_total_bytes=m.act_after,
+                act_grad_bytes=max(0, m.temp_peak - m.temp_start),
+                act_bw_bytes=m.act_at_peak,
+                grad_total_bytes=grad_total or 0,
+                input_bytes=m.input_bytes,
+                held_input_bytes=sum(b for _, b in held),
+                held_inputs=held,
+                output_bytes=m.output_bytes,
+                optimizer_state_bytes=obytes,
+                fw_ms=m.fw_ms,
+                bw_ms=m.bw_ms,
+                recompute_op_count=None if ops is None else m.recompute_stop,
+                calls=max(1, m.calls),
+                chained_calls=_chained_calls(m, col) if fqn in per_call else None,
+                ops=ops,
+            )
+        )
+    metadata = (metadata or StatsMetadata(model_name=type(model).__name__)).model_copy(deep=True)
+    if left_out:
+        metadata.tags[LEFT_OUT_TAG] = "; ".join(f"{f} ({why})" for f, why in left_out.items())[:1024]
+    post_order = [f for f in hooks.post_order if f not in left_out]
+    try:
+        return Stats(metadata=metadata, fw_pre_order=pre_order, fw_post_order=post_order, modules=modules,
+                     timeline=col.timeline.moments(post_order, per_call))
+    except ValidationError as exc:  # a ValueError too, but its text is a dump of the whole document
+        msg = exc.errors()[0]["msg"].removeprefix("Value error, ")
+        raise ValueError(f"the collected stats are not valid stats v1: {msg}. This is a collector bug: "
+                         f"please report it with the model") from None
+
+
+def modules_out_of_place(pre_order: list[str], by_fqn: dict) -> dict[str, str]:
+    """Modules whose first forward call does not nest as their fqns do, each with the reason.
+
+    Stats v1 reads nesting off the fqns. A module run from outside one of its
+    fqn-ancestors (LLaVA's ``get_input_embeddings()``) or inside a module that
+    is not one (a T5 ``shared`` embedding run by the encoder, a child running
+    its parent's other child) has no place in the orders, so it is left out,
+    with its submodules placed likewise. Nothing is lost to the modules it ran
+    inside: their op lists and activation bytes were measured at run time and
+    hold its ops, exactly what checkpointing them recomputes.
+    """
+    ran = set(pre_order)
+    reasons: dict[str, str] = {}
+    for fqn in pre_order:
+        inside = by_fqn[fqn][1].ran_inside
+        cuts = [k for k, c in enumerate(fqn) if c == "."]
+        outside = [fqn[:k] for k in reversed(cuts) if fqn[:k] in ran and fqn[:k] not in inside]
+        stranger = [a for a in reversed(inside) if not fqn.startswith(a + ".")]
+        if outside:
+            reasons[fqn] = f"ran outside {outside[0]}"
+        elif stranger:
+            reasons[fqn] = f"ran inside {stranger[0]}"
+    return reasons
+
+
+def _described_per_call(pre_order: list[str], by_fqn: dict, hooks: Any) -> set[str]:
+    """Non-leaf modules called more than once whose later calls save what the first does: the timeline counts
+    each of their calls (the others keep the first call's description alone: see docs/memory-model.md)."""
+    return {f for f in pre_order if by_fqn[f][1].calls > 1 and not by_fqn[f][1].is_leaf
+            and f not in hooks.repeats.differ}
+
+
+def _held_inputs(m: Any, col: Any) -> list[tuple[int, int]]:
+    """(storage serial, bytes) of the inputs checkpointing would keep until the module's backward that no op saves
+    (the plain step frees them).
+
+    torch.utils.checkpoint holds a checkpointed module's inputs to recompute
+    from; an input some op saves for backward is kept anyway, so only the
+    others cost extra (a MultiheadAttention's input, only copied inside it).
+    The serial names the storage, so an input several modules take (an
+    attention mask) is known to be one tensor.
+    """
+    return [] if m.is_leaf else [(serial, nbytes) for serial, nbytes in m.activation_inputs
+                                 if serial not in col.saved]
+
+
+def _param_bytes(mod: nn.Module, book: StorageBook, opt_bytes: dict[int, int]) -> tuple[int, int]:
+    params = list(mod.parameters())
+    pbytes = sum(book.nbytes(s) for s in storages_of(params))
+    return pbytes, sum(opt_bytes.get(id(p), 0) for p in {id(p): p for p in params}.values())
+
+
+def _grad_bytes(mod: nn.Module, book: StorageBook) -> int:
+    return sum(book.nbytes(s) for s in storages_of([p for p in mod.parameters() if p.requires_grad]))
+
+
+def _alias_parent(ops: list[Any], k: int) -> int | None:
+    """The earlier op of the module whose new storage op k returns again, if any (else None).
+
+    An op that is neither a view nor in-place may still hand back an existing
+    storage: ``_unsafe_view`` (the ``mm`` of a linear on a 3-D input, a clone
+    made contiguous) aliases its input without autograd's view tracking. Its
+    bytes are that op's: saving both keeps one allocation, so the two share
+    one decision, as an in-place op shares its parent's (twice_mlp: a cloned
+    attention input saved with its ``_unsafe_view`` was counted twice, 512 KiB
+    over the real peak).
+    """
+    op = ops[k]
+    if op.view_like or op.inplace or op.fresh or len(op.out_serials) != 1:
+        return None
+    (serial,) = op.out_serials
+    for j in range(k):
+        if serial in ops[j].out_serials:
+            return j if ops[j].fresh and not ops[j].view_like and not ops[j].inplace else None
+    return None
+
+
+def _chained_calls(m: Any, col: Any) -> tuple[int, int] | None:
+    """(op index, bytes) when every later call of ``m`` takes, as an input checkpointing holds, the tensor that op
+    made in the call before (a layer applied in a chain, ``x = layer(x)``); else None.
+
+    Checkpointed, call k's saved op and call k+1's held input are then one
+    tensor (shared_encoder at 50% saving its last norm: three 512 KiB tensors
+    counted twice, real/predicted 0.97).
+    """
+    prev, link = m.out_serials, None
+    for inputs, outputs in m.later_calls:
+        chained = [(s, b) for s, b in inputs.items() if s in prev and s not in col.saved]
+        if len(chained) != 1 or (link is not None and chained[0][1] != link[1]):
+            return None
+        link = link or chained[0]
+        prev = outputs
+    if link is None:
+        return None
+    ops = [col.ops[i] for i in m.ops]
+    maker = next((k for k, op in enumerate(ops) if link[0] in op.out_serials), None)
+    if maker is None or not ops[maker].fresh or ops[maker].view_like or ops[maker].inplace:
+        return None  # the output is an input passed through, or an alias: no op of the module made it
+    return maker, link[1]
+
+
+def _op_stats(m: Any, col: Any, held_serials: set[int]) -> list[OpStats]:
+    ops = [col.ops[i] for i in m.ops]
+    out: list[OpStats] = []
+    for k, op in enumerate(ops):
+        parent = _alias_parent(ops, k)
+        if op.inplace:
+            parent = k
+            if op.mutated_serial is not None:
+                for j in range(k):
+                    if op.mutated_serial in ops[j].out_serials:
+                        parent = j
+                        break
+        out.append(
+            OpStats(
+                name=op.name,
+                runtime_ms=op.runtime_ms,
+                output_bytes=0 if parent is not None and not op.inplace else op.output_bytes,
+                view_like=op.view_like,
+                random=op.random,
+                inplace_parent=parent,
+                saved_by_autograd=bool(op.out_serials) and op.out_serials <= col.saved,
+                held_tensors=(sorted(op.out_serials & held_serials) or None) if parent is None and op.fresh else None,
+            )
+        )
+    # PyTorch's SACEstimator zeroes the last op that is neither view-like nor
+    # in-place: the block output is kept anyway. That holds only when autograd
+    # does keep it (a decoder layer's output, saved by the next layer's norm);
+    # a feed-forward whose output only feeds a residual add does not keep it,
+    # and caching it under SAC costs its bytes. So: zero it only when saved,
+    # and only when a recompute reaches it: past the early stop a cached output
+    # is never handed back, so SAC holds it until the module's backward ends,
+    # after autograd would have freed it (qwen2_moe's shared expert, whose
+    # backward comes last: 0.5 MiB over the predicted peak).
+    for k in range(len(out) - 1, -1, -1):
+        if not out[k].view_like and out[k].inplace_parent is None:
+            if out[k].saved_by_autograd and k < m.recompute_stop:
+                out[k].output_bytes = 0
+            break
+    return out

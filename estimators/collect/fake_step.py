@@ -1,0 +1,145 @@
+"""The fake training step's parts: fake parameters, inputs and loss captures, the forward, the optimizer's bytes."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode, is_fake
+from torch.utils._pytree import tree_flatten, tree_map
+
+from estimators.common import StorageBook, call_model, default_loss, storages_of
+
+__all__ = ["fakeify", "FakeConverter", "fake_loss_fn", "unconverted_tensor_error", "forward_and_loss",
+           "optimizer_bytes"]
+
+
+class FakeConverter:
+    """Real or meta tensors to fake tensors on the collection device: one fake per tensor, whatever path reaches it."""
+
+    def __init__(self, fake: FakeTensorMode, device: torch.device, dtype: torch.dtype | None):
+        self.fake, self.device, self.dtype = fake, device, dtype
+        self.memo: dict[int, torch.Tensor] = {}
+
+    def tensor(self, x: torch.Tensor) -> torch.Tensor:
+        if is_fake(x):
+            return x
+        if id(x) not in self.memo:
+            want = self.dtype if (self.dtype is not None and x.is_floating_point()) else x.dtype
+            with self.fake:
+                f = torch.empty_strided(x.shape, x.stride(), dtype=want, device=self.device)
+            self.memo[id(x)] = f.requires_grad_(x.requires_grad)
+        return self.memo[id(x)]
+
+    def tree(self, tree: Any) -> Any:
+        return tree_map(lambda x: self.tensor(x) if isinstance(x, torch.Tensor) else x, tree)
+
+
+def fakeify(module: nn.Module, convert: FakeConverter):
+    """Swap parameters and buffers for fake tensors; return what restores the originals."""
+    saved: list[tuple[dict, str, Any]] = []
+
+    def fake_of(t: torch.Tensor, is_param: bool) -> torch.Tensor:
+        if id(t) not in convert.memo and is_param:
+            convert.memo[id(t)] = nn.Parameter(convert.tensor(t).detach(), requires_grad=t.requires_grad)
+        return convert.tensor(t)
+
+    for mod in module.modules():
+        # Swapped in the module's own tables: setattr would re-register them and run registration hooks.
+        tables = ((mod._parameters, True), (mod._buffers, False))  # layout: allow-private (swap, not register)
+        for table, is_param in tables:
+            for name, t in list(table.items()):
+                if t is not None and not is_fake(t):  # a module met twice (the model in loss_fn) is swapped once
+                    saved.append((table, name, t))
+                    table[name] = fake_of(t, is_param)
+
+    def restore() -> None:
+        for table, name, t in saved:
+            table[name] = t
+
+    return restore
+
+
+def fake_loss_fn(loss_fn: Callable[[Any], torch.Tensor] | None, convert: FakeConverter):
+    """``loss_fn`` with the tensors it captures made fake (closure cells, ``functools.partial`` arguments).
+
+    Returns the function to call and what restores the originals. A loss
+    ``nn.Module`` (``CrossEntropyLoss(weight=...)``) keeps its tensors as
+    buffers: they are swapped like the model's.
+    """
+    if loss_fn is None:
+        return None, lambda: None
+    if isinstance(loss_fn, nn.Module):
+        return loss_fn, fakeify(loss_fn, convert)
+    if isinstance(loss_fn, functools.partial):
+        inner, restore = fake_loss_fn(loss_fn.func, convert)
+        return functools.partial(inner, *convert.tree(loss_fn.args), **convert.tree(loss_fn.keywords)), restore
+    cells = [c for c in (getattr(loss_fn, "__closure__", None) or ()) if _holds_tensors(c)]
+    saved = [(c, c.cell_contents) for c in cells]
+    for c in cells:
+        c.cell_contents = convert.tree(c.cell_contents)
+    modules = [fakeify(c.cell_contents, convert) for c in (getattr(loss_fn, "__closure__", None) or ())
+               if isinstance(_contents(c), nn.Module)]  # a captured loss module: its buffers
+
+    def restore() -> None:
+        for c, value in saved:
+            c.cell_contents = value
+        for undo in modules:
+            undo()
+
+    return loss_fn, restore
+
+
+def _contents(cell: Any) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:  # an empty cell
+        return None
+
+
+def _holds_tensors(cell: Any) -> bool:
+    return any(isinstance(x, torch.Tensor) for x in tree_flatten(_contents(cell))[0])
+
+
+def unconverted_tensor_error(exc: BaseException, model: nn.Module, loss_fn: Any) -> ValueError | None:
+    """A clear error for fake mode's "convert all Tensors to FakeTensors", naming the tensors it may be; else None."""
+    if "convert all Tensors to FakeTensors" not in str(exc):
+        return None
+    suspects = [f"model attribute {name or type(model).__name__}.{attr} (neither a parameter nor a buffer)"
+                for name, mod in model.named_modules() for attr, v in vars(mod).items()
+                if isinstance(v, torch.Tensor) and not isinstance(v, nn.Parameter)]
+    code = getattr(loss_fn, "__code__", None)
+    if code is not None:
+        suspects += [f"loss_fn's global {n!r}" for n in code.co_names
+                     if isinstance(getattr(loss_fn, "__globals__", {}).get(n), torch.Tensor)]
+    found = str(exc).rpartition("Found in ")[2].strip()
+    where = "; ".join(suspects) if suspects else "a tensor held outside the model's parameters and buffers"
+    return ValueError(
+        f"the step used a real tensor the fake collection cannot see: {where} (in {found[:300]}). sacplan makes "
+        f"fake the model's parameters and buffers, the inputs the factory returns and the tensors loss_fn "
+        f"captures in its closure: return the tensor in the inputs, capture it in loss_fn's closure, or "
+        f"register it as a buffer (module.register_buffer(name, tensor, persistent=False))")
+
+
+def forward_and_loss(model: nn.Module, fake_in: Any, fake_loss: Any, loss_fn: Any) -> tuple[Any, torch.Tensor]:
+    """The model's output on the fake inputs and the loss (``fake_loss``: ``loss_fn`` with fake captures)."""
+    try:
+        output = call_model(model, fake_in)
+        return output, (fake_loss or default_loss)(output)
+    except AssertionError as exc:  # fake mode's way of saying a real tensor came in
+        clear = unconverted_tensor_error(exc, model, loss_fn)
+        if clear is None:
+            raise
+        raise clear from None
+
+
+def optimizer_bytes(opt: torch.optim.Optimizer | None, book: StorageBook) -> dict[int, int]:
+    out: dict[int, int] = {}
+    if opt is None:
+        return out
+    for p, state in opt.state.items():
+        out[id(p)] = sum(book.nbytes(s) for s in storages_of(list(state.values())))
+    return out

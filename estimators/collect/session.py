@@ -1,0 +1,199 @@
+"""One ``sacplan collect`` run as a library call: build the model, pick the cost model, collect."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from estimators.collect.collector import collect_stats
+from estimators.collect.cost_model import BenchmarkCostModel, RooflineCostModel
+from estimators.collect.devices import DeviceSpec, cuda_device_entry, device_spec
+from estimators.collect.models import DTYPES, BuiltModel, build_from_factory, build_from_hf_config, load_factory
+from estimators.collect.moe import parse_moe_routing
+from estimators.common import FsdpSetup
+from planner import PLANNER_VERSION, Stats, StatsMetadata, baseline_peak_bytes
+
+__all__ = ["CollectRequest", "CollectResult", "run_collection", "target_spec", "COLLECTOR_VERSION"]
+
+COLLECTOR_VERSION = f"sacplan-estimators {PLANNER_VERSION}"
+# The CUDA caching allocator hands out blocks in multiples of 512 bytes.
+CUDA_BLOCK_BYTES = 512
+
+
+@dataclass
+class CollectRequest:
+    model: str | None = None
+    hf_config: str | dict | None = None
+    batch: int = 1
+    seq: int = 512
+    dtype: str = "fp32"
+    optimizer: str = "adamw"
+    device: str = "cpu"
+    target_device: str | None = None
+    peak_tflops: float | None = None
+    mem_bandwidth_gbps: float | None = None
+    compute_efficiency: float | None = None
+    memory_efficiency: float | None = None
+    allow_tf32: bool = False
+    benchmark: bool = False
+    checkpoint_overhead_us_per_op: float | None = None
+    moe_routing: str = "balanced"
+    name: str | None = None
+    fsdp_world_size: int | None = None
+    fsdp_wrap: list[str] | None = None
+    mixed_precision: str | None = None
+    reshard_after_forward: bool = True
+
+    @classmethod
+    def from_args(cls, args: Any) -> CollectRequest:
+        fields = cls.__dataclass_fields__
+        return cls(**{k: getattr(args, k) for k in fields if hasattr(args, k)})
+
+    def fsdp_setup(self) -> FsdpSetup | None:
+        """The FSDP2 sharding asked for, or None; ValueError for options that need it or contradict it."""
+        if self.fsdp_world_size is None:
+            for flag, given in (("--fsdp-wrap", self.fsdp_wrap), ("--mixed-precision", self.mixed_precision),
+                                ("--no-reshard-after-forward", not self.reshard_after_forward)):
+                if given:
+                    raise ValueError(f"{flag} shards the step: it needs --fsdp-world-size N")
+            return None
+        if self.mixed_precision is not None and self.dtype != "fp32":
+            raise ValueError(f"--mixed-precision {self.mixed_precision} keeps fp32 sharded parameters and casts "
+                             f"them itself: use --dtype fp32, got --dtype {self.dtype}")
+        return FsdpSetup(self.fsdp_world_size, tuple(self.fsdp_wrap) if self.fsdp_wrap else None,
+                         self.mixed_precision, self.reshard_after_forward)
+
+    def describe(self, target: str) -> str:
+        """One line: what is collected, for which target, on what (``target``: the device table's name)."""
+        src = self.model or (self.hf_config if isinstance(self.hf_config, str) else "HF config")
+        shard = ""
+        if self.fsdp_world_size is not None:
+            shard = (f", one rank of FSDP2 x{self.fsdp_world_size}"
+                     f"{' bf16 mixed precision' if self.mixed_precision else ''}")
+        return (f"{src} for {target}: batch {self.batch}, seq {self.seq}, {self.dtype}, optimizer {self.optimizer}"
+                f"{shard} (fake tensors on {self.device}: no real memory or compute)")
+
+
+@dataclass
+class CollectResult:
+    stats: Stats
+    parameter_count: int
+    baseline_peak_bytes: int
+    seconds: float
+    target: DeviceSpec
+    model_module_count: int  # every module of the model, containers that never run included
+
+
+def target_spec(req: CollectRequest) -> DeviceSpec:
+    """The device the request costs and plans for: ``--target-device``, else the CUDA device or cpu."""
+    if req.device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("--device cuda: torch.cuda.is_available() is False; use --device cpu "
+                           "with --target-device NAME to plan for a GPU from this machine")
+    name = req.target_device
+    if name is None:
+        name = cuda_device_entry(torch.cuda.get_device_name()) if req.device == "cuda" else "cpu"
+    return device_spec(name, peak_tflops=req.peak_tflops, mem_bandwidth_gbps=req.mem_bandwidth_gbps,
+                       compute_efficiency=req.compute_efficiency, memory_efficiency=req.memory_efficiency,
+                       checkpoint_overhead_us_per_op=req.checkpoint_overhead_us_per_op)
+
+
+def _benchmark_refusal(req: CollectRequest, target: DeviceSpec) -> str | None:
+    """Why ``--benchmark`` cannot cost ``target``, or None: it times this machine's kernels, nothing else's."""
+    if req.target_device is None:
+        return None
+    here = "cpu" if req.device == "cpu" else torch.cuda.get_device_name()
+    try:
+        same = cuda_device_entry(here) == target.name
+    except ValueError:  # a GPU the table does not know is no table entry either
+        same = False
+    if same:
+        return None
+    return (f"--benchmark times the kernels of the device it runs on ({here}); they say nothing about "
+            f"--target-device {req.target_device}: drop --benchmark, or --target-device, or run on that device")
+
+
+def _build(req: CollectRequest, device: torch.device, progress: Any) -> BuiltModel:
+    if progress is None:
+        return _build_model(req, device)
+    from torch.nn.modules.module import register_module_module_registration_hook
+
+    made = [1]  # the root, which no parent registers
+
+    def counted(*_: Any) -> None:
+        made[0] += 1
+        progress("building", made[0], 0)
+
+    progress("building", 0, 0)  # shown at once: importing transformers alone takes seconds
+    handle = register_module_module_registration_hook(counted)
+    try:
+        return _build_model(req, device)
+    finally:
+        handle.remove()
+
+
+def _build_model(req: CollectRequest, device: torch.device) -> BuiltModel:
+    dtype = DTYPES[req.dtype]
+    if req.model:
+        factory = load_factory(req.model)
+        return build_from_factory(factory, batch_size=req.batch, seq_len=req.seq, dtype=dtype, device=device)
+    if req.hf_config is None:
+        raise ValueError("give a model: --model FILE.py:FACTORY or --hf-config CONFIG.json")
+    return build_from_hf_config(req.hf_config, batch_size=req.batch, seq_len=req.seq, dtype=dtype, device=device)
+
+
+def run_collection(req: CollectRequest, *, progress: Any = None) -> CollectResult:
+    """Build the requested model and collect its stats."""
+    if req.dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {req.dtype!r}")
+    routing = parse_moe_routing(req.moe_routing)
+    fsdp = req.fsdp_setup()
+    target = target_spec(req)
+    cost = RooflineCostModel(target, allow_tf32=req.allow_tf32)
+    if req.benchmark:
+        refusal = _benchmark_refusal(req, target)
+        if refusal:
+            raise ValueError(refusal)
+        cost = BenchmarkCostModel(cost, device=req.device)
+    # Build on meta: nothing is allocated, whatever the model's size.
+    built = _build(req, torch.device("meta"), progress)
+    n_params = sum(p.numel() for p in built.model.parameters())
+    emulate = req.device == "cpu" and target.kind == "cuda"
+    meta = StatsMetadata(
+        model_name=(req.name or built.name)[:256],
+        batch_size=req.batch,
+        seq_len=req.seq,
+        input_shape=built.input_shape,
+        dtype=req.dtype,
+        device=req.device,
+        target_device=target.name,
+        optimizer=req.optimizer,
+        torch_version=torch.__version__,
+        collector_version=COLLECTOR_VERSION,
+        tags={"cost_model": "benchmark" if req.benchmark else "roofline",
+              "optimizer_step": "foreach" if target.kind == "cuda" else "for-loop", **built.notes},
+    )
+    t0 = time.perf_counter()
+    stats = collect_stats(
+        built.model,
+        built.inputs,
+        loss_fn=built.loss_fn,
+        optimizer=req.optimizer,
+        optimizer_foreach=target.kind == "cuda",  # what PyTorch picks on the target
+        device=torch.device(req.device),
+        dtype=DTYPES[req.dtype],
+        cost_model=cost,
+        emulate_cuda_attention=emulate,
+        round_bytes_to=CUDA_BLOCK_BYTES if target.kind == "cuda" else 1,
+        checkpoint_overhead_us_per_op=target.checkpoint_overhead_us_per_op,
+        measure_checkpoint_overhead=req.benchmark,
+        metadata=meta,
+        moe_routing=routing,
+        progress=progress,
+        fsdp=fsdp,
+    )
+    seconds = time.perf_counter() - t0
+    return CollectResult(stats, n_params, baseline_peak_bytes(stats), seconds, target,
+                         sum(1 for _ in built.model.modules()))

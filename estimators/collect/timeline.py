@@ -1,0 +1,143 @@
+"""The step's memory over time: per phase and key, the instant of most live memory.
+
+The recorder watches every new storage of the fake step (peaks happen right
+after allocations) and keeps, per phase and per count of module events so
+far, the instant of most total live memory with its breakdown. Counts of
+events, not stats keys, because which modules the stats keep is known only
+when the step is over (modules run out of place are left out):
+:meth:`TimelineRecorder.moments` turns counts into keys over the final
+``fw_post_order`` (and counts of later calls in effect, for modules called
+more than once), keeping the larger instant where two counts share them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Container, Sequence
+from dataclasses import dataclass
+
+from estimators.common import GRAD, OPT, PARAM
+
+__all__ = ["TimelineRecorder", "FORWARD", "BACKWARD", "OPTIMIZER"]
+
+FORWARD, BACKWARD, OPTIMIZER = "forward", "backward", "optimizer"
+
+
+@dataclass(frozen=True)
+class Instant:
+    """Live bytes at one instant, and the modules running then (innermost last)."""
+
+    total_bytes: int
+    activation_bytes: int
+    grad_bytes: int
+    optimizer_bytes: int
+    running: tuple[str, ...]
+
+
+class TimelineRecorder:
+    """Per (phase, count of module events so far), the instant of most live memory.
+
+    ``running()`` gives the fqns of the modules running, innermost last; it is
+    asked only when an instant beats the one kept. Forward events are modules
+    finishing a forward call, backward events modules starting their backward
+    (and, for calls after a module's first, ending it); the optimizer phase
+    has none. A module's first call sets the moments' keys; its later calls
+    (a shared layer applied again) are counted per moment in
+    ``repeat_calls_discarding`` and ``repeat_calls_in_backward``.
+    """
+
+    def __init__(self, running: Callable[[], Sequence[str]]):
+        self.running = running
+        self.phase = FORWARD
+        # per phase, its events in step order: (kind, fqn); kinds: _FIRST (a first call finishing its forward, or
+        # starting its backward), _REPEAT (a later call doing so), _REPEAT_END (a later call's backward ending)
+        self.events: dict[str, list[tuple[str, str]]] = {FORWARD: [], BACKWARD: []}
+        self._best: dict[tuple[str, int], Instant] = {}
+
+    def enter(self, phase: str) -> None:
+        self.phase = phase
+
+    def forward_finished(self, fqn: str) -> None:
+        self.events[FORWARD].append((_FIRST, fqn))
+
+    def backward_started(self, fqn: str) -> None:
+        self.events[BACKWARD].append((_FIRST, fqn))
+
+    def repeat_forward_finished(self, fqn: str) -> None:
+        """A call of ``fqn`` after its first finished its forward."""
+        self.events[FORWARD].append((_REPEAT, fqn))
+
+    def repeat_backward_started(self, fqn: str) -> None:
+        self.events[BACKWARD].append((_REPEAT, fqn))
+
+    def repeat_backward_ended(self, fqn: str) -> None:
+        self.events[BACKWARD].append((_REPEAT_END, fqn))
+
+    def _count(self) -> int:
+        return len(self.events.get(self.phase, ()))
+
+    def on_alloc(self, category: str, live: dict[str, int]) -> None:
+        """A :attr:`StorageBook.on_alloc` callback: keep the instant if it is the most memory of its count."""
+        total = sum(live.values())
+        at = (self.phase, self._count())
+        best = self._best.get(at)
+        if best is None or total > best.total_bytes:
+            other = live[PARAM] + live[GRAD] + live[OPT]
+            self._best[at] = Instant(total, total - other, live[GRAD], live[OPT], tuple(self.running()))
+
+    def moments(self, fw_post_order: Sequence[str], per_call: Container[str] = ()) -> list[dict]:
+        """The moments in step order as stats v1 ``Moment`` fields, keyed over the final ``fw_post_order``.
+
+        Forward key: how many of its modules have finished. Backward key: the
+        smallest position among its modules whose backward has started, or
+        their number if none has. Optimizer key: 0. ``module``: the innermost
+        running module the stats keep, or null. Later calls are counted for
+        the modules in ``per_call`` only.
+        """
+        position = {fqn: i for i, fqn in enumerate(fw_post_order)}
+        states = _states(self.events, position, per_call)
+        merged: dict[tuple, Instant] = {}
+        for (phase, count), instant in self._best.items():  # insertion order is step order
+            at = (phase,) + (states[phase][count] if phase in states else (0, (), ()))
+            if at not in merged or instant.total_bytes > merged[at].total_bytes:
+                merged[at] = instant
+        return [
+            {"phase": phase, "key": key, "module": next((f for f in reversed(i.running) if f in position), None),
+             "activation_bytes": i.activation_bytes, "grad_bytes": i.grad_bytes, "optimizer_bytes": i.optimizer_bytes,
+             "repeat_calls_discarding": dict(discarding), "repeat_calls_in_backward": dict(in_backward)}
+            for (phase, key, discarding, in_backward), i in merged.items()
+        ]
+
+
+_FIRST, _REPEAT, _REPEAT_END = "first", "repeat", "repeat_end"
+
+
+def _states(events: dict[str, list[tuple[str, str]]], position: dict[str, int],
+            per_call: Container[str]) -> dict[str, list[tuple]]:
+    """Per phase, after each count of its events: (key, later calls discarding, later calls in their backward),
+    the two as sorted (fqn, count) tuples without zeros."""
+    key = {FORWARD: 0, BACKWARD: len(position)}
+    discarding: dict[str, int] = {}
+    in_backward: dict[str, int] = {}
+
+    def state(phase: str) -> tuple:
+        return (key[phase], tuple(sorted((f, c) for f, c in discarding.items() if c)),
+                tuple(sorted((f, c) for f, c in in_backward.items() if c)))
+
+    out: dict[str, list[tuple]] = {}
+    for phase in (FORWARD, BACKWARD):  # the forward's later calls still discard when the backward begins
+        out[phase] = [state(phase)]
+        for kind, fqn in events[phase]:
+            kept = fqn in position
+            if kind == _FIRST and phase == FORWARD:
+                key[phase] += kept
+            elif kind == _FIRST:
+                key[phase] = min(key[phase], position.get(fqn, len(position)))
+            elif kept and fqn in per_call and kind == _REPEAT and phase == FORWARD:
+                discarding[fqn] = discarding.get(fqn, 0) + 1
+            elif kept and fqn in per_call and kind == _REPEAT:
+                discarding[fqn] = max(0, discarding.get(fqn, 0) - 1)
+                in_backward[fqn] = in_backward.get(fqn, 0) + 1
+            elif kept and fqn in per_call:
+                in_backward[fqn] = max(0, in_backward.get(fqn, 0) - 1)
+            out[phase].append(state(phase))
+    return out

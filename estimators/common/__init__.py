@@ -1,0 +1,26 @@
+"""What every job of the PyTorch side shares: collecting, applying and measuring all import from here.
+
+``aten_ops``: ATen ops as selective checkpointing sees them (names, views,
+in-place and random ops); ``storage_book``: live bytes per category, by weak
+reference; ``training_step``: calling the model, its default loss, the
+optimizer; ``module_names``: the stats' module names; ``model_settings``: the
+op-deciding settings of a model; ``fsdp_units``: how a model is sharded by
+FSDP2. Nothing here imports another subpackage of ``estimators``.
+"""
+
+from estimators.common.aten_ops import SAC_IGNORED_OPS, is_inplace_op, is_random_op, is_view_op, op_name
+from estimators.common.fsdp_units import MIXED_PRECISION, FsdpSetup, default_units, shard_model, unit_fqns
+from estimators.common.model_settings import (CONFIG_SETTINGS, DTYPE_NAMES, experts_implementation, model_dtype_name,
+                                              model_settings_of)
+from estimators.common.module_names import module_fqns
+from estimators.common.storage_book import (ACT, BUFFER, CATEGORIES, COMM, GRAD, INPUT, OPT, PARAM, TEMP, StorageBook,
+                                            follow_storage_resizes, storages_of, tensors_in)
+from estimators.common.training_step import call_model, default_loss, make_optimizer
+
+__all__ = [
+    "ACT", "BUFFER", "CATEGORIES", "COMM", "CONFIG_SETTINGS", "DTYPE_NAMES", "GRAD", "INPUT", "MIXED_PRECISION", "OPT",
+    "PARAM", "SAC_IGNORED_OPS", "TEMP", "FsdpSetup", "StorageBook", "call_model", "default_loss", "default_units",
+    "experts_implementation", "follow_storage_resizes", "is_inplace_op", "is_random_op", "is_view_op",
+    "make_optimizer", "model_dtype_name", "model_settings_of", "module_fqns", "op_name", "shard_model", "storages_of",
+    "tensors_in", "unit_fqns",
+]

@@ -1,0 +1,185 @@
+"""Real training steps, measured: peak live bytes, where the peak happened, CPU time.
+
+The ground truth the planner's predictions are held to (``bench/bench_fidelity.py``,
+``tests/estimators/measure/test_fidelity.py``). A step is what the collector models:
+forward and loss, ``loss.backward()`` (the output dropped first, the loss
+after), ``optimizer.step()``, ``optimizer.zero_grad(set_to_none=True)``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from estimators.common import (ACT, BUFFER, GRAD, INPUT, OPT, PARAM, TEMP, StorageBook, call_model, default_loss,
+                               follow_storage_resizes, storages_of, tensors_in)
+
+__all__ = ["StepMeasure", "measure_steps", "PHASES", "FORWARD", "BACKWARD", "OPTIMIZER"]
+
+FORWARD, BACKWARD, OPTIMIZER = "forward", "backward", "optimizer"
+PHASES = (FORWARD, BACKWARD, OPTIMIZER)
+# What a storage first seen in each phase is booked as (the category names of estimators.common.storage_book).
+_PHASE_CATEGORY = {FORWARD: ACT, BACKWARD: TEMP, OPTIMIZER: OPT}
+
+
+@dataclass(frozen=True)
+class StepMeasure:
+    """One real training step.
+
+    ``peak_bytes``: the most bytes live at once during the step (see
+    :func:`measure_steps` for what counts); ``peak_phase``: the phase it
+    happened in; ``peak_live_bytes``: the live bytes then, per category
+    (``param``, ``buffer``, ``input``, ``act`` (made in forward), ``temp``
+    (made in backward, gradients not yet accumulated), ``grad``, ``opt``);
+    ``start_bytes``: live at the step's start. All four are None when memory
+    was not tracked. ``cpu_seconds``: process CPU time of the whole step,
+    ``phase_cpu_seconds`` the same per phase.
+    """
+
+    step: int
+    loss: float
+    cpu_seconds: float
+    phase_cpu_seconds: dict[str, float]
+    peak_bytes: int | None = None
+    peak_phase: str | None = None
+    peak_live_bytes: dict[str, int] | None = field(default=None, repr=False)
+    start_bytes: int | None = None
+
+
+class _LiveStorages(TorchDispatchMode):
+    """Books every storage an op returns, once, and follows the peak of everything booked."""
+
+    def __init__(self, book: StorageBook):
+        super().__init__()
+        self.book = book
+        self.phase = FORWARD
+        self.peak_bytes = 0
+        self.peak_phase = FORWARD
+        self.peak_live: dict[str, int] = {}
+        book.on_alloc.append(self._on_alloc)
+
+    def live_bytes(self) -> int:
+        return sum(self.book.live.values())
+
+    def restart_peak(self) -> None:
+        self.peak_bytes, self.peak_phase, self.peak_live = self.live_bytes(), self.phase, dict(self.book.live)
+
+    def _on_alloc(self, category: str, live: dict[str, int]) -> None:
+        total = sum(live.values())
+        if total > self.peak_bytes:
+            self.peak_bytes, self.peak_phase, self.peak_live = total, self.phase, dict(live)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        category = _PHASE_CATEGORY[self.phase]
+        for st in storages_of(out):
+            self.book.add(st, category)
+        return out
+
+
+def _book_existing(book: StorageBook, model: nn.Module, inputs: Any, optimizer: torch.optim.Optimizer) -> None:
+    """Book what exists before a step (a no-op for what is booked already)."""
+    book.add_tensors(model.parameters(), PARAM)
+    book.add_tensors(model.buffers(), BUFFER)
+    book.add_tensors([p.grad for p in model.parameters() if p.grad is not None], GRAD)
+    book.add_tensors(tensors_in([list(s.values()) for s in optimizer.state.values()]), OPT)
+    book.add_tensors(tensors_in(inputs), INPUT)
+
+
+def _one_step(model: nn.Module, inputs: Any, loss_fn: Callable[[Any], torch.Tensor],
+              optimizer: torch.optim.Optimizer, tracker: _LiveStorages | None) -> tuple[float, dict[str, float]]:
+    """Run one step; return its loss and the CPU seconds of each phase."""
+    seconds: dict[str, float] = {}
+
+    def enter(phase: str) -> float:
+        if tracker is not None:
+            tracker.phase = phase
+        return time.process_time()
+
+    t = enter(FORWARD)
+    output = call_model(model, inputs)
+    loss = loss_fn(output)
+    del output
+    t, seconds[FORWARD] = enter(BACKWARD), time.process_time() - t
+    loss.backward()
+    value = loss.item()
+    del loss
+    t, seconds[BACKWARD] = enter(OPTIMIZER), time.process_time() - t
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    seconds[OPTIMIZER] = time.process_time() - t
+    return value, seconds
+
+
+def measure_steps(model: nn.Module, inputs: Any, loss_fn: Callable[[Any], torch.Tensor] | None,
+                  optimizer: torch.optim.Optimizer, *, steps: int = 3, track_memory: bool = True,
+                  seed: int | None = 0) -> list[StepMeasure]:
+    """Run ``steps`` real training steps of ``model`` on ``inputs`` and measure each.
+
+    A step: ``loss_fn(model(inputs))`` (``inputs`` a tensor, a tuple of
+    positional arguments or a dict of keyword arguments; ``loss_fn`` None
+    takes ``output.loss``, else the sum of the first floating-point output),
+    the output dropped, ``loss.backward()``, ``optimizer.step()``,
+    ``optimizer.zero_grad(set_to_none=True)``. With ``seed``, step k runs
+    after ``torch.manual_seed(seed + k)``, so two models given the same seed
+    draw the same dropout masks.
+
+    Memory (``track_memory``): the peak of the bytes of every distinct live
+    tensor storage, each counted once however many tensors view it, at its
+    ``nbytes()`` (no allocator rounding or caching). Live means: every
+    parameter, buffer, parameter gradient, optimizer state tensor and input
+    tensor that exists when the step starts, plus every storage an aten op
+    returns during the step (forward, recomputation under checkpointing,
+    backward, optimizer) until it is freed (a weak-reference callback on the
+    storage). Peaks are taken after each new storage, so an op's inputs and
+    outputs count together. Storages resized in place
+    (``UntypedStorage.resize_``: FSDP2's gathered parameters) are followed; a
+    DTensor counts its local shard. Not seen: memory a kernel allocates and
+    frees internally without returning it, and tensors of other objects the
+    caller holds. Tracking slows the step down; measure time with
+    ``track_memory=False``.
+
+    Time: ``time.process_time()`` (process CPU time, all threads: call
+    ``torch.set_num_threads(1)`` first for single-thread figures).
+    """
+    if steps < 1:
+        raise ValueError(f"steps must be at least 1, got {steps!r}")
+    loss_fn = loss_fn or default_loss
+    book = StorageBook() if track_memory else None
+    tracker = _LiveStorages(book) if book is not None else None
+    handles = [p.register_post_accumulate_grad_hook(_grad_booker(book)) for p in model.parameters()
+               if book is not None and p.requires_grad]
+    out: list[StepMeasure] = []
+    try:
+        for k in range(steps):
+            if seed is not None:
+                torch.manual_seed(seed + k)
+            if tracker is None:
+                loss, seconds = _one_step(model, inputs, loss_fn, optimizer, None)
+                out.append(StepMeasure(k + 1, loss, sum(seconds.values()), seconds))
+                continue
+            _book_existing(book, model, inputs, optimizer)
+            tracker.phase = FORWARD
+            tracker.restart_peak()
+            start = tracker.live_bytes()
+            with tracker, follow_storage_resizes(book, lambda: _PHASE_CATEGORY[tracker.phase]):
+                loss, seconds = _one_step(model, inputs, loss_fn, optimizer, tracker)
+            out.append(StepMeasure(k + 1, loss, sum(seconds.values()), seconds, tracker.peak_bytes,
+                                   tracker.peak_phase, tracker.peak_live, start))
+    finally:
+        for h in handles:
+            h.remove()
+    return out
+
+
+def _grad_booker(book: StorageBook) -> Callable[[torch.Tensor], None]:
+    def book_grad(p: torch.Tensor) -> None:
+        book.recategorize_all(storages_of(p.grad), GRAD)  # a DTensor's: its shard
+
+    return book_grad
