@@ -83,6 +83,7 @@ class ModuleHooks:
             return
         first = m.fqn not in self._seen
         m.calls += 1
+        self.col.under_autocast = autocast_on()
         self._repeat.append(not first)
         if not first:
             self.repeats.started(m.fqn, m.is_leaf, args)
@@ -106,6 +107,7 @@ class ModuleHooks:
         if m is None or self.col.phase != ACT or not self.col.fw_stack or self.col.fw_stack[-1] is not m:
             return
         self.col.fw_stack.pop()
+        self.col.under_autocast = autocast_on()
         if self._repeat.pop():
             self.repeats.finished(m.fqn, m.is_leaf, max(0, m.act_after - m.act_before - m.output_bytes), output)
             m.later_calls.append((self._later_inputs.pop(), _serials(self.book, output)))
@@ -143,6 +145,11 @@ class ModuleHooks:
             self.col.bw_open.remove(m)
         if self.progress:
             self.progress("backward", sum(x.bw_state == "closed" for x in self.mods.values()), self.runnable)
+
+
+def autocast_on() -> bool:
+    """Whether autocast is on (for either device type the collector emulates)."""
+    return torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled("cuda")
 
 
 def _activation_inputs(book: StorageBook, args: Any) -> tuple[tuple[int, int], ...]:
