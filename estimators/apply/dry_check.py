@@ -20,7 +20,7 @@ from torch import nn
 
 from estimators.apply.alignment import Alignment, AmbiguousAlignment, align
 from estimators.apply.policy import EAGER, ModulePlan, PlanMismatchError, planned_modules
-from estimators.common import call_model, default_loss
+from estimators.common import AUTOCAST_DTYPES, TrainingLoop, call_model, default_loss
 
 __all__ = ["check_plan", "ModuleCheck", "COMPILE_BACKENDS"]
 
@@ -58,12 +58,19 @@ def check_plan(model: nn.Module, example_inputs: Any, *, loss_fn: Callable[[Any]
     if not model.training:
         raise ValueError(f"check_plan runs a training step but {type(model).__name__} is in eval mode: call "
                          f"model.train() first (in eval mode planned modules are not checkpointed)")
-    with _restored(model):
+    with _restored(model), _stats_autocast(model, plans):
         _step(model, example_inputs, loss_fn, backward=True)
     out = [ModuleCheck(mp.fqn, EAGER, mp.last_call.count if mp.last_call else 0, 0, 0) for mp in plans]
     if compile_backend is not None:
         out += _record_compiled(model, plans, example_inputs, loss_fn, compile_backend)
     return out
+
+
+def _stats_autocast(model: nn.Module, plans: list[ModulePlan]) -> Any:
+    """The dry step's forward under the autocast the stats' step ran (the training loop's), if any."""
+    wanted = next((mp.autocast[0] for mp in plans if mp.autocast and mp.autocast[0] in AUTOCAST_DTYPES), None)
+    device_type = next((p.device.type for p in model.parameters()), "cpu")
+    return TrainingLoop(autocast=wanted).autocast_context(device_type)
 
 
 def _step(model: nn.Module, inputs: Any, loss_fn: Callable | None, *, backward: bool) -> None:

@@ -109,7 +109,8 @@ class _Collector(TorchDispatchMode):
         self.bw_open: list[_Mod] = []
         self.saved: set[int] = set()
         self.sharded: ShardedStep | None = None  # set for an FSDP2 step: its hook windows
-        self.under_autocast = False  # autocast was on when the innermost running module began or ended
+        self.under_autocast: str | None = None  # autocast's dtype when the innermost running module began or ended
+        self.autocast_seen: str | None = None  # autocast's dtype at any non-leaf module's forward
         self.timeline = TimelineRecorder(self._running)
         book.on_alloc.append(self._on_alloc)
         book.on_alloc.append(self.timeline.on_alloc)
@@ -145,7 +146,7 @@ class _Collector(TorchDispatchMode):
             for m in self.fw_stack:
                 m.fw_ms += ms
             if func not in SAC_IGNORED_OPS and self.fw_stack:
-                cast = self.under_autocast and is_cached_cast(func, args, out)
+                cast = self.under_autocast is not None and is_cached_cast(func, args, out)
                 self._record(func, args, kwargs, ms, out_bytes, serials, mutated, fresh, cast)
         elif self.phase == TEMP:
             for m in self.bw_open:
@@ -340,6 +341,8 @@ class _Step:
                 opt_bytes = self._training_step(fake_in, fake_loss, loss_fn, emulation, training, device, params)
             stats = build_stats(model, self.mods, col, hooks, opt_bytes, book, metadata)
             stats.metadata.model_settings.update(routing.settings(model))
+            if col.autocast_seen and "autocast" not in stats.metadata.model_settings:  # turned on inside the model
+                stats.metadata.model_settings["autocast"] = col.autocast_seen
         finally:
             for restore in reversed(restores):
                 restore()

@@ -14,7 +14,7 @@ from torch import nn
 
 from estimators.collect.overhead import call_spec
 from estimators.collect.repeat_calls import RepeatCalls
-from estimators.common import ACT, GRAD, TEMP, StorageBook, storages_of, tensors_in
+from estimators.common import ACT, GRAD, TEMP, StorageBook, autocast_name, storages_of, tensors_in
 
 __all__ = ["ModuleHooks"]
 
@@ -84,6 +84,8 @@ class ModuleHooks:
         first = m.fqn not in self._seen
         m.calls += 1
         self.col.under_autocast = autocast_on()
+        if self.col.under_autocast and not m.is_leaf:
+            self.col.autocast_seen = self.col.under_autocast  # the model's own code may turn it on
         self._repeat.append(not first)
         if not first:
             self.repeats.started(m.fqn, m.is_leaf, args)
@@ -147,9 +149,9 @@ class ModuleHooks:
             self.progress("backward", sum(x.bw_state == "closed" for x in self.mods.values()), self.runnable)
 
 
-def autocast_on() -> bool:
-    """Whether autocast is on (for either device type the collector emulates)."""
-    return torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled("cuda")
+def autocast_on() -> str | None:
+    """The autocast dtype in effect (``bf16``, ``fp16``, for either device type the collector emulates), or None."""
+    return autocast_name("cpu") or autocast_name("cuda")
 
 
 def _activation_inputs(book: StorageBook, args: Any) -> tuple[tuple[int, int], ...]:
