@@ -12,6 +12,7 @@ without the check.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,8 +59,8 @@ def check_plan(model: nn.Module, example_inputs: Any, *, loss_fn: Callable[[Any]
     if not model.training:
         raise ValueError(f"check_plan runs a training step but {type(model).__name__} is in eval mode: call "
                          f"model.train() first (in eval mode planned modules are not checkpointed)")
-    with _restored(model), _stats_autocast(model, plans):
-        _step(model, example_inputs, loss_fn, backward=True)
+    with _restored(model):
+        _step(model, example_inputs, loss_fn, backward=True, autocast=_stats_autocast(model, plans))
     out = [ModuleCheck(mp.fqn, EAGER, mp.last_call.count if mp.last_call else 0, 0, 0) for mp in plans]
     if compile_backend is not None:
         out += _record_compiled(model, plans, example_inputs, loss_fn, compile_backend)
@@ -73,9 +74,11 @@ def _stats_autocast(model: nn.Module, plans: list[ModulePlan]) -> Any:
     return TrainingLoop(autocast=wanted).autocast_context(device_type)
 
 
-def _step(model: nn.Module, inputs: Any, loss_fn: Callable | None, *, backward: bool) -> None:
+def _step(model: nn.Module, inputs: Any, loss_fn: Callable | None, *, backward: bool,
+          autocast: Any = None) -> None:
     with torch.enable_grad():
-        loss = (loss_fn or default_loss)(call_model(model, inputs))
+        with autocast or nullcontext():  # forward and loss, as a training loop runs them under autocast
+            loss = (loss_fn or default_loss)(call_model(model, inputs))
         if backward:
             loss.backward()
 
