@@ -47,10 +47,10 @@ STEPS = 3
 SEQ = 128  # per micro-batch: long enough that 50% of the peak has a plan
 TOLERANCE = 0.01
 MIB = 2**20
-# The tests' tiny Llama (tests/estimators/est_helpers.py), batch 4 x SEQ: activations outweigh the AdamW state.
+# The tests' tiny Llama (tests/estimators/est_helpers.py) at 4 layers, batch 4 x SEQ: activations outweigh the AdamW state.
 TINY_LLAMA = {"model_type": "llama", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 128,
-              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-              "max_position_embeddings": 64, "attention_dropout": 0.1}
+              "num_attention_heads": 4, "num_key_value_heads": 2,
+              "max_position_embeddings": 64, "attention_dropout": 0.1, "num_hidden_layers": 4}
 
 
 def tiny_llama() -> tuple[torch.nn.Module, Any, Callable | None]:
@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     held = sum(r.holds for r in planned)
     text = [SECTION, "", f"Machine: {machine}", "",
             f"Command: `python bench/bench_training_loops.py` ({(time.perf_counter() - t0) / 60:.1f} min). "
-            f"The tests' tiny HF Llama (2 layers, hidden 64, batch 4 x {SEQ} per micro-batch, fp32 weights, SDPA, "
+            f"The tests' tiny HF Llama at 4 layers (hidden 64, batch 4 x {SEQ} per micro-batch, fp32 weights, SDPA, "
             f"dropout 0.1), CPU, {STEPS} real optimizer steps per plan beside the same steps unplanned. Plans "
             f"at 50/75/90% of the predicted no-checkpointing peak and at the smallest feasible budget. "
             f"Held (real peak <= budget at every step, steady state within 1% of predicted, parameters, buffers "
