@@ -47,7 +47,8 @@ STEPS = 3
 SEQ = 128  # per micro-batch: long enough that 50% of the peak has a plan
 TOLERANCE = 0.01
 MIB = 2**20
-# The tests' tiny Llama (tests/estimators/est_helpers.py) at 4 layers, batch 4 x SEQ: activations outweigh the AdamW state.
+# The tests' tiny Llama (tests/estimators/est_helpers.py) at 4 layers, batch 4 x SEQ: activations outweigh the
+# AdamW state.
 TINY_LLAMA = {"model_type": "llama", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 128,
               "num_attention_heads": 4, "num_key_value_heads": 2,
               "max_position_embeddings": 64, "attention_dropout": 0.1, "num_hidden_layers": 4}
