@@ -263,7 +263,7 @@ def server_stack() -> str:
     import uvicorn
 
     loop = "uvloop" if importlib.util.find_spec("uvloop") else "the asyncio event loop"
-    return f"uvicorn {uvicorn.__version__}, the service's h11 protocol (`service/transport.py`), {loop}"
+    return f"uvicorn {uvicorn.__version__}, the service's h11 protocol (`service/transport/server.py`), {loop}"
 
 
 def machine() -> str:

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from alembic import context
-from service.db import make_engine
-from service.models import Base
+from service.store import Base, make_engine
 
 config = context.config
 target_metadata = Base.metadata

@@ -8,7 +8,7 @@ import os
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the service's dependencies load only when a service command runs
-    from service.db import Upgraded
+    from service.store import Upgraded
 
 __all__ = ["register", "describe_upgrade", "configure_logging"]
 
@@ -70,7 +70,7 @@ def _settings(args: argparse.Namespace):
 
 
 def _db_upgrade(args: argparse.Namespace) -> int:
-    from service.db import upgrade
+    from service.store import upgrade
 
     settings = _settings(args)
     print(describe_upgrade(upgrade(settings.sqlalchemy_url, args.revision)))
@@ -78,7 +78,7 @@ def _db_upgrade(args: argparse.Namespace) -> int:
 
 
 def describe_upgrade(done: Upgraded) -> str:
-    """One line saying what ``service.db.upgrade`` did."""
+    """One line saying what ``service.store.upgrade`` did."""
     at_head = done.to_revision == done.head
     if done.from_revision == done.to_revision:
         state = f"already at head (revision {done.head})" if at_head else f"already at revision {done.to_revision}"
@@ -118,7 +118,7 @@ def _metrics_dir() -> None:
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from service.db import upgrade
+    from service.store import upgrade
     from service.transport import install_log_redaction, uvicorn_options
 
     settings = _settings(args)

@@ -11,9 +11,11 @@ from typing import Literal
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["Settings", "get_settings", "default_data_dir"]
+__all__ = ["Settings", "get_settings", "default_data_dir", "DEFAULT_PROJECT"]
 
 MIB = 2**20
+# The project of every request when the service has no API keys.
+DEFAULT_PROJECT = "default"
 
 
 def default_data_dir() -> Path:
@@ -62,7 +64,7 @@ class Settings(BaseSettings):
     max_upload_modules: int = Field(200_000, ge=1, description="Modules a stats document may have (413 beyond).")
     max_upload_ops: int = Field(5_000_000, ge=1, description="Ops a stats document may have, all modules (413).")
     # The default is the deepest tree the stats format allows (names of at most 1024 characters): such trees
-    # read back (service.views.module_tree_json), so only an operator who wants less sets one.
+    # read back (service.views.bodies.module_tree_json), so only an operator who wants less sets one.
     max_upload_depth: int = Field(
         512, ge=1, description="Nesting depth of a stats document's module tree (the root is 1; 413 beyond).")
     metrics: Literal["off", "public", "key"] = Field(
@@ -78,7 +80,7 @@ class Settings(BaseSettings):
     )
     plan_response_cache_mib: int = Field(64, ge=1, description="Memory bound of those responses, MiB.")
     log_level: str = "info"
-    # Transport (service/transport.py): uvicorn itself bounds only the idle time between requests.
+    # Transport (service/transport/server.py): uvicorn itself bounds only the idle time between requests.
     header_timeout_s: float = Field(10.0, gt=0, description="A request's headers must arrive within this many "
                                                             "seconds (of the connection or of the last answer).")
     body_timeout_s: float = Field(120.0, gt=0, description="A request's body must arrive within this many seconds "

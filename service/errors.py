@@ -1,4 +1,4 @@
-"""Domain exceptions; ``service.main`` turns each into one HTTP answer, in one handler."""
+"""Domain exceptions; ``service.api.handlers`` turns each into one HTTP answer, in one handler."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Every example request succeeds as it stands on a fresh database: the plan and
 sweep requests carry the stats inline (stored as an upload of them would be),
-and every budget they ask for fits (``tests/service/test_openapi.py`` holds
+and every budget they ask for fits (``tests/service/docs/test_openapi.py`` holds
 them to it).
 """
 

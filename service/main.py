@@ -1,4 +1,4 @@
-"""The FastAPI application: routers, error handling, the body limit, the solver pool."""
+"""The FastAPI application, where the rooms meet: routers, error handling, docs, the body limit, the pools."""
 
 from __future__ import annotations
 
@@ -7,20 +7,17 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from service.api.routes import health, plans, stats, sweeps
+from service.api import (
+    ROUTERS, AsciiJSONResponse, AuthThrottle, PlanFastPath, PlanResponseCache, install_error_handlers,
+)
 from service.config import Settings, get_settings
-from service.db import make_engine, make_sessionmaker
-from service.docs import install_docs
-from service.fastpath import PlanFastPath, PlanResponseCache
-from service.handlers import AsciiJSONResponse, install_error_handlers
+from service.docs import install_docs, install_openapi
 from service.metrics import RequestMetrics, mark_process_dead
-from service.middleware import BodySizeLimit
-from service.rendering import Renderer
-from service.throttle import AuthThrottle
-from service.openapi import install_openapi
-from service.solver import SolverPool
-from service.transport import install_log_redaction
+from service.solving import SolverPool
+from service.store import make_engine, make_sessionmaker
+from service.transport import BodySizeLimit, install_log_redaction
 from service.version import SERVICE_VERSION
+from service.views import Renderer
 
 __all__ = ["create_app"]
 
@@ -100,8 +97,8 @@ def create_app(settings: Settings | None = None, *, solver: SolverPool | None = 
     install_error_handlers(app)
     install_openapi(app, settings)
     install_docs(app)
-    for module in (health, stats, plans, sweeps):
-        app.include_router(module.router)
+    for router in ROUTERS:
+        app.include_router(router)
     app.state.plan_responses = PlanResponseCache(settings.plan_response_cache_entries,
                                                  settings.plan_response_cache_mib * 2**20)
     # Starlette runs the last added middleware first: the body limit holds for the fast path too.

@@ -1,4 +1,4 @@
-"""Request and response bodies of the API (pydantic); database models are in ``service.models``."""
+"""Request and response bodies of the API (pydantic); database models are in ``service.store.models``."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ __all__ = [
 ]
 
 # Numbers are strict: JSON true, "5" or 1.0 for an integer is refused (422 naming the field), never coerced.
-# Ids are opaque strings (service.ids); one that is no id of the project's names nothing: 404, as an unknown id.
+# Ids are opaque strings (service.store.ids); one that is no id of the project's names nothing: 404, as an unknown id.
 Id = Annotated[str, Strict(), Field(min_length=1, max_length=256)]
 # Budgets are positive here, so a bad one is named as the client sent it (the planner sees them sorted).
 Gib = Annotated[float, Strict(), Field(gt=0.0, le=1e9, allow_inf_nan=False)]
@@ -109,7 +109,7 @@ class PlanOptions(planner.PlanOptions):
     """The planner's own options (``planner.PlanOptions``, validated there) with this service's size limits.
 
     ``time_limit_s`` is also bounded by the service's setting ``max_time_limit_s``:
-    enforced by the routes and written into the OpenAPI document (``service.limits``).
+    enforced by the routes and written into the OpenAPI document (``service.transport.limits``).
     """
 
     world_size: WholeNumber = Field(1, ge=1, le=MAX_WORLD_SIZE, description=_PLANNER_FIELDS["world_size"].description)

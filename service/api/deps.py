@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 from collections.abc import Iterator
 from typing import Annotated
 
@@ -12,20 +10,18 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.config import Settings
-from service.db import session_scope
 from service import metrics
+from service.api.auth import client_address, project_for_key
+from service.config import DEFAULT_PROJECT, Settings
 from service.errors import TooManyAuthFailures, Unauthorized
-from service.rendering import Renderer
-from service.solver import SolverPool
+from service.solving import SolverPool
+from service.store import session_scope
+from service.views import Renderer
 
 # The cheap dependencies are ``async def``: FastAPI runs sync ones in the thread
 # pool, and a thread hop per dependency is most of a cached read's cost.
 
-__all__ = ["IdPath", "SessionDep", "SessionFactoryDep", "SettingsDep", "SolverDep", "RendererDep", "ProjectDep", "DEFAULT_PROJECT", "project_for_key",
-           "client_address"]
-
-DEFAULT_PROJECT = "default"
+__all__ = ["IdPath", "SessionDep", "SessionFactoryDep", "SettingsDep", "SolverDep", "RendererDep", "ProjectDep"]
 
 _bearer = HTTPBearer(auto_error=False, description="An API key from SACPLAN_API_KEYS (only when keys are set).")
 
@@ -49,10 +45,6 @@ async def get_solver(request: Request) -> SolverPool:
 
 async def get_renderer(request: Request) -> Renderer:
     return request.app.state.renderer
-
-
-def _digest(key: str) -> bytes:
-    return hashlib.sha256(key.encode()).digest()
 
 
 async def get_project(
@@ -80,28 +72,11 @@ async def get_project(
     return project
 
 
-def client_address(scope) -> str:
-    """The peer's address as the server saw it ("unknown" without one)."""
-    client = scope.get("client")
-    return client[0] if client else "unknown"
-
-
-def project_for_key(settings: Settings, offered_key: str) -> str | None:
-    """The project of ``offered_key``, or None when it is no key of this service."""
-    offered = _digest(offered_key)
-    project = None
-    # Compare against every key, digests of equal length, so timing says nothing about which matched.
-    for key, name in settings.api_key_secrets():
-        if hmac.compare_digest(offered, _digest(key.get_secret_value())):
-            project = name
-    return project
-
-
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 SessionDep = Annotated[Session, Depends(get_db, scope="function")]
 SessionFactoryDep = Annotated[sessionmaker[Session], Depends(get_session_factory)]
 SolverDep = Annotated[SolverPool, Depends(get_solver)]
 RendererDep = Annotated[Renderer, Depends(get_renderer)]
 ProjectDep = Annotated[str, Depends(get_project)]
-# Ids are opaque (service.ids): any string is taken, and one that names nothing of the caller's is 404.
+# Ids are opaque (service.store.ids): any string is taken, and one that names nothing of the caller's is 404.
 IdPath = Annotated[str, Path(description="An opaque id, as the service answered it.")]

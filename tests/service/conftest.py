@@ -26,11 +26,10 @@ import planner
 from planner import baseline_peak_bytes, compute_ms
 
 from service.config import Settings
-from service.db import make_engine, upgrade
 from service.examples import EXAMPLE_STATS
 from service.main import create_app
-from service.models import PlanRecord, StatsRecord, StatsTag, SweepRecord
-from service.solver import SolverPool
+from service.solving import SolverPool
+from service.store import PlanRecord, StatsRecord, StatsTag, SweepRecord, make_engine, upgrade
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 L4_PATH = DATA / "torch_format_transformer_L4.json"
@@ -131,7 +130,7 @@ def store_as_older_planner():
 
     Uploads stored the canonical document (``Stats.canonical_json``: key-sorted
     compact JSON), its SHA-256 as ``content_hash`` and summary columns
-    (``service.uploads.new_stats_record``). ``corrupt`` edits the canonical document (a
+    (``service.store.new_stats_record``). ``corrupt`` edits the canonical document (a
     dict) in place. With ``stats_id`` that row is rewritten instead of a new one
     added (its plans stay, as an older planner stored them). Returns the id.
     """

@@ -9,7 +9,7 @@ import sys
 from live_server import REPO
 
 from service.cli import describe_upgrade
-from service.db import Upgraded, head_revision, redacted_url, upgrade
+from service.store import Upgraded, head_revision, redacted_url, upgrade
 
 
 def _db_upgrade(data_dir, *extra: str, env: dict[str, str] | None = None) -> str:

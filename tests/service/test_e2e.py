@@ -10,7 +10,7 @@ import pytest
 from live_server import REPO
 from metrics_text import sample
 
-from service.db import head_revision
+from service.store import head_revision
 
 SHARED_L4 = REPO.parent / "shared" / "reference" / "torch_format_transformer_L4.json"
 L4_PATH = REPO / "tests" / "data" / "torch_format_transformer_L4.json"

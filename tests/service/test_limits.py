@@ -12,9 +12,8 @@ import httpx
 import pytest
 from metrics_text import sample
 
-from service.cache import stopped_plans
 from service.main import create_app
-from service.solver import SolverPool, SolverStopped
+from service.solving import SolverPool, SolverStopped, stopped_plans
 
 from conftest import L4_PATH
 

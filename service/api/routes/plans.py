@@ -10,12 +10,11 @@ from starlette.concurrency import run_in_threadpool
 
 from service.api.deps import IdPath, ProjectDep, RendererDep, SessionFactoryDep, SettingsDep, SolverDep
 from service.api.responses import NOT_FOUND, PLAN_FROM_CACHE, PNG, RENDER_BUSY, SOLVE_ERRORS, STALE_STATS
-from service.cache import CachedPlan, get_plan, get_stats, plan_json, plans_for
-from service.limits import UploadLimits, check_time_limit
-from service.rendering import plan_chart_job, raise_if_stale
 from service.schemas import PlanOut, PlanRequest
+from service.solving import plans_for
+from service.store import CachedPlan, get_plan, get_stats, plan_json
 from service.times import iso_utc
-from service.uploads import stats_id_of
+from service.views import plan_chart_job, raise_if_stale
 
 router = APIRouter(prefix="/v1/plans", tags=["plans"])
 
@@ -38,9 +37,7 @@ async def create_plan(
     Name the stats by ``stats_id``, or send them inline as ``stats`` (stored as ``POST /v1/stats`` would).
     """
     started = time.monotonic()  # time_limit_s counts from here: storing inline stats and reading them included
-    check_time_limit(body.time_limit_s, settings.max_time_limit_s)
-    stats_id = await stats_id_of(factory, project, body, UploadLimits.of(settings))
-    [plan] = await plans_for(factory, solver, project, stats_id, [body.memory_budget_gib], body, started=started)
+    _, [plan] = await plans_for(factory, solver, settings, project, body, [body.memory_budget_gib], started=started)
     return plan_response(plan)
 
 

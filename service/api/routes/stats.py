@@ -9,21 +9,19 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
-from service.api.large_body import DeferredBodyRoute, deferred_body
 from service.api.deps import IdPath, ProjectDep, RendererDep, SessionDep, SessionFactoryDep, SettingsDep
 from service.api.responses import (
     ALREADY_UPLOADED, INVALID_STATS, RENDER_BUSY, STALE_STATS, STATS_NOT_FOUND, TOO_LARGE,
 )
-from service.cache import get_stats
 from service.errors import InvalidInput
-from service.limits import UploadLimits
 from service.examples import EXAMPLE_STATS
-from service.models import PlanRecord, StatsRecord, StatsTag, SweepRecord
-from service.rendering import raise_if_stale, stats_detail_job
 from service.schemas import PlanPage, StatsDetail, StatsPage, StatsSummary
+from service.store import (
+    PlanRecord, StatsRecord, StatsTag, SweepRecord, get_stats, store_stats, store_stats_body,
+)
 from service.text import check_storable
-from service.uploads import store_stats, store_stats_body
-from service.views import plan_summary, stats_summary
+from service.transport import DeferredBodyRoute, UploadLimits, deferred_body
+from service.views import plan_summary, raise_if_stale, stats_detail_job, stats_summary
 
 router = APIRouter(prefix="/v1/stats", tags=["stats"], route_class=DeferredBodyRoute)
 
@@ -53,7 +51,7 @@ async def upload_stats(doc: StatsBody, project: ProjectDep, factory: SessionFact
     limits = UploadLimits.of(settings)
     body = deferred_body(request)  # over a MiB: parsed and validated in a render process
     if body is not None:
-        row, inserted = await store_stats_body(factory, renderer, project, body, limits=limits)
+        row, inserted = await store_stats_body(factory, renderer.run, project, body, limits=limits)
     else:
         row, inserted = await store_stats(factory, project, doc, limits=limits)
     if not inserted:  # the same document uploaded before: its existing id

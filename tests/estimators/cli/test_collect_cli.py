@@ -121,8 +121,8 @@ def service_url(tmp_path):
     """The real sacplan service on 127.0.0.1, SQLite built by the migrations, one API key."""
     uvicorn = pytest.importorskip("uvicorn")
     from service.config import Settings
-    from service.db import upgrade
     from service.main import create_app
+    from service.store import upgrade
 
     settings = Settings(data_dir=tmp_path, database_url=f"sqlite:///{tmp_path / 'svc.db'}",
                         api_keys={"secret-key": "team"})
@@ -151,7 +151,7 @@ def test_upload_to_service(tmp_path, hf_config, service_url, capsys):
     text = capsys.readouterr().out
     assert "stats id" in text and f"{service_url}/docs" in text
     stats_id = text.split("stats id ")[1].split()[0]
-    from service.ids import is_id
+    from service.store import is_id
 
     assert is_id(stats_id), text  # the opaque id the service gave, as it gave it
 

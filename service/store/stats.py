@@ -1,0 +1,199 @@
+"""Stats uploads: validated, summarised, kept once per project and content hash; and read back.
+
+One path for ``POST /v1/stats`` and for the stats a plan or sweep request
+carries inline (``stats`` instead of ``stats_id``): the same validation (422
+naming the field), the same identity (the same document again is the same
+upload) and the same stored row.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from fastapi import HTTPException
+from fastapi.exceptions import RequestValidationError
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+from starlette.concurrency import run_in_threadpool
+
+import planner
+from planner import baseline_peak_bytes, compute_ms
+from service.errors import InvalidInput, NotFound, PayloadTooLarge
+from service.schemas import StatsSource
+from service.store.db import write_gate
+from service.store.ids import is_id
+from service.store.models import StatsRecord, StatsTag
+from service.text import check_storable
+from service.transport import UploadLimits, check_upload
+
+__all__ = ["get_stats", "stats_document", "new_stats_record", "stats_row_fields", "keep_stats", "store_stats",
+           "store_stats_body", "prepare_body_job", "stats_id_of"]
+
+
+def get_stats(session: Session, project: str, stats_id: str) -> StatsRecord:
+    """The project's stats upload ``stats_id``; another project's id, or no id at all, is as absent as a missing one."""
+    row = session.get(StatsRecord, stats_id) if is_id(stats_id) else None
+    if row is None or row.project != project:
+        raise NotFound(f"stats_id {stats_id} does not exist")
+    return row
+
+
+def stats_document(factory: sessionmaker[Session], stats_id: str) -> tuple[str, dict[str, Any]]:
+    """The stored document a solve reads, and the upload's no-plan figures (world_size 1)."""
+    with factory() as session:
+        row = session.execute(
+            select(StatsRecord.document, StatsRecord.baseline_peak_bytes, StatsRecord.compute_ms)
+            .where(StatsRecord.id == stats_id)
+        ).first()
+    if row is None:
+        raise NotFound(f"stats_id {stats_id} does not exist")
+    return row.document, {"baseline_peak_bytes": row.baseline_peak_bytes, "compute_ms": row.compute_ms}
+
+
+def new_stats_record(project: str, doc: dict[str, Any], *, loc: Sequence[str] = (),
+                     limits: UploadLimits | None = None) -> StatsRecord:
+    """The row for ``doc``, not yet stored; InvalidInput (422) naming the field, under ``loc`` in the request.
+
+    PayloadTooLarge (413) first, before any validation, when ``doc`` passes ``limits``.
+    """
+    return _record(project, stats_row_fields(doc, loc=loc, limits=limits))
+
+
+def stats_row_fields(doc: dict[str, Any], *, loc: Sequence[str] = (),
+                     limits: UploadLimits | None = None) -> dict[str, Any]:
+    """The stored columns of ``doc`` (plain data, so a worker process can send them back) and its ``tags``.
+
+    Raises as :func:`new_stats_record` does.
+    """
+    if limits is not None:
+        check_upload(doc, limits, loc)
+    try:
+        stats = planner.parse_stats(doc)
+    except planner.StatsError as exc:
+        where = f" ({'.'.join(loc)})" if loc else ""
+        errors = [{**e, "loc": [*loc, *e.get("loc", ())]} for e in exc.errors]
+        raise InvalidInput(f"invalid stats{where}: {exc}", errors=errors) from None
+    # The columns the document's text goes to as such (the document itself is stored as escaped JSON).
+    check_storable(stats.metadata.model_name, [*loc, "metadata", "model_name"])
+    for key, value in stats.metadata.tags.items():
+        check_storable(key, [*loc, "metadata", "tags", key])
+        check_storable(value, [*loc, "metadata", "tags", key])
+    return {
+        "content_hash": planner.stats_hash(stats), "model_name": stats.metadata.model_name,
+        "source_format": "v1" if doc.get("format") else "torch", "module_count": len(stats.modules),
+        "op_count": sum(len(m.ops or ()) for m in stats.modules),
+        "baseline_peak_bytes": baseline_peak_bytes(stats), "compute_ms": compute_ms(stats),
+        "document": stats.canonical_json(), "tags": dict(stats.metadata.tags),
+    }
+
+
+def _record(project: str, fields: dict[str, Any]) -> StatsRecord:
+    columns = dict(fields)
+    tags = columns.pop("tags")
+    row = StatsRecord(project=project, **columns)
+    row.tags = [StatsTag(key=k, value=v) for k, v in tags.items()]
+    return row
+
+
+def keep_stats(session: Session, project: str, row: StatsRecord) -> tuple[StatsRecord, bool]:
+    """``row`` stored now, or the project's upload stored before with the same content hash.
+
+    Returns the row and whether this call stored it. Tries the insert first (three
+    statements: the row, its tags, the commit the caller makes): new uploads are the
+    common case under load; a known document costs a rolled-back insert and a read.
+    ``session`` must hold no other pending work (it is rolled back on a duplicate).
+    """
+    session.add(row)
+    try:
+        session.flush()
+    except IntegrityError:
+        session.rollback()
+        same_document = select(StatsRecord).where(StatsRecord.project == project,
+                                                  StatsRecord.content_hash == row.content_hash)
+        return session.execute(same_document).scalar_one(), False
+    return row, True
+
+
+# Documents up to this many modules + ops (all real models' per-block stats, the examples) are validated on
+# the event loop: well under a millisecond, less than the two thread hops it saves. Larger ones in a thread.
+_INLINE_SIZE = 2000
+
+
+async def store_stats(factory: sessionmaker[Session], project: str, doc: dict[str, Any], *,
+                      loc: Sequence[str] = (), limits: UploadLimits) -> tuple[StatsRecord, bool]:
+    """The project's upload of ``doc``: stored now, or the one stored before (same content hash).
+
+    Limits first (413), then validation (422), then one short write transaction in
+    a thread, through the database's write gate. Returns the row (its tags loaded)
+    and whether this call stored it.
+    """
+    size = check_upload(doc, limits, loc)
+    if size <= _INLINE_SIZE:
+        row = new_stats_record(project, doc, loc=loc)
+    else:
+        row = await run_in_threadpool(new_stats_record, project, doc, loc=loc)
+    return await run_in_threadpool(_keep, factory, project, row)
+
+
+async def store_stats_body(factory: sessionmaker[Session], run_in_process: Callable[..., Awaitable[Any]],
+                           project: str, body: bytes, *, limits: UploadLimits) -> tuple[StatsRecord, bool]:
+    """As :func:`store_stats`, for a request body too large to read in the service process.
+
+    Parsing, the limits and validation run in another process (:func:`prepare_body_job`, through
+    ``run_in_process``: the render pool's ``Renderer.run``): seconds of
+    CPU for a document of tens of MB, which in a thread of this process held the GIL for up to a second at
+    a time and stalled the event loop (``/healthz`` and cached reads included). Only the columns come back.
+    """
+    outcome = await run_in_process(prepare_body_job, body, limits)
+    kind = outcome[0]
+    if kind == "json_invalid":  # as FastAPI words a body it cannot parse, so the same handler explains it
+        _, message, position = outcome
+        raise RequestValidationError([{"type": "json_invalid", "loc": ("body", position), "msg": "JSON decode error",
+                                       "input": {}, "ctx": {"error": message}}], body=body.decode("utf-8", "replace"))
+    if kind == "unreadable":  # FastAPI's answer to any other parser failure, its cause attached, as here
+        raise HTTPException(400, detail="There was an error parsing the body") from outcome[1]
+    if kind == "not_object":  # the value itself (over a MiB) is not sent back: an empty one of its JSON type
+        raise RequestValidationError([{"type": "dict_type", "loc": ("body",), "msg": "Input should be a valid "
+                                       "dictionary", "input": outcome[1]}])
+    if kind == "too_large":
+        raise PayloadTooLarge(outcome[1], errors=outcome[2])
+    if kind == "invalid":
+        raise InvalidInput(outcome[1], errors=outcome[2])
+    return await run_in_threadpool(_keep, factory, project, _record(project, outcome[1]))
+
+
+def prepare_body_job(body: bytes, limits: UploadLimits) -> tuple:
+    """In a render process: ``("ok", columns)`` for a valid stats document, else what is wrong with it."""
+    try:
+        doc = json.loads(body)
+    except json.JSONDecodeError as exc:
+        return "json_invalid", exc.msg, exc.pos
+    except (RecursionError, ValueError) as exc:  # too deeply nested; not UTF-8 (UnicodeDecodeError)
+        return "unreadable", exc
+    if not isinstance(doc, dict):
+        return "not_object", type(doc)()
+    try:
+        return "ok", stats_row_fields(doc, limits=limits)
+    except PayloadTooLarge as exc:
+        return "too_large", exc.message, exc.errors
+    except InvalidInput as exc:
+        return "invalid", exc.message, exc.errors
+
+
+def _keep(factory: sessionmaker[Session], project: str, row: StatsRecord) -> tuple[StatsRecord, bool]:
+    with write_gate(factory), factory() as session:
+        kept, inserted = keep_stats(session, project, row)
+        session.commit()
+        return kept, inserted
+
+
+async def stats_id_of(factory: sessionmaker[Session], project: str, request: StatsSource,
+                      limits: UploadLimits) -> str:
+    """The ``stats_id`` a plan or sweep request names, storing its inline ``stats`` first if it has them."""
+    if request.stats is None:
+        return request.stats_id
+    row, _ = await store_stats(factory, project, request.stats, loc=("body", "stats"), limits=limits)
+    return row.id

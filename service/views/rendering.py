@@ -1,0 +1,131 @@
+"""Heavy answers made off the service process: chart PNGs and the read-back of a stats upload.
+
+Drawing a chart of a large plan, or validating a 55 MB document again to show
+its module tree, is seconds of pure-Python work holding the GIL: in a thread
+it would stall the event loop (``/healthz`` included) and grow the service
+process by gigabytes. Here it runs in a small pool of spawned processes
+(``render_workers``, at most ``render_queue_size`` more waiting, 503 beyond;
+each process replaced after a few jobs so memory goes back), and charts are
+kept in a per-process LRU keyed by the row they show.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import multiprocessing
+import os
+import signal
+from collections import OrderedDict
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any
+
+from service.errors import SolverBusy, SolverFailed, StoredStatsInvalid
+
+__all__ = ["Renderer", "plan_chart_job", "sweep_chart_job", "stats_detail_job", "raise_if_stale"]
+
+_JOBS_PER_PROCESS = 20
+
+
+class Renderer:
+    """A bounded process pool for renders, and the chart cache."""
+
+    def __init__(self, workers: int, queue_size: int, retry_after_s: int, cache_entries: int):
+        self.workers = workers
+        self.capacity = workers + queue_size
+        self.retry_after_s = retry_after_s
+        self.cache_entries = cache_entries
+        self.in_flight = 0
+        self._executor: ProcessPoolExecutor | None = None
+        self._charts: OrderedDict[tuple, bytes] = OrderedDict()
+
+    def _pool(self) -> ProcessPoolExecutor:
+        if self._executor is None:
+            self._executor = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
+                                                 max_tasks_per_child=_JOBS_PER_PROCESS, initializer=_set_up,
+                                                 initargs=(os.getpid(),))
+        return self._executor
+
+    def shutdown(self) -> None:
+        executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=True, cancel_futures=True)
+
+    async def run(self, fn, *args: Any) -> Any:
+        """``fn(*args)`` in a render process; 503 when the render queue is full."""
+        if self.in_flight >= self.capacity:
+            raise SolverBusy(self.retry_after_s, queue="render")
+        self.in_flight += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._pool(), fn, *args)
+        except BrokenProcessPool:
+            self._executor = None
+            raise SolverFailed("a render process died (out of memory?); retry") from None
+        finally:
+            self.in_flight -= 1
+
+    async def chart(self, key: tuple, fn, *args: Any) -> bytes:
+        """The PNG ``fn(*args)`` draws, from the cache when ``key`` (the rows it shows) was drawn before."""
+        png = self._charts.get(key)
+        if png is not None:
+            self._charts.move_to_end(key)
+            return png
+        png = await self.run(fn, *args)
+        if self.cache_entries > 0:
+            self._charts[key] = png
+            while len(self._charts) > self.cache_entries:
+                self._charts.popitem(last=False)
+        return png
+
+
+# --- run in the render processes -----------------------------------------------------------------
+
+
+def _set_up(service_pid: int) -> None:
+    # A Ctrl-C reaches the whole process group: the service stops its render processes itself.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    from service.solving.lifeline import die_with_parent
+
+    die_with_parent(service_pid)  # a killed service leaves no render process behind
+
+
+def _stale(stats_id: Any, exc: Exception) -> dict[str, Any]:
+    return {"stale": str(exc), "errors": getattr(exc, "errors", None), "stats_id": stats_id}
+
+
+def raise_if_stale(result: Any) -> Any:
+    """A render's answer; StoredStatsInvalid (409) when the stored stats failed this planner's validation."""
+    if isinstance(result, dict) and "stale" in result:
+        raise StoredStatsInvalid(result["stats_id"], result["stale"], errors=result["errors"])
+    return result
+
+
+def plan_chart_job(stats_id: Any, document: str, plan: str) -> bytes | dict[str, Any]:
+    import planner
+    from service.views.charts import plan_chart_png
+
+    try:
+        stats = planner.parse_stats(json.loads(document))
+    except planner.StatsError as exc:
+        return _stale(stats_id, exc)
+    return plan_chart_png(stats, json.loads(plan))
+
+
+def sweep_chart_job(model_name: str, plans: list[str], baseline_peak_bytes: int) -> bytes:
+    from service.views.charts import sweep_chart_png
+
+    return sweep_chart_png(model_name, [json.loads(p) for p in plans], baseline_peak_bytes)
+
+
+def stats_detail_job(stats_id: Any, document: str, summary_json: str) -> bytes | dict[str, Any]:
+    """The StatsDetail JSON of an upload: its summary (``StatsSummary`` JSON) and its module tree."""
+    import planner
+    from service.views.bodies import module_tree_json
+
+    try:
+        stats = planner.parse_stats(json.loads(document))
+    except planner.StatsError as exc:
+        return _stale(stats_id, exc)
+    # The tree is written by hand, without recursion (any depth the format allows); the summary by its model.
+    return f'{summary_json[:-1]},"module_tree":{module_tree_json(stats)}}}'.encode()
