@@ -142,7 +142,22 @@ def _run_sweep(stats: Stats, budgets: list[float], args, progress=None) -> list[
         return None
 
 
+# No device holds this much; a budget past it is most likely typed in bytes (4294967296 for 4 GiB).
+MAX_BUDGET_GIB = 64 * 1024
+
+
+def _too_large(budget_gib: float, option: str) -> bool:
+    """Say so (and return True) when a budget is past MAX_BUDGET_GIB: the user probably typed bytes."""
+    if budget_gib <= MAX_BUDGET_GIB:
+        return False
+    print(f"sacplan: {option} {budget_gib:.15g} GiB is over 64 TiB per rank: did you mean bytes? "
+          f"({budget_gib:.15g} bytes is {budget_gib / GIB:.4g} GiB; the budget is in GiB)", file=sys.stderr)
+    return True
+
+
 def _plan(args) -> int:
+    if _too_large(args.budget_gib, "--budget-gib"):
+        return EXIT_BAD_INPUT
     stats = _load(args.stats)
     if stats is None:
         return EXIT_BAD_INPUT
@@ -158,11 +173,11 @@ def _plan(args) -> int:
 
 
 def _sweep(args) -> int:
-    stats = _load(args.stats)
-    if stats is None:
-        return EXIT_BAD_INPUT
     budgets = _parse_budgets(args.budgets_gib)
     if budgets is None:
+        return EXIT_BAD_INPUT
+    stats = _load(args.stats)
+    if stats is None:
         return EXIT_BAD_INPUT
 
     def progress(i: int, n: int, p: Plan) -> None:
@@ -186,6 +201,8 @@ def _parse_budgets(text: str) -> list[float] | None:
             budgets.append(float(entry))
         except ValueError:
             print(f"sacplan: --budgets-gib entry {k} {entry!r} is not a number", file=sys.stderr)
+            return None
+        if _too_large(budgets[-1], f"--budgets-gib entry {k}"):
             return None
     return budgets
 
