@@ -16,6 +16,7 @@ import sys
 
 from typing import Any, get_args, get_origin
 
+from planner.figures import HOST_OVERHEAD_NOTE, recompute_split, step_basis
 from planner.memory_model import GIB
 from planner.options import PlanOptions
 from planner.plan_format import Plan
@@ -239,12 +240,9 @@ def _status_text(p: Plan) -> str:
     return p.status + (f" (gap {p.mip_gap:.2%})" if p.status == "feasible" and p.mip_gap else "")
 
 
-def _recompute_text(p: Plan) -> str:
-    if p.recompute_ms is None:
-        return "-"
-    if not p.compute_ms:
-        return f"{p.recompute_ms:.3f} ms"
-    return f"{p.recompute_ms:.3f} ms  ({p.recompute_ms / p.compute_ms:.1%} of the {p.compute_ms:.2f} ms step)"
+def _recompute_text(stats: Stats, p: Plan) -> str:
+    split = recompute_split(stats, p)
+    return "-" if split is None else split.text()
 
 
 def plan_table(stats: Stats, p: Plan) -> str:
@@ -255,9 +253,13 @@ def plan_table(stats: Stats, p: Plan) -> str:
         f"peak             {_gib_text(p.peak_bytes)}  (no checkpointing: {_gib_text(p.baseline_peak_bytes)})",
         f"peak at          {p.peak_at or '-'}",
         f"memory model     {p.memory_model}: {p.memory_model_note}",
-        f"recompute        {_recompute_text(p)}",
+        f"recompute        {_recompute_text(stats, p)}",
+        f"step             {p.compute_ms:.3f} ms forward + backward: {step_basis(stats)}",
         f"solve            {p.solve_seconds:.3f} s",
     ]
+    split = recompute_split(stats, p)
+    if split is not None and split.overhead_dominates:
+        lines.insert(-1, f"host overhead    {HOST_OVERHEAD_NOTE}")
     if p.min_feasible_budget_gib is not None:
         lines.append(f"min budget       {p.min_feasible_budget_gib:g} GiB")
     if p.message and p.status != "optimal":

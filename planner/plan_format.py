@@ -69,9 +69,12 @@ class Plan(BaseModel):
     memory_budget_gib: float
     world_size: int = 1
     peak_bytes: int | None = Field(None, description="Peak memory of the plan under the memory model.")
-    recompute_ms: float | None = Field(None, description="Total recompute time of the plan.")
+    recompute_ms: float | None = Field(None, description="Total recompute time of the plan: the recomputed ops' "
+                                       "runtimes (on compute_ms's basis) plus each checkpointed module's host "
+                                       "overhead (checkpoint_overhead_ms, per call), which compute_ms leaves out.")
     baseline_peak_bytes: int = Field(description="Peak memory with no checkpointing.")
-    compute_ms: float = Field(description="Forward + backward time of the step without recomputation.")
+    compute_ms: float = Field(description="Forward + backward time of the step without recomputation: its ops' "
+                                          "runtimes alone (roofline or timed per op), no host overhead.")
     solve_seconds: float = 0.0
     mip_gap: float | None = Field(None, description="Proven relative optimality gap (at most the requested mip_rel_gap when optimal).")
     planner_version: str
