@@ -50,7 +50,7 @@ ALLOWED_IMPORTS: dict[str, dict[str, frozenset[str]]] = {
         "collect": frozenset({"common"}),
         "apply": frozenset({"common"}),
         "measure": frozenset({"common"}),
-        "cli": frozenset({"common", "collect"}),
+        "cli": frozenset({"common", "collect", "apply", "measure"}),  # the top: verify applies plans, measures
     },
 }
 ALLOW_PRIVATE = re.compile(r"#\s*layout:\s*allow-private\s*\(\s*\S[^)]*\)")
