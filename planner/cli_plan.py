@@ -24,8 +24,8 @@ from planner.planning import sweep
 from planner.stats.format import Stats
 from planner.stats.loader import StatsError, load_stats
 
-__all__ = ["EXIT_BAD_INPUT", "EXIT_INFEASIBLE", "EXIT_NO_PLAN", "EXIT_OK", "exit_code", "plan_table", "register",
-           "sweep_table"]
+__all__ = ["EXIT_BAD_INPUT", "EXIT_INFEASIBLE", "EXIT_NO_PLAN", "EXIT_OK", "MAX_BUDGET_GIB", "exit_code", "plan_table",
+           "register", "sweep_table"]
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_INFEASIBLE, EXIT_NO_PLAN = 0, 1, 2, 3  # 1 is also every usage error (planner.cli)
 

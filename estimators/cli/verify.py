@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from planner import GIB, Plan, Stats, StatsError, baseline_peak_bytes, load_stats, min_feasible_budget_gib, sweep
+from planner.cli_plan import MAX_BUDGET_GIB
 
 __all__ = ["register", "verify_lines"]
 
@@ -42,6 +43,8 @@ def register(subparsers: Any) -> None:
 def run_verify(args: argparse.Namespace) -> int:
     """Handler of ``sacplan verify``: exit 0, or 1 on a refusal or any error."""
     try:
+        if args.rounds < 1:
+            raise ValueError(f"--rounds must be at least 1, got {args.rounds}")
         stats = load_stats(args.stats)
         plans = _plans(stats, args)
     except (StatsError, ValueError) as exc:
@@ -67,10 +70,15 @@ def run_verify(args: argparse.Namespace) -> int:
         print(f"error: not verified: {why}", file=sys.stderr)
         return 1
     m = stats.metadata
-    print(f"verifying {args.stats} on {run_device(stats)} ({m.target_device}): batch {m.batch_size}, seq {m.seq_len}, "
-          f"{m.dtype}, optimizer {m.optimizer}; {args.rounds} timed rounds", file=sys.stderr)
-    results = verify_plans(stats, usable, built, rounds=args.rounds,
-                           progress=lambda text: print(text, file=sys.stderr))
+    where = run_device(stats) + ("" if m.target_device == run_device(stats) else f" ({m.target_device})")
+    print(f"verifying {args.stats} on {where}: batch {m.batch_size}, seq {m.seq_len}, {m.dtype}, optimizer "
+          f"{m.optimizer}; {args.rounds} timed rounds", file=sys.stderr)
+    try:
+        results = verify_plans(stats, usable, built, rounds=args.rounds,
+                               progress=lambda text: print(text, file=sys.stderr))
+    except (ValueError, RuntimeError) as exc:  # a plan that does not apply (made from other stats), ...
+        print(f"error: not verified: {exc}", file=sys.stderr)
+        return 1
     print("\n".join(verify_lines(stats, results, skipped)))
     return 0
 
@@ -84,6 +92,10 @@ def _plans(stats: Stats, args: argparse.Namespace) -> list[Plan]:
             raise ValueError(f"--plan {path}: cannot be read as JSON: {exc}") from None
         plans += [Plan.model_validate(d) for d in (doc if isinstance(doc, list) else [doc])]
     budgets = list(args.budget_gib or [])
+    for b in budgets:
+        if b > MAX_BUDGET_GIB:
+            raise ValueError(f"--budget-gib {b:.15g} GiB is over 64 TiB per rank: did you mean bytes? ({b:.15g} bytes "
+                             f"is {b / GIB:.4g} GiB; the budget is in GiB)")
     if not plans and not budgets:
         from estimators.cli.guide import suggested_budgets
 

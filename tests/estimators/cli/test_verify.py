@@ -97,3 +97,19 @@ def test_another_model_is_refused(collected, tmp_path, capsys):
 def test_every_metadata_field_is_known_to_verify():
     # a new setting in the stats must be reproduced by verify (or refused there) on purpose
     assert set(planner.StatsMetadata.model_fields) == KNOWN_METADATA
+
+
+def test_a_plan_made_from_other_stats_is_named_not_a_traceback(collected, tmp_path, capsys):
+    config, stats = collected
+    l4 = Path(__file__).resolve().parents[2] / "data" / "torch_format_transformer_L4.json"
+    path = tmp_path / "l4-plan.json"
+    path.write_text(planner.plan(planner.load_stats(l4), 4).model_dump_json())
+    assert main(["verify", str(stats), "--hf-config", str(config), "--plan", str(path), "--rounds", "1"]) == 1
+    assert "error: not verified: plan modules[0].fqn 'Transformer.layers.0.attention' is not a module of " \
+           "LlamaForCausalLM" in capsys.readouterr().err
+
+
+def test_a_budget_in_bytes_is_questioned(collected, capsys):
+    config, stats = collected
+    assert main(["verify", str(stats), "--hf-config", str(config), "--budget-gib", "4294967296"]) == 1
+    assert "--budget-gib 4294967296 GiB is over 64 TiB per rank: did you mean bytes?" in capsys.readouterr().err
