@@ -50,6 +50,7 @@ _WHERE = {
     "shard": "estimators.measure",
     # shared by every job
     "FsdpSetup": "estimators.common",
+    "TrainingLoop": "estimators.common",
     "call_model": "estimators.common",
     "default_loss": "estimators.common",
     "make_optimizer": "estimators.common",

@@ -74,6 +74,9 @@ class MemoryModel:
     # module's op whose output the next call holds (the stats' held_tensors and chained_calls)
     op_held: Mapping[str, Mapping[int, tuple[int, ...]]] = field(default_factory=dict)
     chained: Mapping[str, tuple[int, float]] = field(default_factory=dict)
+    # gradient accumulation: per moment its micro-batch (None: the only one, or the optimizer step), and how many
+    micro_batches: tuple[int | None, ...] = ()
+    grad_accumulation: int = 1
 
     def profile_bytes(self, discarded: Mapping[str, float] | None = None, *, held: bool = True,
                       shared_once: bool = True, saves: Mapping[str, Sequence[int]] | None = None) -> np.ndarray:
@@ -149,7 +152,9 @@ class MemoryModel:
             return "optimizer step"
         if phase == "module":  # PyTorch's model: a module's end of forward and backward peak, as one
             return f"module {module}"
-        return f"{phase} of {module}" if module else phase
+        where = f"{phase} of {module}" if module else phase
+        micro = self.micro_batches[t] if self.micro_batches else None
+        return f"{where} (micro-batch {micro} of {self.grad_accumulation})" if micro is not None else where
 
 
 def memory_model(stats: Stats, *, world_size: int = 1, first_step_only: bool = False,
@@ -173,12 +178,16 @@ def memory_model(stats: Stats, *, world_size: int = 1, first_step_only: bool = F
 def _step(stats: Stats, post: dict[str, int], world_size: int, first_step_only: bool) -> MemoryModel:
     root = stats.root
     state = 0 if first_step_only else root.optimizer_state_bytes
-    moments = sorted(stats.timeline, key=lambda t: (_PHASE_ORDER[t.phase], t.key if t.phase == "forward" else -t.key))
+    # in step order: micro-batch by micro-batch (forward, then backward), then the optimizer step
+    moments = sorted(stats.timeline, key=lambda t: (t.phase == "optimizer", t.micro_batch or 0, _PHASE_ORDER[t.phase],
+                                                    t.key if t.phase == "forward" else -t.key))
     base = np.array([t.activation_bytes + (root.param_bytes + t.grad_bytes
                                            + (t.optimizer_bytes if t.phase == "optimizer" else state)) / world_size
                      for t in moments], dtype=np.float64)
     when = "the first step (no optimizer state before the optimizer step)" if first_step_only else \
         "the steady state (optimizer state live throughout)"
+    if stats.metadata.grad_accumulation:
+        when += f", {stats.metadata.grad_accumulation} micro-batches per optimizer step"
     first = dict(post)
     for m in stats.modules:  # every module lowers the first position of each of its ancestors' subtrees
         parent = m.parent
@@ -193,7 +202,8 @@ def _step(stats: Stats, post: dict[str, int], world_size: int, first_step_only: 
     return MemoryModel("step", f"the collected step's timeline, {when}", np.array([t.key for t in moments]), base,
                        tuple(t.phase for t in moments), tuple(t.module for t in moments), post, held, first,
                        _per_moment(moments, "repeat_calls_discarding"), _per_moment(moments, "repeat_calls_in_backward"),
-                       held_inputs, op_held, chained)
+                       held_inputs, op_held, chained, tuple(t.micro_batch for t in moments),
+                       stats.metadata.grad_accumulation or 1)
 
 
 def _per_moment(moments: list, name: str) -> dict[str, np.ndarray]:

@@ -51,6 +51,9 @@ class PlanMoment(BaseModel):
     module: str | None = Field(None, description="The module running then, if any.")
     baseline_bytes: int = Field(description="Memory at this moment with no checkpointing.")
     planned_bytes: int | None = Field(None, description="Memory at this moment with the plan (null without a plan).")
+    micro_batch: int | None = Field(None, exclude_if=lambda v: v is None, description="With gradient "
+                                    "accumulation: the micro-batch of this moment, from 1 (absent: the only one, "
+                                    "or the optimizer step).")
 
 
 class Plan(BaseModel):
@@ -69,12 +72,21 @@ class Plan(BaseModel):
     memory_budget_gib: float
     world_size: int = 1
     peak_bytes: int | None = Field(None, description="Peak memory of the plan under the memory model.")
-    recompute_ms: float | None = Field(None, description="Total recompute time of the plan: the recomputed ops' "
+    recompute_ms: float | None = Field(None, description="Total recompute time of the plan, per forward and "
+                                       "backward (per micro-batch with gradient accumulation): the recomputed ops' "
                                        "runtimes (on compute_ms's basis) plus each checkpointed module's host "
                                        "overhead (checkpoint_overhead_ms, per call), which compute_ms leaves out.")
+    grad_accumulation: int | None = Field(None, exclude_if=lambda v: v is None, description="Micro-batches per "
+                                          "optimizer step, from the stats (absent: one).")
+    recompute_ms_per_optimizer_step: float | None = Field(
+        None, exclude_if=lambda v: v is None, description="With gradient accumulation: recompute_ms times the "
+        "micro-batches (every micro-batch recomputes).")
+    peak_micro_batch: int | None = Field(None, exclude_if=lambda v: v is None, description="With gradient "
+                                         "accumulation: the micro-batch the peak is in (absent: the optimizer step).")
     baseline_peak_bytes: int = Field(description="Peak memory with no checkpointing.")
-    compute_ms: float = Field(description="Forward + backward time of the step without recomputation: its ops' "
-                                          "runtimes alone (roofline or timed per op), no host overhead.")
+    compute_ms: float = Field(description="Forward + backward time of the step without recomputation (of one "
+                                          "micro-batch with gradient accumulation): its ops' runtimes alone "
+                                          "(roofline or timed per op), no host overhead.")
     solve_seconds: float = 0.0
     mip_gap: float | None = Field(None, description="Proven relative optimality gap (at most the requested mip_rel_gap when optimal).")
     planner_version: str

@@ -273,7 +273,17 @@ def _to_plan(prob: Problem, sol: Solution, budget: float, opts: PlanOptions, bas
         first_step_only=opts.first_step_only,
         modules=modules,
         **_timeline(prob, sol),
+        **_accumulation(prob, recompute_ms),
     )
+
+
+def _accumulation(prob: Problem, recompute_ms: float | None) -> dict:
+    """With gradient accumulation: the micro-batches and the recompute of a whole optimizer step."""
+    n = prob.stats.metadata.grad_accumulation
+    if not n:
+        return {}
+    return {"grad_accumulation": n,
+            "recompute_ms_per_optimizer_step": None if recompute_ms is None else recompute_ms * n}
 
 
 def _timeline(prob: Problem, sol: Solution) -> dict:
@@ -284,9 +294,12 @@ def _timeline(prob: Problem, sol: Solution) -> dict:
     if sol.decisions is not None:
         planned = model.profile_bytes(discards(prob, sol.decisions), saves=save_lists(sol.decisions))
     shown = planned if planned is not None else base
+    micro = model.micro_batches or (None,) * len(base)
     moments = [PlanMoment(phase=model.phases[t], module=model.modules[t], baseline_bytes=math.ceil(base[t]),
-                          planned_bytes=None if planned is None else math.ceil(planned[t])) for t in range(len(base))]
-    return {"timeline": moments, "peak_at": model.describe(int(shown.argmax()))}
+                          planned_bytes=None if planned is None else math.ceil(planned[t]), micro_batch=micro[t])
+               for t in range(len(base))]
+    peak = int(shown.argmax())
+    return {"timeline": moments, "peak_at": model.describe(peak), "peak_micro_batch": micro[peak]}
 
 
 def _planned_module(prob: Problem, fqn: str, decision) -> PlannedModule:

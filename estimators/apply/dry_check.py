@@ -12,6 +12,7 @@ without the check.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +21,7 @@ from torch import nn
 
 from estimators.apply.alignment import Alignment, AmbiguousAlignment, align
 from estimators.apply.policy import EAGER, ModulePlan, PlanMismatchError, planned_modules
-from estimators.common import call_model, default_loss
+from estimators.common import AUTOCAST_DTYPES, TrainingLoop, call_model, default_loss
 
 __all__ = ["check_plan", "ModuleCheck", "COMPILE_BACKENDS"]
 
@@ -59,16 +60,25 @@ def check_plan(model: nn.Module, example_inputs: Any, *, loss_fn: Callable[[Any]
         raise ValueError(f"check_plan runs a training step but {type(model).__name__} is in eval mode: call "
                          f"model.train() first (in eval mode planned modules are not checkpointed)")
     with _restored(model):
-        _step(model, example_inputs, loss_fn, backward=True)
+        _step(model, example_inputs, loss_fn, backward=True, autocast=_stats_autocast(model, plans))
     out = [ModuleCheck(mp.fqn, EAGER, mp.last_call.count if mp.last_call else 0, 0, 0) for mp in plans]
     if compile_backend is not None:
         out += _record_compiled(model, plans, example_inputs, loss_fn, compile_backend)
     return out
 
 
-def _step(model: nn.Module, inputs: Any, loss_fn: Callable | None, *, backward: bool) -> None:
+def _stats_autocast(model: nn.Module, plans: list[ModulePlan]) -> Any:
+    """The dry step's forward under the autocast the stats' step ran (the training loop's), if any."""
+    wanted = next((mp.autocast[0] for mp in plans if mp.autocast and mp.autocast[0] in AUTOCAST_DTYPES), None)
+    device_type = next((p.device.type for p in model.parameters()), "cpu")
+    return TrainingLoop(autocast=wanted).autocast_context(device_type)
+
+
+def _step(model: nn.Module, inputs: Any, loss_fn: Callable | None, *, backward: bool,
+          autocast: Any = None) -> None:
     with torch.enable_grad():
-        loss = (loss_fn or default_loss)(call_model(model, inputs))
+        with autocast or nullcontext():  # forward and loss, as a training loop runs them under autocast
+            loss = (loss_fn or default_loss)(call_model(model, inputs))
         if backward:
             loss.backward()
 

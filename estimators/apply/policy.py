@@ -66,6 +66,8 @@ class ModulePlan:
     tables: dict[str, list[Alignment]] = field(default_factory=dict)  # verified decisions per mode
     recording: dict[str, list[list[tuple[str, bool, bool]]]] | None = None
     last_call: CallPolicy | None = None
+    # the autocast dtype the stats' forward ran under (None: off), when the stats say; checked at the first call
+    autocast: tuple[str | None] | None = None
 
     def new_call(self, compiled: bool) -> CallPolicy:
         call = CallPolicy(self, compiled)

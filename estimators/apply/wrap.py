@@ -28,7 +28,7 @@ from estimators.apply.alignment import StatsOps
 from estimators.apply.dry_check import check_plan
 from estimators.apply.policy import PLAN_MARK, ModulePlan, PlanMismatchError, RngReplay, aot_tracing
 from estimators.apply.settings_match import match_model_settings
-from estimators.common import module_fqns
+from estimators.common import autocast_name, module_fqns
 
 __all__ = ["apply_plan", "remove_plan", "PlanMismatchError"]
 
@@ -65,7 +65,10 @@ def apply_plan(model: nn.Module, plan: Any, *, stats: Any = None, example_inputs
     fqns = [str(pm.get("fqn")) for pm in planned]
     _check_fqns(model, fqns, by_fqn)
     plans = [_module_plan(i, pm, fqns[i], ops, hint) for i, pm in enumerate(planned)]
+    settings = ((sdoc or {}).get("metadata") or {}).get("model_settings") or {}
     for mp in plans:
+        if sdoc is not None:
+            mp.autocast = (settings.get("autocast"),)
         _wrap(by_fqn[mp.fqn], mp)
     if example_inputs is not None:
         check_plan(model, example_inputs, loss_fn=loss_fn, compile_backend=compile_backend)
@@ -141,6 +144,18 @@ def _looks_view(name: str) -> bool:
     return bool(overload is not None and is_view_op(overload))
 
 
+def _check_autocast(mp: ModulePlan) -> None:
+    """PlanMismatchError when autocast differs from the stats' forward (a planned call, from the first on)."""
+    (wanted,) = mp.autocast
+    running = autocast_name("cpu") or autocast_name("cuda")
+    if running != wanted:
+        raise PlanMismatchError(
+            f"module {mp.fqn!r} runs under autocast {running or 'off'} but the stats were collected with autocast "
+            f"{wanted or 'off'}: the casts are other ops and other bytes; fix: run forward and loss as collected "
+            f"(with torch.autocast(device_type, dtype=...) for {wanted}) or collect the stats again"
+            f"{' with --autocast ' + running if running else ' without --autocast'}")
+
+
 def _contexts(mp: ModulePlan, compiled: bool) -> Any:
     pair = create_selective_checkpoint_contexts(mp.new_call(compiled), allow_cache_entry_mutation=True)
     if compiled and not aot_tracing():  # compile's eager backend runs checkpoint without preserve_rng_state
@@ -157,6 +172,8 @@ def _wrap(module: nn.Module, mp: ModulePlan) -> None:
         if not (module.training and torch.is_grad_enabled()):
             return inner(*args, **kwargs)  # nothing autograd keeps, or not training: no checkpointing
         compiled = torch.compiler.is_compiling()
+        if mp.autocast is not None and not compiled:
+            _check_autocast(mp)
         out = checkpoint(inner, *args, use_reentrant=False, preserve_rng_state=True,
                          context_fn=partial(_contexts, mp, compiled), **kwargs)
         if not compiled and mp.recording is None and mp.last_call is not None:

@@ -17,7 +17,10 @@ from typing import Any
 __all__ = ["register", "upload_stats", "UploadError"]
 
 _DTYPES = ("fp32", "bf16", "fp16")
-_OPTIMIZERS = ("adamw", "adam", "sgd", "none")
+_OPTIMIZER_HELP = ("optimizer of the step: adamw (torch.optim.AdamW), adam (torch.optim.Adam), sgd "
+                   "(torch.optim.SGD: no momentum unless --optimizer-kwargs says so), none (no optimizer step), "
+                   "or any importable class's dotted path, e.g. torch.optim.Adagrad or "
+                   "transformers.optimization.Adafactor; each at torch's defaults (default adamw)")
 
 
 def register(subparsers: Any) -> None:
@@ -36,7 +39,21 @@ def register(subparsers: Any) -> None:
     p.add_argument("--batch", type=_positive, default=1, help="batch size (default 1)")
     p.add_argument("--seq", type=_positive, default=512, help="sequence length (default 512)")
     p.add_argument("--dtype", choices=_DTYPES, default="fp32", help="parameter/activation dtype (default fp32)")
-    p.add_argument("--optimizer", choices=_OPTIMIZERS, default="adamw", help="optimizer of the step (default adamw)")
+    p.add_argument("--optimizer", metavar="NAME|CLASS", default="adamw", help=_OPTIMIZER_HELP)
+    p.add_argument("--optimizer-kwargs", metavar="JSON", help="the optimizer's arguments as a JSON object, e.g. "
+                   "'{\"momentum\": 0.9}' or '{\"amsgrad\": true}'; recorded in the stats")
+    loop = p.add_argument_group("training loop", "the loop around the model, as your training runs it")
+    loop.add_argument("--grad-accumulation", type=_positive, default=1, metavar="N",
+                      help="micro-batches per optimizer step (--batch is per micro-batch): the stats cover all of "
+                      "them and the optimizer step; a checkpointed module recomputes in each (default 1)")
+    loop.add_argument("--autocast", choices=("bf16", "fp16"),
+                      help="run forward and loss under torch.autocast in this dtype, weights in --dtype fp32 "
+                      "(HF Trainer's bf16=True / fp16=True); not with --mixed-precision")
+    loop.add_argument("--grad-scaler", action="store_true",
+                      help="scale the loss with torch.amp.GradScaler (fp16 training): its unscale and step are "
+                      "part of the step")
+    loop.add_argument("--max-grad-norm", type=_positive_float, metavar="X",
+                      help="clip gradients to this norm before the optimizer step (HF Trainer's default is 1.0)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="device the fake tensors live on (default cpu; no real memory is used)")
     p.add_argument("--target-device", metavar="NAME",
@@ -86,6 +103,16 @@ def _positive(text: str) -> int:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
     return value
 
 

@@ -49,7 +49,7 @@ def build_stats(model: nn.Module, mods: dict, col: Any, hooks: Any, opt_bytes: d
                 is_leaf=m.is_leaf,
                 param_bytes=pbytes,
                 grad_bytes=_grad_bytes(mod, book),
-                act_saved_bytes=max(0, m.act_after - m.act_before - m.output_bytes),
+                act_saved_bytes=max(0, m.act_after - m.act_before - m.output_bytes - _cached_cast_bytes(m, col)),
                 act_total_bytes=m.act_after,
                 act_grad_bytes=max(0, m.temp_peak - m.temp_start),
                 act_bw_bytes=m.act_at_peak,
@@ -126,6 +126,12 @@ def _held_inputs(m: Any, col: Any) -> list[tuple[int, int]]:
                                  if serial not in col.saved]
 
 
+def _cached_cast_bytes(m: Any, col: Any) -> int:
+    """Bytes of autocast's parameter casts made in the module: its cache holds them through the forward, so no plan
+    frees them (see :func:`estimators.collect.step_loop.is_cached_cast`)."""
+    return sum(col.ops[i].output_bytes for i in m.ops if col.ops[i].cached_cast)
+
+
 def _param_bytes(mod: nn.Module, book: StorageBook, opt_bytes: dict[int, int]) -> tuple[int, int]:
     params = list(mod.parameters())
     pbytes = sum(book.nbytes(s) for s in storages_of(params))
@@ -197,7 +203,7 @@ def _op_stats(m: Any, col: Any, held_serials: set[int]) -> list[OpStats]:
             OpStats(
                 name=op.name,
                 runtime_ms=op.runtime_ms,
-                output_bytes=0 if parent is not None and not op.inplace else op.output_bytes,
+                output_bytes=0 if (parent is not None and not op.inplace) or op.cached_cast else op.output_bytes,
                 view_like=op.view_like,
                 random=op.random,
                 inplace_parent=parent,

@@ -40,15 +40,17 @@ from estimators.collect.module_hooks import ModuleHooks
 from estimators.collect.moe import MoeRouting, RoutingMode, one_hot_as_on_device
 from estimators.collect.overhead import fill_checkpoint_overheads
 from estimators.collect.settings_record import with_model_settings
-from estimators.collect.timeline import BACKWARD, OPTIMIZER, TimelineRecorder
+from estimators.collect.step_loop import (describe_loop, is_cached_cast, optimizer_name, optimizer_spec,
+                                          scalar_stand_in, scratch_ops, scratch_records)
+from estimators.collect.timeline import BACKWARD, FORWARD, OPTIMIZER, TimelineRecorder
 from estimators.common import (ACT, BUFFER, COMM, GRAD, INPUT, OPT, PARAM, SAC_IGNORED_OPS, TEMP, FsdpSetup,
-                               StorageBook, default_units, is_inplace_op, is_random_op, is_view_op, make_optimizer,
-                               module_fqns, op_name, shard_model, storages_of, tensors_in, unit_fqns)
+                               StorageBook, TrainingLoop, default_units, is_inplace_op, is_random_op, is_view_op,
+                               make_optimizer, module_fqns, op_name, shard_model, storages_of, tensors_in, unit_fqns)
 from planner import Sharding, Stats, StatsMetadata
 
 __all__ = ["collect_stats", "OPTIMIZERS"]
 
-OPTIMIZERS = ("adamw", "adam", "sgd", "none")
+OPTIMIZERS = ("adamw", "adam", "sgd", "none")  # the built-in names; any dotted class path works too
 Progress = Callable[[str, int, int], None]
 
 
@@ -63,6 +65,7 @@ class _Op:
     inplace: bool
     mutated_serial: int | None
     fresh: bool = True  # every output storage is new (False: an alias op such as _unsafe_view, or in-place)
+    cached_cast: bool = False  # autocast's cast of a parameter, which its cache holds until autocast exits
 
 
 @dataclass
@@ -106,6 +109,8 @@ class _Collector(TorchDispatchMode):
         self.bw_open: list[_Mod] = []
         self.saved: set[int] = set()
         self.sharded: ShardedStep | None = None  # set for an FSDP2 step: its hook windows
+        self.under_autocast: str | None = None  # autocast's dtype when the innermost running module began or ended
+        self.autocast_seen: str | None = None  # autocast's dtype at any non-leaf module's forward
         self.timeline = TimelineRecorder(self._running)
         book.on_alloc.append(self._on_alloc)
         book.on_alloc.append(self.timeline.on_alloc)
@@ -124,6 +129,8 @@ class _Collector(TorchDispatchMode):
         kwargs = kwargs or {}
         if self.sharded is not None and (self.sharded.busy or is_collective_op(func)):
             return self._collective(func, args, kwargs)
+        if self.phase == OPT and func is torch.ops.aten._local_scalar_dense.default:
+            return scalar_stand_in(func, args[0])  # a value the optimizer step reads, if fake mode knows none
         mutated = None
         if self.phase == ACT and is_inplace_op(func) and args and isinstance(args[0], torch.Tensor):
             mutated = self.book.serial(args[0].untyped_storage())
@@ -139,7 +146,8 @@ class _Collector(TorchDispatchMode):
             for m in self.fw_stack:
                 m.fw_ms += ms
             if func not in SAC_IGNORED_OPS and self.fw_stack:
-                self._record(func, args, kwargs, ms, out_bytes, serials, mutated, fresh)
+                cast = self.under_autocast is not None and is_cached_cast(func, args, out)
+                self._record(func, args, kwargs, ms, out_bytes, serials, mutated, fresh, cast)
         elif self.phase == TEMP:
             for m in self.bw_open:
                 m.bw_ms += ms
@@ -158,7 +166,7 @@ class _Collector(TorchDispatchMode):
                 self.book.recategorize(st, COMM)
         return out
 
-    def _record(self, func, args, kwargs, ms, out_bytes, serials, mutated, fresh) -> None:
+    def _record(self, func, args, kwargs, ms, out_bytes, serials, mutated, fresh, cast) -> None:
         # Bytes follow PyTorch's SACEstimator (every output storage of a
         # non-view op) except in-place ops: their storage is their parent's,
         # which carries the bytes, and the two share one decision.
@@ -167,7 +175,7 @@ class _Collector(TorchDispatchMode):
         idx = len(self.ops)
         self.ops.append(
             _Op(op_name(func), ms, 0 if view or inplace else out_bytes, frozenset(serials), view,
-                is_random_op(func, args, kwargs), inplace, mutated, fresh)
+                is_random_op(func, args, kwargs), inplace, mutated, fresh, cast)
         )
         for m in self.fw_stack:
             if not m.is_leaf and not m.done_fw:
@@ -193,8 +201,13 @@ def collect_stats(
     inputs: Any,
     *,
     loss_fn: Callable[[Any], torch.Tensor] | None = None,
-    optimizer: str = "adamw",
+    optimizer: str | Callable[[list[nn.Parameter]], torch.optim.Optimizer] = "adamw",
+    optimizer_kwargs: dict[str, Any] | None = None,
     optimizer_foreach: bool | None = None,
+    grad_accumulation: int = 1,
+    autocast: str | None = None,
+    grad_scaler: bool = False,
+    max_grad_norm: float | None = None,
     device: str | torch.device = "cpu",
     dtype: torch.dtype | None = None,
     cost_model: Callable[..., float],
@@ -212,8 +225,15 @@ def collect_stats(
     The model may live on any device, ``meta`` included; its parameters and
     buffers are replaced by fake tensors on ``device`` (cast to ``dtype`` if
     given) for the duration of the call and restored afterwards.
-    ``optimizer_foreach`` picks the optimizer's multi-tensor implementation
-    (None: PyTorch's default on ``device``, foreach on CUDA only).
+    ``optimizer``: a name of ``OPTIMIZERS`` (torch's classes at their
+    defaults), a dotted class path built with ``optimizer_kwargs``, or
+    ``optimizer_fn(params)`` (given fake parameters); ``optimizer_foreach``
+    its multi-tensor implementation where the class takes one and the kwargs
+    do not (None: PyTorch's default on ``device``, foreach on CUDA only).
+    The loop (:class:`estimators.common.TrainingLoop`, recorded in the
+    metadata): ``grad_accumulation`` micro-batches of ``inputs``, forward and
+    loss under ``torch.autocast`` (``bf16``/``fp16``; weights stay in
+    ``dtype``), a ``GradScaler``, clipping to ``max_grad_norm``.
     ``cost_model(func, args, kwargs, out) -> ms`` prices each op.
     ``emulate_cuda_attention`` routes attention to CUDA's kernels (see
     :mod:`estimators.collect.emulation`). ``round_bytes_to`` rounds every storage up
@@ -228,8 +248,11 @@ def collect_stats(
     (:mod:`estimators.collect.fsdp`): the step runs on a sharded copy of the model
     under a fake process group, and the stats record the sharding.
     """
-    if optimizer not in OPTIMIZERS:
-        raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
+    loop = TrainingLoop(grad_accumulation, autocast, grad_scaler, max_grad_norm)
+    optimizer_spec(optimizer, optimizer_kwargs)  # ValueError naming a bad name, class path or argument
+    if fsdp is not None and fsdp.mixed_precision and autocast is not None:
+        raise ValueError(f"autocast {autocast!r} and FSDP2 mixed_precision {fsdp.mixed_precision!r} both cast the "
+                         f"compute: use one of them")
     device = torch.device(device)
     step_model, fqns, units = model, module_fqns(model), None
     if fsdp is not None and fsdp.mixed_precision and dtype not in (None, torch.float32):
@@ -249,8 +272,9 @@ def collect_stats(
         if fsdp is not None:
             step.shard(fsdp, units, stack.enter_context(fake_process_group(fsdp.world_size, device.type)))
         emulation = _emulation(emulate_cuda_attention)
-        stats = step.run(inputs, loss_fn, optimizer, optimizer_foreach, device, dtype, emulation, moe_routing,
-                         with_model_settings(metadata, model))
+        stats = step.run(inputs, loss_fn, (optimizer, optimizer_kwargs, optimizer_foreach, loop), device, dtype,
+                         emulation, moe_routing, describe_loop(with_model_settings(metadata, model), optimizer,
+                                                               optimizer_kwargs, loop))
     if fsdp is not None:
         kept = {m.fqn for m in stats.modules}  # a unit run out of place is not in the stats (nor planned)
         stats.metadata.sharding = Sharding(kind="fsdp2", world_size=fsdp.world_size,
@@ -262,6 +286,8 @@ def collect_stats(
                                   {m.fqn: m.call for m in mods.values() if m.call is not None},
                                   us_per_op=checkpoint_overhead_us_per_op, measure=measure_checkpoint_overhead,
                                   device=device, dtype=dtype, progress=progress)
+    if not isinstance(optimizer, str) and stats.metadata.optimizer is None:
+        stats.metadata.optimizer = optimizer_name(optimizer, step.optimizer_built)
     if emulate_cuda_attention:
         stats.metadata.tags["attention_kernels"] = ",".join(f"{k}:{v}" for k, v in sorted(emulation.kernels.items()))
     return stats
@@ -280,14 +306,15 @@ class _Step:
         self.setup: FsdpSetup | None = None
         self.units: list[str] = []
         self.mesh: Any = None
+        self.optimizer_built: torch.optim.Optimizer | None = None
 
     def shard(self, setup: FsdpSetup, units: list[str], mesh: Any) -> None:
         """Run the step sharded: ``fully_shard`` the (copied) model's ``units`` over ``mesh`` once it is fake."""
         self.setup, self.units, self.mesh = setup, units, mesh
 
-    def run(self, inputs: Any, loss_fn: Any, optimizer: str, optimizer_foreach: bool | None, device: torch.device,
-            dtype: torch.dtype | None, emulation: Any, moe_routing: MoeRouting | None,
-            metadata: StatsMetadata | None) -> Stats:
+    def run(self, inputs: Any, loss_fn: Any, training: tuple, device: torch.device, dtype: torch.dtype | None,
+            emulation: Any, moe_routing: MoeRouting | None, metadata: StatsMetadata | None) -> Stats:
+        """``training``: (optimizer, its kwargs, foreach, the TrainingLoop)."""
         model, book, col, hooks, fake = self.model, self.book, self.col, self.hooks, self.fake
         convert = FakeConverter(fake, device, dtype)
         restores = []
@@ -310,42 +337,62 @@ class _Step:
             for p in params:
                 p.register_post_accumulate_grad_hook(lambda q: book.recategorize_all(storages_of(q.grad), GRAD))
             routing = RoutingMode(moe_routing or MoeRouting())
-            with fake, routing, col, hooks, col.sharded or nullcontext():
-                opt_bytes = self._forward_backward_step(fake_in, fake_loss, loss_fn, emulation, optimizer,
-                                                        optimizer_foreach, device, params)
+            with fake, routing, col, col.sharded or nullcontext():
+                opt_bytes = self._training_step(fake_in, fake_loss, loss_fn, emulation, training, device, params)
             stats = build_stats(model, self.mods, col, hooks, opt_bytes, book, metadata)
             stats.metadata.model_settings.update(routing.settings(model))
+            if col.autocast_seen and "autocast" not in stats.metadata.model_settings:  # turned on inside the model
+                stats.metadata.model_settings["autocast"] = col.autocast_seen
         finally:
             for restore in reversed(restores):
                 restore()
         return stats
 
-    def _forward_backward_step(self, fake_in: Any, fake_loss: Any, loss_fn: Any, emulation: Any, optimizer: str,
-                               optimizer_foreach: bool | None, device: torch.device,
-                               params: list[nn.Parameter]) -> dict[int, int]:
-        model, col, hooks = self.model, self.col, self.hooks
+    def _training_step(self, fake_in: Any, fake_loss: Any, loss_fn: Any, emulation: Any, training: tuple,
+                       device: torch.device, params: list[nn.Parameter]) -> dict[int, int]:
+        """Every micro-batch's forward and backward, then the optimizer step, as the loop runs them."""
+        optimizer, optimizer_kwargs, optimizer_foreach, loop = training
+        col = self.col
+        scaler = loop.grad_scaler_for(device.type)
+        kernels = None
+        for k in range(1, loop.grad_accumulation + 1):
+            if loop.grad_accumulation > 1:
+                col.timeline.start_micro_batch(k)
+            # the first micro-batch describes the modules; the others only add their moments
+            hooks = self.hooks if k == 1 else ModuleHooks(col, self.book, scratch_records(self.mods), None)
+            with hooks, scratch_ops(col) if k > 1 else nullcontext():
+                self._micro_batch(hooks, fake_in, fake_loss, loss_fn, emulation, loop, scaler, device, params)
+            kernels = kernels if kernels is not None else dict(getattr(emulation, "kernels", {}))
+        if hasattr(emulation, "kernels"):
+            emulation.kernels = kernels  # one micro-batch's kernels
+        col.phase = OPT
+        col.timeline.enter(OPTIMIZER)
+        foreach = device.type == "cuda" if optimizer_foreach is None else optimizer_foreach
+        opt = make_optimizer(optimizer, params, foreach=foreach, kwargs=optimizer_kwargs)
+        loop.optimizer_step(opt, params, scaler)
+        if opt is not None and self.progress:
+            self.progress("optimizer", 1, 1)
+        self.optimizer_built = opt
+        return optimizer_bytes(opt, self.book)
+
+    def _micro_batch(self, hooks: ModuleHooks, fake_in: Any, fake_loss: Any, loss_fn: Any, emulation: Any,
+                     loop: TrainingLoop, scaler: Any, device: torch.device, params: list[nn.Parameter]) -> None:
+        model, col = self.model, self.col
+        col.phase = ACT
+        col.timeline.enter(FORWARD)
         with (torch.autograd.graph.saved_tensors_hooks(col.pack, lambda t: t), emulation,
-              hf_fake_as_real(model), one_hot_as_on_device()):
+              hf_fake_as_real(model), one_hot_as_on_device(), loop.autocast_context(device.type)):
             output, loss = forward_and_loss(model, fake_in, fake_loss, loss_fn)
         del output  # as a training loop does: `loss = model(**batch).loss; loss.backward()`
         col.phase = TEMP
         col.timeline.enter(BACKWARD)
-        loss.backward()
+        (loss if scaler is None else scaler.scale(loss)).backward()
         del loss
         if col.sharded is not None:
             col.sharded.book_grads(params)
-        for m in self.mods.values():
+        for m in hooks.mods.values():
             if m.bw_state == "open":
                 hooks.close(m)
-        col.phase = OPT
-        col.timeline.enter(OPTIMIZER)
-        foreach = device.type == "cuda" if optimizer_foreach is None else optimizer_foreach
-        opt = make_optimizer(optimizer, params, foreach=foreach)
-        if opt is not None:
-            opt.step()
-            if self.progress:
-                self.progress("optimizer", 1, 1)
-        return optimizer_bytes(opt, self.book)
 
 
 def _emulation(enabled: bool) -> Any:

@@ -3,11 +3,15 @@
 Factory contract: a function taking any of the keyword arguments
 ``batch_size``, ``seq_len``, ``dtype`` (a ``torch.dtype``) and ``device`` (a
 ``torch.device``; ``meta`` is fine and recommended for big models) and
-returning ``(model, inputs)`` or ``(model, inputs, loss_fn)``. ``inputs`` is a
+returning ``(model, inputs)``, ``(model, inputs, loss_fn)`` or ``(model,
+inputs, loss_fn, optimizer_fn)``. ``inputs`` is a
 tensor, a tuple of positional arguments or a dict of keyword arguments;
 ``loss_fn(output)`` returns the scalar loss (default: ``output.loss`` if
-present, else the sum of the first floating-point output). Only the
-arguments the factory declares are passed.
+present, else the sum of the first floating-point output; None too).
+``optimizer_fn(params)`` builds the optimizer as training does (it is called
+on the collector's fake parameters: return a new optimizer, never one built
+beforehand); it replaces ``--optimizer``. Only the arguments the factory
+declares are passed.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ class BuiltModel:
     name: str
     input_shape: list[int] | None
     notes: dict[str, str] = field(default_factory=dict)  # what was chosen for the user, e.g. the attention
+    optimizer_fn: Callable[[list[nn.Parameter]], torch.optim.Optimizer] | None = None
 
 
 def load_factory(spec: str) -> Callable[..., Any]:
@@ -64,16 +69,21 @@ def build_from_factory(
     params = inspect.signature(factory).parameters
     takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     result = factory(**{k: v for k, v in offered.items() if takes_all or k in params})
-    if not isinstance(result, tuple) or len(result) not in (2, 3) or not isinstance(result[0], nn.Module):
+    if not isinstance(result, tuple) or len(result) not in (2, 3, 4) or not isinstance(result[0], nn.Module):
         raise ValueError(
-            f"factory {getattr(factory, '__name__', factory)!r} must return (model, inputs) or "
-            f"(model, inputs, loss_fn), got {type(result).__name__}"
+            f"factory {getattr(factory, '__name__', factory)!r} must return (model, inputs), "
+            f"(model, inputs, loss_fn) or (model, inputs, loss_fn, optimizer_fn), got {type(result).__name__}"
         )
     model, inputs = result[0], result[1]
-    loss_fn = result[2] if len(result) == 3 else None
+    loss_fn = result[2] if len(result) >= 3 else None
+    optimizer_fn = result[3] if len(result) == 4 else None
+    if optimizer_fn is not None and (isinstance(optimizer_fn, torch.optim.Optimizer) or not callable(optimizer_fn)):
+        raise ValueError(f"factory {getattr(factory, '__name__', factory)!r}: the fourth value must be "
+                         f"optimizer_fn(params), a function building the optimizer (the collector calls it on fake "
+                         f"parameters), got {type(optimizer_fn).__name__}")
     first = next((t for t in _flat(inputs) if isinstance(t, torch.Tensor)), None)
     shape = list(first.shape) if first is not None else None
-    return BuiltModel(model, inputs, loss_fn, type(model).__name__, shape)
+    return BuiltModel(model, inputs, loss_fn, type(model).__name__, shape, optimizer_fn=optimizer_fn)
 
 
 def _flat(inputs: Any) -> list[Any]:

@@ -14,7 +14,7 @@ from torch import nn
 
 from estimators.collect.overhead import call_spec
 from estimators.collect.repeat_calls import RepeatCalls
-from estimators.common import ACT, GRAD, TEMP, StorageBook, storages_of, tensors_in
+from estimators.common import ACT, GRAD, TEMP, StorageBook, autocast_name, storages_of, tensors_in
 
 __all__ = ["ModuleHooks"]
 
@@ -83,6 +83,9 @@ class ModuleHooks:
             return
         first = m.fqn not in self._seen
         m.calls += 1
+        self.col.under_autocast = autocast_on()
+        if self.col.under_autocast and not m.is_leaf:
+            self.col.autocast_seen = self.col.under_autocast  # the model's own code may turn it on
         self._repeat.append(not first)
         if not first:
             self.repeats.started(m.fqn, m.is_leaf, args)
@@ -106,6 +109,7 @@ class ModuleHooks:
         if m is None or self.col.phase != ACT or not self.col.fw_stack or self.col.fw_stack[-1] is not m:
             return
         self.col.fw_stack.pop()
+        self.col.under_autocast = autocast_on()
         if self._repeat.pop():
             self.repeats.finished(m.fqn, m.is_leaf, max(0, m.act_after - m.act_before - m.output_bytes), output)
             m.later_calls.append((self._later_inputs.pop(), _serials(self.book, output)))
@@ -143,6 +147,11 @@ class ModuleHooks:
             self.col.bw_open.remove(m)
         if self.progress:
             self.progress("backward", sum(x.bw_state == "closed" for x in self.mods.values()), self.runnable)
+
+
+def autocast_on() -> str | None:
+    """The autocast dtype in effect (``bf16``, ``fp16``, for either device type the collector emulates), or None."""
+    return autocast_name("cpu") or autocast_name("cuda")
 
 
 def _activation_inputs(book: StorageBook, args: Any) -> tuple[tuple[int, int], ...]:

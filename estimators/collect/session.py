@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +32,11 @@ class CollectRequest:
     seq: int = 512
     dtype: str = "fp32"
     optimizer: str = "adamw"
+    optimizer_kwargs: str | dict | None = None  # JSON text (the CLI's) or a dict
+    grad_accumulation: int = 1
+    autocast: str | None = None
+    grad_scaler: bool = False
+    max_grad_norm: float | None = None
     device: str = "cpu"
     target_device: str | None = None
     peak_tflops: float | None = None
@@ -60,6 +66,9 @@ class CollectRequest:
                 if given:
                     raise ValueError(f"{flag} shards the step: it needs --fsdp-world-size N")
             return None
+        if self.mixed_precision is not None and self.autocast is not None:
+            raise ValueError(f"--autocast {self.autocast} and --mixed-precision {self.mixed_precision} both cast the "
+                             f"compute: use one of them")
         if self.mixed_precision is not None and self.dtype != "fp32":
             raise ValueError(f"--mixed-precision {self.mixed_precision} keeps fp32 sharded parameters and casts "
                              f"them itself: use --dtype fp32, got --dtype {self.dtype}")
@@ -73,8 +82,36 @@ class CollectRequest:
         if self.fsdp_world_size is not None:
             shard = (f", one rank of FSDP2 x{self.fsdp_world_size}"
                      f"{' bf16 mixed precision' if self.mixed_precision else ''}")
+        loop = "".join([f", {self.grad_accumulation} micro-batches" if self.grad_accumulation > 1 else "",
+                        f", autocast {self.autocast}" if self.autocast else "",
+                        ", GradScaler" if self.grad_scaler else "",
+                        f", gradients clipped to {self.max_grad_norm:g}" if self.max_grad_norm is not None else ""])
         return (f"{src} for {target}: batch {self.batch}, seq {self.seq}, {self.dtype}, optimizer {self.optimizer}"
-                f"{shard} (fake tensors on {self.device}: no real memory or compute)")
+                f"{loop}{shard} (fake tensors on {self.device}: no real memory or compute)")
+
+    def optimizer_arguments(self) -> dict | None:
+        """``optimizer_kwargs`` as a dict; ValueError naming the option for text that is not a JSON object."""
+        if self.optimizer_kwargs is None or isinstance(self.optimizer_kwargs, dict):
+            return self.optimizer_kwargs
+        try:
+            doc = json.loads(self.optimizer_kwargs)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"--optimizer-kwargs {self.optimizer_kwargs!r} is not valid JSON: {exc}") from None
+        if not isinstance(doc, dict):
+            raise ValueError(f"--optimizer-kwargs {self.optimizer_kwargs!r} must be a JSON object of arguments, "
+                             f"e.g. '{{\"lr\": 0.01}}'")
+        return doc
+
+    def check_loop(self) -> None:
+        """ValueError naming the option for a training loop that cannot be collected."""
+        if isinstance(self.grad_accumulation, bool) or not isinstance(self.grad_accumulation, int) \
+                or self.grad_accumulation < 1:
+            raise ValueError(f"--grad-accumulation must be a positive integer, got {self.grad_accumulation!r}")
+        if self.autocast is not None and self.dtype != "fp32":
+            raise ValueError(f"--autocast {self.autocast} computes in {self.autocast} from fp32 weights: use "
+                             f"--dtype fp32, got --dtype {self.dtype}")
+        if self.max_grad_norm is not None and not self.max_grad_norm > 0:
+            raise ValueError(f"--max-grad-norm must be a positive number, got {self.max_grad_norm!r}")
 
 
 @dataclass
@@ -149,6 +186,8 @@ def run_collection(req: CollectRequest, *, progress: Any = None) -> CollectResul
     if req.dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {req.dtype!r}")
     routing = parse_moe_routing(req.moe_routing)
+    req.check_loop()
+    optimizer_kwargs = req.optimizer_arguments()
     fsdp = req.fsdp_setup()
     target = target_spec(req)
     cost = RooflineCostModel(target, allow_tf32=req.allow_tf32)
@@ -169,7 +208,7 @@ def run_collection(req: CollectRequest, *, progress: Any = None) -> CollectResul
         dtype=req.dtype,
         device=req.device,
         target_device=target.name,
-        optimizer=req.optimizer,
+        optimizer=None if built.optimizer_fn is not None else req.optimizer,  # optimizer_fn: the class it built
         torch_version=torch.__version__,
         collector_version=COLLECTOR_VERSION,
         tags={"cost_model": "benchmark" if req.benchmark else "roofline",
@@ -180,7 +219,12 @@ def run_collection(req: CollectRequest, *, progress: Any = None) -> CollectResul
         built.model,
         built.inputs,
         loss_fn=built.loss_fn,
-        optimizer=req.optimizer,
+        optimizer=built.optimizer_fn or req.optimizer,
+        optimizer_kwargs=None if built.optimizer_fn is not None else optimizer_kwargs,
+        grad_accumulation=req.grad_accumulation,
+        autocast=req.autocast,
+        grad_scaler=req.grad_scaler,
+        max_grad_norm=req.max_grad_norm,
         optimizer_foreach=target.kind == "cuda",  # what PyTorch picks on the target
         device=torch.device(req.device),
         dtype=DTYPES[req.dtype],

@@ -48,37 +48,52 @@ class TimelineRecorder:
     def __init__(self, running: Callable[[], Sequence[str]]):
         self.running = running
         self.phase = FORWARD
-        # per phase, its events in step order: (kind, fqn); kinds: _FIRST (a first call finishing its forward, or
-        # starting its backward), _REPEAT (a later call doing so), _REPEAT_END (a later call's backward ending)
-        self.events: dict[str, list[tuple[str, str]]] = {FORWARD: [], BACKWARD: []}
-        self._best: dict[tuple[str, int], Instant] = {}
+        self.micro_batch: int | None = None  # with gradient accumulation: the micro-batch running, from 1
+        # per (micro-batch, phase), its events in step order: (kind, fqn); kinds: _FIRST (a first call finishing
+        # its forward, or starting its backward), _REPEAT (a later call doing so), _REPEAT_END (a later call's
+        # backward ending)
+        self.events: dict[tuple[int | None, str], list[tuple[str, str]]] = {(None, FORWARD): [], (None, BACKWARD): []}
+        self._best: dict[tuple[int | None, str, int], Instant] = {}
 
     def enter(self, phase: str) -> None:
         self.phase = phase
+        if phase == OPTIMIZER:
+            self.micro_batch = None
+
+    def start_micro_batch(self, k: int) -> None:
+        """Micro-batch ``k`` (from 1) of a step with gradient accumulation begins its forward: its moments are keyed
+        by its own module events (each micro-batch discards and recomputes as the first)."""
+        self.micro_batch, self.phase = k, FORWARD
+        self.events.pop((None, FORWARD), None)
+        self.events.pop((None, BACKWARD), None)
+        self.events[(k, FORWARD)], self.events[(k, BACKWARD)] = [], []
+
+    def _add(self, phase: str, kind: str, fqn: str) -> None:
+        self.events[(self.micro_batch, phase)].append((kind, fqn))
 
     def forward_finished(self, fqn: str) -> None:
-        self.events[FORWARD].append((_FIRST, fqn))
+        self._add(FORWARD, _FIRST, fqn)
 
     def backward_started(self, fqn: str) -> None:
-        self.events[BACKWARD].append((_FIRST, fqn))
+        self._add(BACKWARD, _FIRST, fqn)
 
     def repeat_forward_finished(self, fqn: str) -> None:
         """A call of ``fqn`` after its first finished its forward."""
-        self.events[FORWARD].append((_REPEAT, fqn))
+        self._add(FORWARD, _REPEAT, fqn)
 
     def repeat_backward_started(self, fqn: str) -> None:
-        self.events[BACKWARD].append((_REPEAT, fqn))
+        self._add(BACKWARD, _REPEAT, fqn)
 
     def repeat_backward_ended(self, fqn: str) -> None:
-        self.events[BACKWARD].append((_REPEAT_END, fqn))
+        self._add(BACKWARD, _REPEAT_END, fqn)
 
     def _count(self) -> int:
-        return len(self.events.get(self.phase, ()))
+        return len(self.events.get((self.micro_batch, self.phase), ()))
 
     def on_alloc(self, category: str, live: dict[str, int]) -> None:
         """A :attr:`StorageBook.on_alloc` callback: keep the instant if it is the most memory of its count."""
         total = sum(live.values())
-        at = (self.phase, self._count())
+        at = (self.micro_batch, self.phase, self._count())
         best = self._best.get(at)
         if best is None or total > best.total_bytes:
             other = live[PARAM] + live[GRAD] + live[OPT]
@@ -91,20 +106,23 @@ class TimelineRecorder:
         smallest position among its modules whose backward has started, or
         their number if none has. Optimizer key: 0. ``module``: the innermost
         running module the stats keep, or null. Later calls are counted for
-        the modules in ``per_call`` only.
+        the modules in ``per_call`` only. With gradient accumulation every
+        micro-batch's moments are keyed by its own events (``micro_batch``).
         """
         position = {fqn: i for i, fqn in enumerate(fw_post_order)}
-        states = _states(self.events, position, per_call)
+        micro_batches = {mb for mb, _ in self.events}
+        states = {mb: _states({ph: self.events[(mb, ph)] for ph in (FORWARD, BACKWARD)}, position, per_call)
+                  for mb in micro_batches}
         merged: dict[tuple, Instant] = {}
-        for (phase, count), instant in self._best.items():  # insertion order is step order
-            at = (phase,) + (states[phase][count] if phase in states else (0, (), ()))
+        for (mb, phase, count), instant in self._best.items():  # insertion order is step order
+            at = (mb, phase) + (states[mb][phase][count] if mb in states and phase in states[mb] else (0, (), ()))
             if at not in merged or instant.total_bytes > merged[at].total_bytes:
                 merged[at] = instant
         return [
             {"phase": phase, "key": key, "module": next((f for f in reversed(i.running) if f in position), None),
              "activation_bytes": i.activation_bytes, "grad_bytes": i.grad_bytes, "optimizer_bytes": i.optimizer_bytes,
-             "repeat_calls_discarding": dict(discarding), "repeat_calls_in_backward": dict(in_backward)}
-            for (phase, key, discarding, in_backward), i in merged.items()
+             "micro_batch": mb, "repeat_calls_discarding": dict(discarding), "repeat_calls_in_backward": dict(in_backward)}
+            for (mb, phase, key, discarding, in_backward), i in merged.items()
         ]
 
 

@@ -3,8 +3,9 @@
 ``aten_ops``: ATen ops as selective checkpointing sees them (names, views,
 in-place and random ops); ``storage_book``: live bytes per category, by weak
 reference; ``training_step``: calling the model, its default loss, the
-optimizer; ``module_names``: the stats' module names; ``model_settings``: the
-op-deciding settings of a model; ``fsdp_units``: how a model is sharded by
+optimizer; ``training_loop``: the loop around the model (micro-batches,
+autocast, a GradScaler, clipping); ``module_names``: the stats' module
+names; ``model_settings``: the op-deciding settings of a model; ``fsdp_units``: how a model is sharded by
 FSDP2. Nothing here imports another subpackage of ``estimators``.
 """
 
@@ -15,12 +16,14 @@ from estimators.common.model_settings import (CONFIG_SETTINGS, DTYPE_NAMES, expe
 from estimators.common.module_names import module_fqns
 from estimators.common.storage_book import (ACT, BUFFER, CATEGORIES, COMM, GRAD, INPUT, OPT, PARAM, TEMP, StorageBook,
                                             follow_storage_resizes, storages_of, tensors_in)
-from estimators.common.training_step import call_model, default_loss, make_optimizer
+from estimators.common.training_loop import AUTOCAST_DTYPES, TrainingLoop, autocast_name
+from estimators.common.training_step import OPTIMIZER_NAMES, call_model, default_loss, make_optimizer, optimizer_class
 
 __all__ = [
-    "ACT", "BUFFER", "CATEGORIES", "COMM", "CONFIG_SETTINGS", "DTYPE_NAMES", "GRAD", "INPUT", "MIXED_PRECISION", "OPT",
-    "PARAM", "SAC_IGNORED_OPS", "TEMP", "FsdpSetup", "StorageBook", "call_model", "default_loss", "default_units",
-    "experts_implementation", "follow_storage_resizes", "is_inplace_op", "is_random_op", "is_view_op",
-    "make_optimizer", "model_dtype_name", "model_settings_of", "module_fqns", "op_name", "shard_model", "storages_of",
-    "tensors_in", "unit_fqns",
+    "ACT", "AUTOCAST_DTYPES", "BUFFER", "CATEGORIES", "COMM", "CONFIG_SETTINGS", "DTYPE_NAMES", "GRAD", "INPUT",
+    "MIXED_PRECISION", "OPT", "OPTIMIZER_NAMES", "PARAM", "SAC_IGNORED_OPS", "TEMP", "FsdpSetup", "StorageBook",
+    "TrainingLoop", "autocast_name", "call_model", "default_loss", "default_units", "experts_implementation",
+    "follow_storage_resizes", "is_inplace_op", "is_random_op", "is_view_op", "make_optimizer", "model_dtype_name",
+    "model_settings_of", "module_fqns", "op_name", "optimizer_class", "shard_model", "storages_of", "tensors_in",
+    "unit_fqns",
 ]

@@ -17,8 +17,8 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from estimators.common import (ACT, BUFFER, GRAD, INPUT, OPT, PARAM, TEMP, StorageBook, call_model, default_loss,
-                               follow_storage_resizes, storages_of, tensors_in)
+from estimators.common import (ACT, BUFFER, GRAD, INPUT, OPT, PARAM, TEMP, StorageBook, TrainingLoop, call_model,
+                               default_loss, follow_storage_resizes, storages_of, tensors_in)
 
 __all__ = ["StepMeasure", "measure_steps", "PHASES", "FORWARD", "BACKWARD", "OPTIMIZER"]
 
@@ -39,7 +39,9 @@ class StepMeasure:
     (made in backward, gradients not yet accumulated), ``grad``, ``opt``);
     ``start_bytes``: live at the step's start. All four are None when memory
     was not tracked. ``cpu_seconds``: process CPU time of the whole step,
-    ``phase_cpu_seconds`` the same per phase.
+    ``phase_cpu_seconds`` the same per phase (summed over micro-batches).
+    ``peak_micro_batch``: with gradient accumulation, the micro-batch (from
+    1) the peak happened in; None in the optimizer step or with one.
     """
 
     step: int
@@ -50,6 +52,7 @@ class StepMeasure:
     peak_phase: str | None = None
     peak_live_bytes: dict[str, int] | None = field(default=None, repr=False)
     start_bytes: int | None = None
+    peak_micro_batch: int | None = None
 
 
 class _LiveStorages(TorchDispatchMode):
@@ -59,8 +62,10 @@ class _LiveStorages(TorchDispatchMode):
         super().__init__()
         self.book = book
         self.phase = FORWARD
+        self.micro_batch: int | None = None
         self.peak_bytes = 0
         self.peak_phase = FORWARD
+        self.peak_micro_batch: int | None = None
         self.peak_live: dict[str, int] = {}
         book.on_alloc.append(self._on_alloc)
 
@@ -69,11 +74,13 @@ class _LiveStorages(TorchDispatchMode):
 
     def restart_peak(self) -> None:
         self.peak_bytes, self.peak_phase, self.peak_live = self.live_bytes(), self.phase, dict(self.book.live)
+        self.peak_micro_batch = self.micro_batch
 
     def _on_alloc(self, category: str, live: dict[str, int]) -> None:
         total = sum(live.values())
         if total > self.peak_bytes:
             self.peak_bytes, self.peak_phase, self.peak_live = total, self.phase, dict(live)
+            self.peak_micro_batch = self.micro_batch if self.phase != OPTIMIZER else None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -93,25 +100,33 @@ def _book_existing(book: StorageBook, model: nn.Module, inputs: Any, optimizer: 
 
 
 def _one_step(model: nn.Module, inputs: Any, loss_fn: Callable[[Any], torch.Tensor],
-              optimizer: torch.optim.Optimizer, tracker: _LiveStorages | None) -> tuple[float, dict[str, float]]:
-    """Run one step; return its loss and the CPU seconds of each phase."""
-    seconds: dict[str, float] = {}
+              optimizer: torch.optim.Optimizer, tracker: _LiveStorages | None, loop: TrainingLoop,
+              scaler: Any) -> tuple[float, dict[str, float]]:
+    """Run one optimizer step (every micro-batch); return the last micro-batch's loss and the CPU seconds per phase."""
+    seconds = dict.fromkeys(PHASES, 0.0)
+    device_type = next((p.device.type for p in model.parameters()), "cpu")
 
-    def enter(phase: str) -> float:
+    def enter(phase: str, micro_batch: int | None = None) -> float:
         if tracker is not None:
-            tracker.phase = phase
+            tracker.phase, tracker.micro_batch = phase, micro_batch
         return time.process_time()
 
-    t = enter(FORWARD)
-    output = call_model(model, inputs)
-    loss = loss_fn(output)
-    del output
-    t, seconds[FORWARD] = enter(BACKWARD), time.process_time() - t
-    loss.backward()
-    value = loss.item()
-    del loss
-    t, seconds[BACKWARD] = enter(OPTIMIZER), time.process_time() - t
-    optimizer.step()
+    value = 0.0
+    for k in range(1, loop.grad_accumulation + 1):
+        micro = k if loop.grad_accumulation > 1 else None
+        t = enter(FORWARD, micro)
+        with loop.autocast_context(device_type):
+            output = call_model(model, inputs)
+            loss = loss_fn(output)
+        del output
+        seconds[FORWARD] += time.process_time() - t
+        t = enter(BACKWARD, micro)
+        (loss if scaler is None else scaler.scale(loss)).backward()
+        value = loss.item()
+        del loss
+        seconds[BACKWARD] += time.process_time() - t
+    t = enter(OPTIMIZER)
+    loop.optimizer_step(optimizer, [p for g in optimizer.param_groups for p in g["params"]], scaler)
     optimizer.zero_grad(set_to_none=True)
     seconds[OPTIMIZER] = time.process_time() - t
     return value, seconds
@@ -119,7 +134,7 @@ def _one_step(model: nn.Module, inputs: Any, loss_fn: Callable[[Any], torch.Tens
 
 def measure_steps(model: nn.Module, inputs: Any, loss_fn: Callable[[Any], torch.Tensor] | None,
                   optimizer: torch.optim.Optimizer, *, steps: int = 3, track_memory: bool = True,
-                  seed: int | None = 0) -> list[StepMeasure]:
+                  seed: int | None = 0, loop: TrainingLoop | None = None) -> list[StepMeasure]:
     """Run ``steps`` real training steps of ``model`` on ``inputs`` and measure each.
 
     A step: ``loss_fn(model(inputs))`` (``inputs`` a tensor, a tuple of
@@ -128,7 +143,11 @@ def measure_steps(model: nn.Module, inputs: Any, loss_fn: Callable[[Any], torch.
     the output dropped, ``loss.backward()``, ``optimizer.step()``,
     ``optimizer.zero_grad(set_to_none=True)``. With ``seed``, step k runs
     after ``torch.manual_seed(seed + k)``, so two models given the same seed
-    draw the same dropout masks.
+    draw the same dropout masks. ``loop`` (:class:`estimators.common.TrainingLoop`,
+    as the stats were collected with) makes a step the user's loop: that
+    many micro-batches of ``inputs``, forward and loss under autocast, the
+    loss scaled by one ``GradScaler`` kept across the steps, gradients
+    clipped, then the optimizer step.
 
     Memory (``track_memory``): the peak of the bytes of every distinct live
     tensor storage, each counted once however many tensors view it, at its
@@ -151,6 +170,8 @@ def measure_steps(model: nn.Module, inputs: Any, loss_fn: Callable[[Any], torch.
     if steps < 1:
         raise ValueError(f"steps must be at least 1, got {steps!r}")
     loss_fn = loss_fn or default_loss
+    loop = loop or TrainingLoop()
+    scaler = loop.grad_scaler_for(next((p.device.type for p in model.parameters()), "cpu"))
     book = StorageBook() if track_memory else None
     tracker = _LiveStorages(book) if book is not None else None
     handles = [p.register_post_accumulate_grad_hook(_grad_booker(book)) for p in model.parameters()
@@ -161,17 +182,17 @@ def measure_steps(model: nn.Module, inputs: Any, loss_fn: Callable[[Any], torch.
             if seed is not None:
                 torch.manual_seed(seed + k)
             if tracker is None:
-                loss, seconds = _one_step(model, inputs, loss_fn, optimizer, None)
+                loss, seconds = _one_step(model, inputs, loss_fn, optimizer, None, loop, scaler)
                 out.append(StepMeasure(k + 1, loss, sum(seconds.values()), seconds))
                 continue
             _book_existing(book, model, inputs, optimizer)
-            tracker.phase = FORWARD
+            tracker.phase, tracker.micro_batch = FORWARD, 1 if loop.grad_accumulation > 1 else None
             tracker.restart_peak()
             start = tracker.live_bytes()
             with tracker, follow_storage_resizes(book, lambda: _PHASE_CATEGORY[tracker.phase]):
-                loss, seconds = _one_step(model, inputs, loss_fn, optimizer, tracker)
+                loss, seconds = _one_step(model, inputs, loss_fn, optimizer, tracker, loop, scaler)
             out.append(StepMeasure(k + 1, loss, sum(seconds.values()), seconds, tracker.peak_bytes,
-                                   tracker.peak_phase, tracker.peak_live, start))
+                                   tracker.peak_phase, tracker.peak_live, start, tracker.peak_micro_batch))
     finally:
         for h in handles:
             h.remove()

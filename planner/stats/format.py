@@ -18,6 +18,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr,
 
 from planner.ops.groups import op_groups
 from planner.stats.orders import check_contiguous, check_order, check_sibling_order, innermost_prefix_module
+from planner.stats.metadata import StatsMetadata
 from planner.stats.sharding import Sharding
 from planner.stats.text import Text
 
@@ -53,9 +54,6 @@ def _a_number(v: Any) -> Any:
 # Whole bytes; 12.0 is accepted (JSON writers may emit it), 12.5, true and "12" are not.
 Bytes = Annotated[int, BeforeValidator(_a_number), Field(ge=0, le=MAX_BYTES)]
 Millis = Annotated[float, BeforeValidator(_a_number), Field(ge=0.0, le=1e12, allow_inf_nan=False)]
-
-
-SettingValue = Annotated[str, Field(max_length=256)] | bool | int | float | None
 
 
 class _Strict(BaseModel):
@@ -177,6 +175,9 @@ class Moment(_Strict):
     grad_bytes: Bytes = Field(0, description="Parameter gradients live at that instant.")
     optimizer_bytes: Bytes = Field(0, description="Optimizer memory live at that instant (state and the step's "
                                                   "temporaries); 0 before the first optimizer step.")
+    micro_batch: int | None = Field(None, ge=1, le=4096, exclude_if=lambda v: v is None, description="With "
+                                    "gradient accumulation (metadata.grad_accumulation): the micro-batch of a "
+                                    "forward or backward moment, from 1. Absent: the only one, or the optimizer step.")
     repeat_calls_discarding: dict[Annotated[Text, Field(max_length=1024)], Annotated[int, Field(ge=1, le=2**31)]] = \
         Field(default_factory=dict, max_length=4096, exclude_if=_none,
               description="Modules called more than once in the step: per "
@@ -188,32 +189,6 @@ class Moment(_Strict):
               description="Per module called more than once: how many of its "
               "calls after the first are in their own backward at that instant (checkpointed, each holds its inputs "
               "then).")
-
-
-class StatsMetadata(_Strict):
-    """Where a stats document came from."""
-
-    model_name: Text = Field(min_length=1, max_length=256, examples=["llama-3-8b"])
-    batch_size: int | None = Field(None, ge=1, le=2**31)
-    seq_len: int | None = Field(None, ge=1, le=2**31)
-    input_shape: list[Annotated[int, Field(ge=0, le=2**31)]] | None = Field(None, max_length=16)
-    dtype: Text | None = Field(None, max_length=32, examples=["bf16"])
-    device: Text | None = Field(None, max_length=64, description="Device the collector ran on.", examples=["cpu"])
-    target_device: Text | None = Field(None, max_length=64, description="Device the costs model.", examples=["H100-SXM"])
-    optimizer: Text | None = Field(None, max_length=32)
-    torch_version: Text | None = Field(None, max_length=64)
-    collector_version: Text | None = Field(None, max_length=64)
-    tags: dict[Annotated[Text, Field(max_length=128)], Annotated[Text, Field(max_length=1024)]] = Field(
-        default_factory=dict, max_length=64)
-    model_settings: dict[Annotated[Text, Field(max_length=64)], SettingValue] = Field(
-        default_factory=dict, max_length=32, description="Settings of the model the collector ran that decide which ops run, so a plan can be applied to "
-        "the same model: use_cache, attn_implementation, experts_implementation, moe_routing, moe_capacity_factor, "
-        "training.",
-        examples=[{"use_cache": False, "attn_implementation": "sdpa"}],
-    )
-    sharding: Sharding | None = Field(
-        None, description="Set when the step was collected sharded (sacplan collect --fsdp-world-size N): the "
-        "figures are one rank's, all-gathered parameters and collective buffers included. Null: one unsharded rank.")
 
 
 class Stats(_Strict):
@@ -352,6 +327,9 @@ def _check_timeline(s: Stats, index: dict[str, int]) -> None:
     for k, t in enumerate(s.timeline):
         if t.key > n:
             raise ValueError(f"timeline[{k}].key {t.key} is past the {n} modules of fw_post_order")
+        if t.micro_batch is not None and (t.phase == "optimizer" or t.micro_batch > (s.metadata.grad_accumulation or 1)):
+            raise ValueError(f"timeline[{k}].micro_batch {t.micro_batch} is not a micro-batch of the {t.phase} "
+                             f"(metadata.grad_accumulation {s.metadata.grad_accumulation})")
         if t.module is not None and t.module not in index:
             raise ValueError(f"timeline[{k}].module {short_value(t.module)!r} is not a module fqn")
         for name in ("repeat_calls_discarding", "repeat_calls_in_backward"):
