@@ -143,6 +143,9 @@ def verify_lines(stats: Stats, results: list[Any], skipped: list[Plan]) -> list[
         rows.append((f"{p.memory_budget_gib:g} GiB plan", why))
     width = max(len(label) for label, _ in rows)
     lines = [f"{label:<{width}}  {text}" for label, text in rows]
+    if stats.metadata.grad_accumulation and len(results) > 1:
+        lines.append(f"{'':<{width}}  (recompute per optimizer step: {stats.metadata.grad_accumulation} "
+                     f"micro-batches, each recomputing)")
     if stats.metadata.tags.get("cost_model") == "roofline" and len(results) > 1:
         lines.append(f"{'':<{width}}  (predicted recompute: ops on the {stats.metadata.target_device} roofline plus "
                      f"the estimated host overhead; collect with --benchmark here to time both on this machine)")

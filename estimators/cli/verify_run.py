@@ -2,7 +2,8 @@
 
 The step is the one the stats describe: the same model (built again from the
 same ``--hf-config`` or ``--model`` factory, now with real tensors), batch,
-sequence, dtype and optimizer, on the device the stats were made for. Each
+sequence, dtype, optimizer (and its arguments) and training loop (micro-batches,
+autocast, gradient scaler, clipping), on the device the stats were made for. Each
 plan is applied (``estimators.apply_plan``, its dry check included) to a copy
 of the model made before any step, so every run starts from the same
 weights; ``estimators.measure_steps`` gives the peak of every live storage
@@ -23,16 +24,17 @@ import torch
 
 from estimators.apply import apply_plan
 from estimators.collect import BuiltModel, cuda_device_entry
-from estimators.common import make_optimizer, module_fqns
+from estimators.common import TrainingLoop, make_optimizer, module_fqns
 from estimators.measure import measure_steps
 from planner import Plan, Stats, baseline_peak_bytes
 
-__all__ = ["Verified", "refusal", "run_device", "verify_plans", "KNOWN_METADATA"]
+__all__ = ["Verified", "refusal", "model_refusal", "run_device", "training_loop", "verify_plans", "KNOWN_METADATA"]
 
 # The metadata fields this command knows how to reproduce (or knows change nothing in a real step); a stats
 # document recording any other setting is refused rather than run as a different step.
 KNOWN_METADATA = frozenset({"model_name", "batch_size", "seq_len", "input_shape", "dtype", "device", "target_device",
-                            "optimizer", "torch_version", "collector_version", "tags", "model_settings", "sharding"})
+                            "optimizer", "optimizer_kwargs", "grad_accumulation", "max_grad_norm", "grad_scaler",
+                            "torch_version", "collector_version", "tags", "model_settings", "sharding"})
 
 
 @dataclass(frozen=True)
@@ -113,24 +115,27 @@ def verify_plans(stats: Stats, plans: list[Plan], built: BuiltModel, *, rounds: 
         apply_plan(model, plan, stats=stats, example_inputs=built.inputs, loss_fn=built.loss_fn)
         runs.append((plan, model))
     optimizers = [_optimizer(stats, model) for _, model in runs]
+    loop = training_loop(stats)
     peaks = []
     for (plan, model), opt in zip(runs, optimizers):
         if progress:
             progress(f"  memory: {'no checkpointing' if plan is None else f'{plan.memory_budget_gib:g} GiB plan'}")
-        steps = measure_steps(model, built.inputs, built.loss_fn, opt, steps=2, track_memory=True)
+        steps = measure_steps(model, built.inputs, built.loss_fn, opt, steps=2, track_memory=True, loop=loop)
         peaks.append(steps[0 if plan is not None and plan.first_step_only else -1].peak_bytes)
-    seconds = _timed_rounds(runs, optimizers, built, device, rounds, progress)
+    seconds = _timed_rounds(runs, optimizers, built, device, rounds, progress, loop)
     base_s = statistics.median(seconds[0])
     noise_ms = statistics.median(abs(s - base_s) for s in seconds[0]) * 1e3
     out = [Verified(None, baseline_peak_bytes(stats), peaks[0], None, None, noise_ms)]
     for (plan, _), peak, secs in zip(runs[1:], peaks[1:], seconds[1:]):
-        out.append(Verified(plan, plan.peak_bytes, peak, plan.recompute_ms, (statistics.median(secs) - base_s) * 1e3,
+        predicted = plan.recompute_ms_per_optimizer_step or plan.recompute_ms  # every micro-batch recomputes
+        out.append(Verified(plan, plan.peak_bytes, peak, predicted, (statistics.median(secs) - base_s) * 1e3,
                             noise_ms))
     return out
 
 
 def _timed_rounds(runs: list[tuple[Plan | None, Any]], optimizers: list[torch.optim.Optimizer], built: BuiltModel,
-                  device: torch.device, rounds: int, progress: Callable[[str], None] | None) -> list[list[float]]:
+                  device: torch.device, rounds: int, progress: Callable[[str], None] | None,
+                  loop: TrainingLoop) -> list[list[float]]:
     """Each run's step seconds, ``rounds`` interleaved rounds after one untimed; one CPU thread on the CPU, as
     ``sacplan collect --benchmark`` times (several threads' CPU time counts their waiting too)."""
     threads = torch.get_num_threads()
@@ -142,7 +147,7 @@ def _timed_rounds(runs: list[tuple[Plan | None, Any]], optimizers: list[torch.op
             if progress and k:
                 progress(f"  time: round {k} of {rounds}")
             for i, ((_, model), opt) in enumerate(zip(runs, optimizers)):
-                took = _step_seconds(model, built, opt, device, seed=k)
+                took = _step_seconds(model, built, opt, device, seed=k, loop=loop)
                 if k:  # round 0 warms up
                     seconds[i].append(took)
     finally:
@@ -150,19 +155,28 @@ def _timed_rounds(runs: list[tuple[Plan | None, Any]], optimizers: list[torch.op
     return seconds
 
 
+def training_loop(stats: Stats) -> TrainingLoop:
+    """The loop the stats' step ran: micro-batches, autocast, gradient scaler, clipping."""
+    m = stats.metadata
+    return TrainingLoop(grad_accumulation=m.grad_accumulation or 1, autocast=m.model_settings.get("autocast"),
+                        grad_scaler=bool(m.grad_scaler), max_grad_norm=m.max_grad_norm)
+
+
 def _optimizer(stats: Stats, model: Any) -> torch.optim.Optimizer:
     params = [p for p in model.parameters() if p.requires_grad]
-    foreach = stats.metadata.tags.get("optimizer_step") == "foreach"
-    opt = make_optimizer(stats.metadata.optimizer or "adamw", params, foreach=foreach)
+    m = stats.metadata
+    foreach = m.tags.get("optimizer_step") == "foreach"
+    opt = make_optimizer(m.optimizer or "adamw", params, foreach=foreach, kwargs=m.optimizer_kwargs)
     return opt if opt is not None else torch.optim.SGD(params, lr=0.0)  # "none": a step that keeps no state
 
 
-def _step_seconds(model: Any, built: BuiltModel, opt: torch.optim.Optimizer, device: torch.device, seed: int) -> float:
+def _step_seconds(model: Any, built: BuiltModel, opt: torch.optim.Optimizer, device: torch.device, seed: int,
+                  loop: TrainingLoop) -> float:
     if device.type != "cuda":
-        return measure_steps(model, built.inputs, built.loss_fn, opt, steps=1, track_memory=False,
-                             seed=seed)[0].cpu_seconds
+        return measure_steps(model, built.inputs, built.loss_fn, opt, steps=1, track_memory=False, seed=seed,
+                             loop=loop)[0].cpu_seconds
     torch.cuda.synchronize(device)
     t0 = time.perf_counter()
-    measure_steps(model, built.inputs, built.loss_fn, opt, steps=1, track_memory=False, seed=seed)
+    measure_steps(model, built.inputs, built.loss_fn, opt, steps=1, track_memory=False, seed=seed, loop=loop)
     torch.cuda.synchronize(device)
     return time.perf_counter() - t0

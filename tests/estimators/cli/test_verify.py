@@ -18,7 +18,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import planner  # noqa: E402
-from estimators.cli.verify_run import KNOWN_METADATA  # noqa: E402
+from estimators.cli.verify_run import KNOWN_METADATA, training_loop  # noqa: E402
+from estimators.common import TrainingLoop  # noqa: E402
 from planner.cli import main  # noqa: E402
 from est_helpers import TINY_LLAMA  # noqa: E402
 
@@ -113,3 +114,13 @@ def test_a_budget_in_bytes_is_questioned(collected, capsys):
     config, stats = collected
     assert main(["verify", str(stats), "--hf-config", str(config), "--budget-gib", "4294967296"]) == 1
     assert "--budget-gib 4294967296 GiB is over 64 TiB per rank: did you mean bytes?" in capsys.readouterr().err
+
+
+def test_the_step_run_is_the_stats_training_loop(collected, tmp_path):
+    _, stats = collected
+    settings = {**planner.load_stats(stats).metadata.model_settings, "autocast": "bf16"}
+    edited = _edited(stats, tmp_path, grad_accumulation=2, max_grad_norm=1.0, grad_scaler=True,
+                     model_settings=settings)
+    assert training_loop(planner.load_stats(edited)) == TrainingLoop(grad_accumulation=2, autocast="bf16",
+                                                                     grad_scaler=True, max_grad_norm=1.0)
+    assert training_loop(planner.load_stats(stats)).plain
