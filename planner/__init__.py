@@ -7,6 +7,7 @@ module-level problem, its engines and bounds), ``planning`` (``plan()`` and
 ``sweep()``, the one entry point). See docs/architecture.md.
 """
 
+from planner.figures import HOST_OVERHEAD_NOTE, RecomputeSplit, recompute_split, step_basis
 from planner.memory_model import GIB, MemoryModel, baseline_peak_bytes, compute_ms, memory_model
 from planner.ops.frontier import Frontier, module_frontier
 from planner.ops.policy import optimal_op_policy
@@ -20,6 +21,7 @@ from planner.version import PLANNER_VERSION
 
 __all__ = [
     "GIB",
+    "HOST_OVERHEAD_NOTE",
     "PLANNER_VERSION",
     "STATS_FORMAT",
     "Frontier",
@@ -31,6 +33,7 @@ __all__ = [
     "PlanOptions",
     "PlanStatus",
     "PlannedModule",
+    "RecomputeSplit",
     "Sharding",
     "Stats",
     "StatsError",
@@ -45,6 +48,8 @@ __all__ = [
     "optimal_op_policy",
     "parse_stats",
     "plan",
+    "recompute_split",
     "stats_hash",
+    "step_basis",
     "sweep",
 ]

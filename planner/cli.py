@@ -6,20 +6,24 @@ module exposes ``register(subparsers)`` and is imported only when present, so
 the planner never needs the service's or torch's dependencies to run.
 
 A usage error (unknown option, value of the wrong type) exits 1, like any other
-bad input, not argparse's 2, which ``plan``/``sweep`` use for "infeasible". A
-stdout closed early (``sacplan plan ... | head``) ends the command quietly with
-exit 1.
+bad input, not argparse's 2, which ``plan``/``sweep`` use for "infeasible". An
+unknown option is named with the closest valid one, before any other usage
+error (a typo'd ``--budgt-gib`` is not reported as a missing ``--budget-gib``),
+and options are never matched by prefix. A stdout closed early
+(``sacplan plan ... | head``) ends the command quietly with exit 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import os
 import sys
 from collections.abc import Sequence
 
 from planner.cli_plan import EXIT_BAD_INPUT
+from planner.version import PLANNER_VERSION
 
 __all__ = ["main"]
 
@@ -29,7 +33,32 @@ _OWN_PACKAGES = {"planner", "service", "estimators", "migrations"}
 
 
 class _Parser(argparse.ArgumentParser):
-    """Usage errors exit 1 (bad input); subparsers inherit the class."""
+    """Usage errors exit 1 (bad input), unknown options named with the closest valid one, no prefix matching.
+
+    Subparsers inherit the class (``add_parser`` makes them with the parent's class).
+    """
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)  # --budget never stands for --budget-gib
+        super().__init__(*args, **kwargs)
+
+    def parse_known_args(self, args=None, namespace=None):
+        # before argparse's own checks, which would report a missing required option first
+        self._refuse_unknown_options(sys.argv[1:] if args is None else list(args))
+        return super().parse_known_args(args, namespace)
+
+    def _refuse_unknown_options(self, args: list[str]) -> None:
+        known = self._option_string_actions
+        for arg in args:
+            if arg == "--" or (self._subparsers is not None and not arg.startswith("-")):
+                return  # past the options; a subcommand checks its own
+            if not arg.startswith("-") or self._negative_number_matcher.match(arg):
+                continue
+            option = arg.split("=", 1)[0]
+            if option not in known:
+                close = difflib.get_close_matches(option, [k for k in known if k.startswith("--")], n=1, cutoff=0.6)
+                hint = f" (did you mean {close[0]}?)" if close else f" (see {self.prog} --help)"
+                self.error(f"unknown option {option}{hint}")
 
     def error(self, message: str):
         self.print_usage(sys.stderr)
@@ -41,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="sacplan",
         description="Selective activation checkpointing planner: collect stats, plan, serve.",
     )
+    parser.add_argument("--version", action="version", version=f"sacplan {PLANNER_VERSION}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in _PROVIDERS:
         try:

@@ -16,6 +16,7 @@ import sys
 
 from typing import Any, get_args, get_origin
 
+from planner.figures import HOST_OVERHEAD_NOTE, recompute_split, step_basis
 from planner.memory_model import GIB
 from planner.options import PlanOptions
 from planner.plan_format import Plan
@@ -23,8 +24,8 @@ from planner.planning import sweep
 from planner.stats.format import Stats
 from planner.stats.loader import StatsError, load_stats
 
-__all__ = ["EXIT_BAD_INPUT", "EXIT_INFEASIBLE", "EXIT_NO_PLAN", "EXIT_OK", "exit_code", "plan_table", "register",
-           "sweep_table"]
+__all__ = ["EXIT_BAD_INPUT", "EXIT_INFEASIBLE", "EXIT_NO_PLAN", "EXIT_OK", "MAX_BUDGET_GIB", "exit_code", "plan_table",
+           "register", "sweep_table"]
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_INFEASIBLE, EXIT_NO_PLAN = 0, 1, 2, 3  # 1 is also every usage error (planner.cli)
 
@@ -142,7 +143,22 @@ def _run_sweep(stats: Stats, budgets: list[float], args, progress=None) -> list[
         return None
 
 
+# No device holds this much; a budget past it is most likely typed in bytes (4294967296 for 4 GiB).
+MAX_BUDGET_GIB = 64 * 1024
+
+
+def _too_large(budget_gib: float, option: str) -> bool:
+    """Say so (and return True) when a budget is past MAX_BUDGET_GIB: the user probably typed bytes."""
+    if budget_gib <= MAX_BUDGET_GIB:
+        return False
+    print(f"sacplan: {option} {budget_gib:.15g} GiB is over 64 TiB per rank: did you mean bytes? "
+          f"({budget_gib:.15g} bytes is {budget_gib / GIB:.4g} GiB; the budget is in GiB)", file=sys.stderr)
+    return True
+
+
 def _plan(args) -> int:
+    if _too_large(args.budget_gib, "--budget-gib"):
+        return EXIT_BAD_INPUT
     stats = _load(args.stats)
     if stats is None:
         return EXIT_BAD_INPUT
@@ -158,11 +174,11 @@ def _plan(args) -> int:
 
 
 def _sweep(args) -> int:
-    stats = _load(args.stats)
-    if stats is None:
-        return EXIT_BAD_INPUT
     budgets = _parse_budgets(args.budgets_gib)
     if budgets is None:
+        return EXIT_BAD_INPUT
+    stats = _load(args.stats)
+    if stats is None:
         return EXIT_BAD_INPUT
 
     def progress(i: int, n: int, p: Plan) -> None:
@@ -186,6 +202,8 @@ def _parse_budgets(text: str) -> list[float] | None:
             budgets.append(float(entry))
         except ValueError:
             print(f"sacplan: --budgets-gib entry {k} {entry!r} is not a number", file=sys.stderr)
+            return None
+        if _too_large(budgets[-1], f"--budgets-gib entry {k}"):
             return None
     return budgets
 
@@ -222,12 +240,9 @@ def _status_text(p: Plan) -> str:
     return p.status + (f" (gap {p.mip_gap:.2%})" if p.status == "feasible" and p.mip_gap else "")
 
 
-def _recompute_text(p: Plan) -> str:
-    if p.recompute_ms is None:
-        return "-"
-    if not p.compute_ms:
-        return f"{p.recompute_ms:.3f} ms"
-    return f"{p.recompute_ms:.3f} ms  ({p.recompute_ms / p.compute_ms:.1%} of the {p.compute_ms:.2f} ms step)"
+def _recompute_text(stats: Stats, p: Plan) -> str:
+    split = recompute_split(stats, p)
+    return "-" if split is None else split.text()
 
 
 def plan_table(stats: Stats, p: Plan) -> str:
@@ -238,9 +253,13 @@ def plan_table(stats: Stats, p: Plan) -> str:
         f"peak             {_gib_text(p.peak_bytes)}  (no checkpointing: {_gib_text(p.baseline_peak_bytes)})",
         f"peak at          {p.peak_at or '-'}",
         f"memory model     {p.memory_model}: {p.memory_model_note}",
-        f"recompute        {_recompute_text(p)}",
+        f"recompute        {_recompute_text(stats, p)}",
+        f"step             {p.compute_ms:.3f} ms forward + backward: {step_basis(stats)}",
         f"solve            {p.solve_seconds:.3f} s",
     ]
+    split = recompute_split(stats, p)
+    if split is not None and split.overhead_dominates:
+        lines.insert(-1, f"host overhead    {HOST_OVERHEAD_NOTE}")
     if p.min_feasible_budget_gib is not None:
         lines.append(f"min budget       {p.min_feasible_budget_gib:g} GiB")
     if p.message and p.status != "optimal":

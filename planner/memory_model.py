@@ -243,5 +243,5 @@ def discardable_bytes(m: ModuleStats) -> int:
 
 
 def compute_ms(stats: Stats) -> float:
-    """Forward + backward time of the step, without recomputation."""
+    """Forward + backward time of the step, without recomputation: its ops' runtimes alone, no host overhead."""
     return stats.root.fw_ms + stats.root.bw_ms

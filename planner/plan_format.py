@@ -73,7 +73,9 @@ class Plan(BaseModel):
     world_size: int = 1
     peak_bytes: int | None = Field(None, description="Peak memory of the plan under the memory model.")
     recompute_ms: float | None = Field(None, description="Total recompute time of the plan, per forward and "
-                                       "backward (per micro-batch with gradient accumulation).")
+                                       "backward (per micro-batch with gradient accumulation): the recomputed ops' "
+                                       "runtimes (on compute_ms's basis) plus each checkpointed module's host "
+                                       "overhead (checkpoint_overhead_ms, per call), which compute_ms leaves out.")
     grad_accumulation: int | None = Field(None, exclude_if=lambda v: v is None, description="Micro-batches per "
                                           "optimizer step, from the stats (absent: one).")
     recompute_ms_per_optimizer_step: float | None = Field(
@@ -83,7 +85,8 @@ class Plan(BaseModel):
                                          "accumulation: the micro-batch the peak is in (absent: the optimizer step).")
     baseline_peak_bytes: int = Field(description="Peak memory with no checkpointing.")
     compute_ms: float = Field(description="Forward + backward time of the step without recomputation (of one "
-                                          "micro-batch with gradient accumulation).")
+                                          "micro-batch with gradient accumulation): its ops' runtimes alone "
+                                          "(roofline or timed per op), no host overhead.")
     solve_seconds: float = 0.0
     mip_gap: float | None = Field(None, description="Proven relative optimality gap (at most the requested mip_rel_gap when optimal).")
     planner_version: str

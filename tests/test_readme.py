@@ -7,10 +7,17 @@ comment saying how this test treats it:
   (bash with ``-euo pipefail``; python as a script), exit status 0;
 * ``<!-- readme-test: serve (...) -->``: a server, started in the background
   and waited for until ``/healthz`` answers, stopped at the end;
-* ``<!-- readme-test: skip (reason) -->``: not run, for the reason given.
+* ``<!-- readme-test: skip (reason) -->``: not run, for the reason given;
+* ``<!-- readme-test: output (...) -->`` before a ``text`` block: a sample of
+  what the last block run printed, checked against it (issue 32), so it
+  cannot go stale: its lines appear in that output in order, one after the
+  other; a line ending in ``...`` stands for any line starting with the text
+  before it.
 
-The one change made to the text: port 8000 becomes a free port, so the test
-never meets another server on this machine. ``sacplan`` is the scratch copy's
+The one change made to the text: the README's service port (8100, apart from
+the quick start's 8000, so a reader who left that server running meets no
+clash) becomes a free port, so the test never meets another server on this
+machine. ``sacplan`` is the scratch copy's
 own CLI (a shim on PATH), and the scratch copy comes first on PYTHONPATH, so
 the code under test is this checkout's whatever the environment installed.
 """
@@ -33,9 +40,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
-MARKED = re.compile(r"<!-- readme-test: (run|serve|skip)\b(.*?)-->\n```(bash|python)\n(.*?)\n```", re.S)
+MARKED = re.compile(r"<!-- readme-test: (run|serve|skip|output)\b(.*?)-->\n```(bash|python|text)\n(.*?)\n```", re.S)
 FENCE = re.compile(r"^```(bash|python)\s*$", re.M)
 SAME_AS_PRINTED = "checks this is the command the collect above printed"
+QUICK_START_PORT, README_PORT = "8000", "8100"
 
 
 @dataclass
@@ -60,6 +68,32 @@ def test_every_block_says_how_the_test_treats_it():
     assert not unmarked, f"README.md blocks at lines {unmarked} have no <!-- readme-test: run|serve|skip --> comment"
     skips = [b for b in readme_blocks(text) if b.how == "skip"]
     assert all(re.fullmatch(r"\(.+\)", b.note) for b in skips), "every skip gives its reason in parentheses"
+    assert all((b.how == "output") == (b.lang == "text") for b in readme_blocks(text)), "output blocks are text"
+
+
+def test_blocks_run_in_order_meet_no_server_already_there():
+    # the quick start's `sacplan serve` (port 8000) may still run: the server the blocks start takes another port
+    blocks = readme_blocks(README.read_text())
+    served = [b for b in blocks if b.how == "serve"]
+    assert served and all(f"--port {README_PORT}" in b.code for b in served)
+    runs = [b for b in blocks if b.how == "run"]
+    assert not any(f"127.0.0.1:{QUICK_START_PORT}" in b.code or f"--port {QUICK_START_PORT}" in b.code for b in runs)
+
+
+def _assert_printed(sample: Block, printed: str) -> None:
+    """The sample's lines appear in ``printed`` in order, one after the other (``...`` ends a prefix)."""
+    want = sample.code.splitlines()
+    got = [line.rstrip() for line in printed.splitlines()]
+
+    def same(have: str, line: str) -> bool:
+        return have.startswith(line[:-3]) if line.endswith("...") else have == line.rstrip()
+
+    starts = [k for k, have in enumerate(got) if same(have, want[0])]
+    for k in starts:
+        if len(got) - k >= len(want) and all(same(got[k + i], line) for i, line in enumerate(want)):
+            return
+    raise AssertionError(f"README.md's sample output at line {sample.line} is not what the block before it printed:"
+                         f"\n--- README\n{sample.code}\n--- printed\n{printed[-4000:]}")
 
 
 def _free_port() -> int:
@@ -123,14 +157,19 @@ def test_readme_blocks_run_as_written(tmp_path):
     env = _environment(repo, tmp_path / "bin")
     port = str(_free_port())
     servers: list[subprocess.Popen] = []
-    printed_next = None
-    ran = 0
+    printed_next = printed = None
+    ran = checked = 0
     try:
         for block in readme_blocks(README.read_text()):
             if block.how == "skip":
                 continue
-            block.code = block.code.replace("127.0.0.1:8000", f"127.0.0.1:{port}").replace("--port 8000",
-                                                                                         f"--port {port}")
+            if block.how == "output":
+                assert printed is not None, f"README.md line {block.line}: a sample output before any block ran"
+                _assert_printed(block, printed)
+                checked += 1
+                continue
+            block.code = block.code.replace(f"127.0.0.1:{README_PORT}", f"127.0.0.1:{port}").replace(
+                f"--port {README_PORT}", f"--port {port}")
             if block.how == "serve":
                 servers.append(subprocess.Popen(["bash", "-c", block.code], cwd=repo, env=env, start_new_session=True,
                                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
@@ -142,6 +181,7 @@ def test_readme_blocks_run_as_written(tmp_path):
                 assert command.split("#")[0].strip() == printed_next, (
                     f"README.md line {block.line} runs {command!r}; the collect before it printed {printed_next!r}")
             proc = _run(block, repo, env)
+            printed = proc.stdout
             printed_next = _printed_next_command(proc.stdout) or printed_next
             ran += 1
     finally:
@@ -149,4 +189,5 @@ def test_readme_blocks_run_as_written(tmp_path):
             os.killpg(server.pid, signal.SIGTERM)
             server.wait(timeout=30)
     assert ran >= 8  # the README's runnable blocks: if this drops, blocks were skipped or lost their comment
+    assert checked >= 1  # the sample outputs
     assert (repo / "plan.png").stat().st_size > 0 and (repo / "llama.json").exists()

@@ -142,6 +142,7 @@ def run_collect(args: argparse.Namespace) -> int:
     from estimators.cli.guide import guide
     from estimators.cli.progress import CollectProgress
     from estimators.cli.summary import collect_summary
+    from estimators.collect import explain_step_error
     from estimators.collect.session import CollectRequest, run_collection, target_spec
 
     progress = CollectProgress(quiet=args.quiet)
@@ -152,7 +153,8 @@ def run_collect(args: argparse.Namespace) -> int:
         result = run_collection(request, progress=progress)
     except (ValueError, RuntimeError, ImportError) as exc:
         progress.close()
-        print(f"error: {exc}", file=sys.stderr)
+        # an op's error inside the model (shapes that do not fit) names the module and the config's fields
+        print(f"error: {isinstance(exc, RuntimeError) and explain_step_error(exc) or exc}", file=sys.stderr)
         return 1
     progress.note(f"  collected in {result.seconds:.1f} s; planning a few budgets")
     out = Path(args.out)

@@ -10,7 +10,8 @@ import math
 import shlex
 from dataclasses import dataclass, field
 
-from planner import GIB, Plan, Stats, baseline_peak_bytes, min_feasible_budget_gib, sweep
+from planner import (GIB, Plan, RecomputeSplit, Stats, baseline_peak_bytes, min_feasible_budget_gib, recompute_split,
+                     sweep)
 
 __all__ = ["Guidance", "guide", "WORLD_SIZES"]
 
@@ -30,13 +31,19 @@ class Guidance:
     sharded_baseline_bytes: int  # no checkpointing at that world size
     sharded_min_budget_gib: float
     suggestions: list[Plan] = field(default_factory=list)  # real plans at a few budgets, largest budget last
-    next_command: str | None = None  # None: nothing fits the device at any world size tried
+    splits: list[RecomputeSplit | None] = field(default_factory=list)  # each suggestion's recompute: ops, host
+    next_command: str | None = None  # the largest suggested budget whose plan checkpoints something; None: none does
     scope: str = "world size 1"  # what the figures are: one unsharded rank, or one rank of the collected sharding
 
     @property
     def fits_as_is(self) -> bool | None:
         """The step fits the device with no checkpointing at world size 1 (None: no device memory)."""
         return None if self.device_bytes is None else self.baseline_bytes <= self.device_bytes
+
+    @property
+    def fits_without_plan(self) -> bool:
+        """The step fits the device with no checkpointing at ``world_size`` (False: no device memory)."""
+        return self.device_bytes is not None and self.sharded_baseline_bytes <= self.device_bytes
 
     @property
     def fits_with_plan(self) -> bool | None:
@@ -64,7 +71,9 @@ def guide(stats: Stats, stats_path: str, device: str, device_bytes: int | None, 
     budgets = suggested_budgets(min_gib, g.sharded_baseline_bytes / GIB,
                                 None if device_bytes is None else device_bytes / GIB)
     g.suggestions = sweep(stats, budgets, world_size=world_size, time_limit_s=time_limit_s)
-    planned = [p for p in g.suggestions if p.status in ("optimal", "feasible")]
+    g.splits = [recompute_split(stats, p) for p in g.suggestions]
+    # a plan that checkpoints nothing changes nothing: the next command is the largest budget that does
+    planned = [p for p in g.suggestions if p.status in ("optimal", "feasible") and p.modules]
     if planned:
         command = ["sacplan", "plan", stats_path, "--budget-gib", f"{planned[-1].memory_budget_gib:g}"]
         if world_size > 1:
@@ -79,10 +88,14 @@ def suggested_budgets(min_gib: float, baseline_gib: float, device_gib: float | N
     The most worth giving is the device's memory (or, without one, just under
     what the step needs with no checkpointing); the one between lies halfway
     to the smaller of that and the no-checkpointing peak. Three significant
-    digits, rounded inward: the smallest still has a plan, the largest fits.
+    digits, rounded inward: the smallest still has a plan, the largest fits;
+    more where the smallest budget and the no-checkpointing peak are closer
+    than ten such steps (else the smallest, rounded up, might need no plan).
     """
     top = baseline_gib if device_gib is None else device_gib
     step = 10.0 ** (math.floor(math.log10(top)) - 2) if top > 0 else 1.0
+    if baseline_gib > min_gib:  # a finer grid where checkpointing spans less than ten of its steps (tiny models)
+        step = min(step, 10.0 ** (math.floor(math.log10(baseline_gib - min_gib)) - 1))
     k_low = math.ceil(min_gib / step)
     while _on_grid(k_low, step) < min_gib:
         k_low += 1

@@ -10,7 +10,7 @@ from typing import Any
 
 from estimators.cli.guide import WORLD_SIZES, Guidance
 from estimators.collect import LEFT_OUT_TAG
-from planner import GIB, Plan
+from planner import GIB, HOST_OVERHEAD_NOTE, Plan, RecomputeSplit, step_basis
 
 __all__ = ["collect_summary", "guidance_rows", "size_text"]
 
@@ -27,7 +27,7 @@ def collect_summary(result: Any, out: str, guidance: Guidance | None) -> str:
         ("activations at forward end", size_text(s.root.act_total_bytes)),
         ("baseline peak", f"{size_text(result.baseline_peak_bytes)} (no checkpointing, {_scope(s)})"),
         ("step time", f"{s.root.fw_ms + s.root.bw_ms:.2f} ms (fw {s.root.fw_ms:.2f} + bw {s.root.bw_ms:.2f}) "
-         f"on {s.metadata.target_device}"),
+         f"on {s.metadata.target_device}: {step_basis(s)}"),
         ("optimizer state", f"{size_text(s.root.optimizer_state_bytes)} ({s.metadata.optimizer})"),
         ("model settings", (", ".join(f"{k}={v}" for k, v in sorted(s.metadata.model_settings.items())) or "none")
          + (f" (attention: {s.metadata.tags['attention']})" if "attention" in s.metadata.tags else "")),
@@ -69,11 +69,32 @@ def guidance_rows(g: Guidance) -> list[tuple[str, str]]:
             rows.append(("sharded", _sharded_text(g)))
     else:
         rows.append(("smallest budget", f"{g.min_budget_gib:g} GiB has a plan ({g.scope})"))
-    for k, p in enumerate(g.suggestions):
-        rows.append(("suggested budgets" if k == 0 else "", _suggestion_text(p)))
-    if g.next_command:
-        rows.append(("next", g.next_command))
-    if g.world_size > 1 or g.next_command is None:
+    splits = g.splits or [None] * len(g.suggestions)
+    for k, (p, split) in enumerate(zip(g.suggestions, splits)):
+        rows.append(("suggested budgets" if k == 0 else "", _suggestion_text(p, split)))
+    if any(split is not None and split.overhead_dominates for split in splits):
+        rows.append(("host overhead", HOST_OVERHEAD_NOTE))
+    rows += _next_rows(g)
+    return rows
+
+
+def _next_rows(g: Guidance) -> list[tuple[str, str]]:
+    """The command worth running: a plan that checkpoints something, or nothing when the step fits as is."""
+    if g.device_bytes is not None and g.sharded_min_budget_gib * GIB > g.device_bytes:
+        return [("or", "collect again with a smaller --batch or --seq")]  # nothing fits, however sharded
+    sharded = f" over --world-size {g.world_size}" if g.world_size > 1 else ""
+    if g.fits_without_plan:
+        rows = [("next", f"nothing to plan: the step fits {g.device}{sharded} without checkpointing")]
+        if g.next_command:
+            rows.append(("to free memory", f"{g.next_command}  (e.g. for a larger --batch or --seq)"))
+        return rows
+    if g.next_command is None:
+        if g.sharded_min_budget_gib * GIB >= g.sharded_baseline_bytes * (1 - 1e-5):  # the minimum is rounded up
+            return [("next", "nothing to plan: checkpointing lowers no peak of this step (the smallest budget with "
+                             "a plan is its peak without checkpointing)")]
+        return [("next", "nothing to plan: no budget above needs checkpointing")]
+    rows = [("next", g.next_command)]
+    if g.world_size > 1:
         rows.append(("or", "collect again with a smaller --batch or --seq"))
     return rows
 
@@ -106,15 +127,15 @@ def _sharded_text(g: Guidance) -> str:
             f"smallest budget with a plan {g.sharded_min_budget_gib:g} GiB")
 
 
-def _suggestion_text(p: Plan) -> str:
+def _suggestion_text(p: Plan, split: RecomputeSplit | None) -> str:
     head = f"{p.memory_budget_gib:g} GiB"
     if p.status not in ("optimal", "feasible"):
         return f"{head}: {p.status}"
     if not p.modules:
         return f"{head}: no checkpointing needed"
-    share = f" ({p.recompute_ms / p.compute_ms:.1%} of the step)" if p.compute_ms else ""
+    recompute = split.short_text() if split is not None else f"{p.recompute_ms:.1f} ms"
     n = len(p.modules)
-    return (f"{head}: recompute {p.recompute_ms:.1f} ms{share}, {n} module{'s' if n != 1 else ''} checkpointed"
+    return (f"{head}: recompute {recompute}, {n} module{'s' if n != 1 else ''} checkpointed"
             + (f" ({p.status})" if p.status != "optimal" else ""))
 
 

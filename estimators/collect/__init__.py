@@ -7,7 +7,8 @@ its watchers: module events (``module_hooks``, ``repeat_calls``), the
 timeline (``timeline``), MoE routing (``moe``), one FSDP2 rank under a fake
 process group (``fsdp``), CUDA kernels emulated on the CPU (``emulation``),
 checkpointing's own cost (``overhead``); ``assemble`` writes the stats and
-``settings_record`` the model's settings. Imports only ``estimators.common``
+``settings_record`` the model's settings; ``step_errors`` names the module
+and the config's shape fields of an error raised inside the step. Imports only ``estimators.common``
 of its siblings: collecting depends neither on applying nor on measuring.
 """
 
@@ -21,6 +22,7 @@ from estimators.collect.models import DTYPES, BuiltModel, build_from_factory, bu
 from estimators.collect.moe import MoeRouting, TopKRecorder, parse_moe_routing
 from estimators.collect.overhead import measure_checkpoint_overhead
 from estimators.collect.session import COLLECTOR_VERSION, CollectRequest, CollectResult, run_collection, target_spec
+from estimators.collect.step_errors import explain_step_error
 from estimators.collect.timeline import BACKWARD, FORWARD, OPTIMIZER, TimelineRecorder
 
 __all__ = [
@@ -28,5 +30,5 @@ __all__ = [
     "OPTIMIZER", "OPTIMIZERS", "BenchmarkCostModel", "BuiltModel", "CollectRequest", "CollectResult", "DeviceSpec",
     "MoeRouting", "RooflineCostModel", "TimelineRecorder", "TopKRecorder", "attention_kernel", "build_from_factory",
     "build_from_hf_config", "collect_stats", "cuda_device_entry", "device_names", "device_spec", "elapsed_ms",
-    "load_factory", "measure_checkpoint_overhead", "parse_moe_routing", "run_collection", "target_spec",
+    "explain_step_error", "load_factory", "measure_checkpoint_overhead", "parse_moe_routing", "run_collection", "target_spec",
 ]

@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,27 +95,21 @@ def _flat(inputs: Any) -> list[Any]:
 def build_from_hf_config(
     config: str | Path | dict, *, batch_size: int, seq_len: int, dtype: torch.dtype, device: torch.device
 ) -> BuiltModel:
-    """A causal LM from a Hugging Face config (file or dict), random weights, built on ``meta``.
+    """A causal LM from a Hugging Face config (file, hub id or dict), random weights, built on ``meta``.
 
-    Nothing is downloaded. Inputs are ``input_ids`` and ``labels`` of shape
-    (batch_size, seq_len), so the model computes its own loss.
+    No weights are downloaded: a hub id (``Org/Name``, where no file of that
+    name exists) fetches the config alone, through ``AutoConfig`` (its cache,
+    ``HF_HUB_OFFLINE``, ``HF_TOKEN`` as usual). Inputs are ``input_ids`` and
+    ``labels`` of shape (batch_size, seq_len), so the model computes its own loss.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    if isinstance(config, (str, Path)):
-        try:
-            doc = json.loads(Path(config).read_text())
-        except FileNotFoundError:
-            raise ValueError(f"--hf-config file {str(config)!r} does not exist") from None
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"--hf-config file {str(config)!r} is not valid JSON: {exc}") from None
-    else:
-        doc = dict(config)
+    doc = _config_document(config)
     model_type = doc.pop("model_type", None)
     if not model_type:
         raise ValueError("--hf-config has no model_type (e.g. \"llama\")")
     _check_model_type(model_type)
-    cfg = AutoConfig.for_model(model_type, **doc)
+    cfg = _config(model_type, doc)
     cfg.use_cache = False  # training runs without a KV cache (apply_plan switches it off on the user's model)
     notes = _pick_attention(cfg)
     with torch.device(device):
@@ -131,8 +126,62 @@ def build_from_hf_config(
     vocab = int(getattr(cfg, "vocab_size", 32000))
     with torch.device(device):
         ids = torch.randint(0, vocab, (batch_size, seq_len))
-    name = Path(config).stem if isinstance(config, (str, Path)) else f"{model_type}-{type(model).__name__}"
+    name = f"{model_type}-{type(model).__name__}"
+    if isinstance(config, (str, Path)):
+        name = str(config).rsplit("/", 1)[-1] if _is_hub_id(config) else Path(config).stem
     return BuiltModel(model, {"input_ids": ids, "labels": ids}, None, name, [batch_size, seq_len], notes)
+
+
+# Org/Name, as the hub spells ids (huggingface_hub's rules, less their length limit); a path that exists is a file
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]*[A-Za-z0-9]")
+
+
+def _is_hub_id(config: str | Path) -> bool:
+    text = str(config)
+    return bool(_HUB_ID.fullmatch(text)) and not text.endswith(".json") and not Path(text).exists()
+
+
+def _config_document(config: str | Path | dict) -> dict:
+    """The config as a dict: read from a file, fetched from the hub (config only), or as given."""
+    if not isinstance(config, (str, Path)):
+        return dict(config)
+    if _is_hub_id(config):
+        return _hub_config(str(config))
+    try:
+        return json.loads(Path(config).read_text())
+    except FileNotFoundError:
+        raise ValueError(f"--hf-config file {str(config)!r} does not exist (a Hugging Face hub id looks like "
+                         f"Org/Name)") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--hf-config file {str(config)!r} is not valid JSON: {exc}") from None
+
+
+def _hub_config(repo_id: str) -> dict:
+    """The hub's config.json of ``repo_id`` (no weights), through ``AutoConfig``; ValueError saying why not."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(repo_id).to_dict()
+    except (OSError, ValueError) as exc:  # not found, gated, offline and not cached, no network
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"--hf-config {repo_id!r} is no file here, so it was taken as a Hugging Face hub id, and its "
+                         f"config could not be fetched: {reason[:300]} (offline? HF_HUB_OFFLINE=1 reads only the "
+                         f"local cache; or save the config.json and give its path)") from None
+
+
+def _config(model_type: str, doc: dict) -> Any:
+    """``AutoConfig.for_model``, its validation errors (hidden size not a multiple of the heads, ...) as ValueError."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.for_model(model_type, **doc)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"--hf-config is not a valid {model_type} config: {exc}") from None
+    except Exception as exc:  # huggingface_hub's StrictDataclass errors are no ValueError; the cause says why
+        if not type(exc).__module__.startswith("huggingface_hub"):
+            raise
+        cause = exc.__cause__ or exc
+        raise ValueError(f"--hf-config is not a valid {model_type} config: {str(cause).strip()}") from None
 
 
 def _pick_attention(cfg: Any) -> dict[str, str]:

@@ -29,6 +29,11 @@ class FrontierTooLarge(RuntimeError):
     """The frontier has more points than the caller allowed."""
 
 
+def _rounding_to_zero(ms: float, total_ms: float) -> float:
+    """0 for a difference within float rounding of the module's total (1e-9 of it), else the difference."""
+    return 0.0 if ms <= 1e-9 * abs(total_ms) else ms
+
+
 @dataclass(frozen=True)
 class Frontier:
     """Every non-dominated (saved bytes, saved ms) decision of one module.
@@ -50,7 +55,8 @@ class Frontier:
         return len(self.saved_bytes)
 
     def __repr__(self) -> str:  # one line, not the arrays
-        most, least = (max(0.0, float(self.recompute_ms[k])) for k in (0, -1))  # 0, not float noise below it
+        # total - saved leaves float noise (4.441e-16 ms) where nothing is recomputed: shown as 0
+        most, least = (_rounding_to_zero(float(self.recompute_ms[k]), self.total_ms) for k in (0, -1))
         return (f"Frontier({len(self)} points over {len(self.groups.members)} op groups: from saving "
                 f"{int(self.saved_bytes[0]):,} bytes and recomputing {most:.4g} ms to saving "
                 f"{int(self.saved_bytes[-1]):,} of {self.total_bytes:,} bytes and recomputing {least:.4g} ms)")

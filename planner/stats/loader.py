@@ -27,6 +27,11 @@ def parse_stats(doc: Any) -> Stats:
     """Validate a decoded JSON document in either format; raise StatsError naming the problem."""
     if isinstance(doc, Stats):
         return doc
+    if _is_plan(doc):
+        what = ("a list of plans (what sacplan sweep --json answers)" if isinstance(doc, list)
+                else "a plan (what sacplan plan --json answers)")
+        raise StatsError(f"this is {what}, not stats: give the stats the plan was made from (what sacplan "
+                         "collect wrote, or PyTorch's module_info + sac_stats)")
     if not isinstance(doc, Mapping):
         raise StatsError(f"stats document must be a JSON object, got {type(doc).__name__}")
     try:
@@ -64,6 +69,16 @@ def load_stats(path: str | Path) -> Stats:
     except RecursionError:
         raise StatsError(f"stats file {name!r} nests too deeply to be a stats document") from None
     return parse_stats(doc)
+
+
+_PLAN_KEYS = frozenset({"status", "memory_budget_gib", "planner_version", "baseline_peak_bytes"})
+
+
+def _is_plan(doc: Any) -> bool:
+    """A plan, or a sweep's list of plans, and no stats document (which has neither these keys nor a list)."""
+    if isinstance(doc, list) and doc:
+        doc = doc[0]
+    return isinstance(doc, Mapping) and _PLAN_KEYS <= doc.keys() and "metadata" not in doc
 
 
 def _errors(exc: ValidationError) -> list[dict[str, Any]]:

@@ -1,8 +1,9 @@
-"""HiGHS's C-level prints never reach stdout in library use (issue 18): planner.highs."""
+"""HiGHS's C-level prints never reach the terminal (issues 18 and 32): logged at debug level by planner.highs."""
 
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import sys
 import threading
@@ -11,26 +12,31 @@ import numpy as np
 import pytest
 from scipy.optimize import LinearConstraint
 
-from planner.highs import quiet_milp, stdout_to_stderr
+from planner.highs import quiet_milp, stdout_logged
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="C printf through ctypes needs a POSIX libc")
-def test_c_printf_inside_goes_to_stderr_and_stdout_comes_back(capfd):
+def test_c_printf_inside_is_logged_at_debug_and_stdout_comes_back(capfd, caplog):
     libc = ctypes.CDLL(None)
-    with stdout_to_stderr():
-        # what HiGHS does: a printf from C, left in C's stdout buffer
-        libc.printf(b"HighsMipSolverData::transformNewIntegerFeasibleSolution tmpSolver.run();\n")
-        os.write(1, b"raw fd 1\n")
-    os.write(1, b"after\n")
+    with caplog.at_level(logging.DEBUG, logger="planner.highs"):
+        with stdout_logged():
+            # what HiGHS does: a printf from C, left in C's stdout buffer
+            libc.printf(b"HighsMipSolverData::transformNewIntegerFeasibleSolution tmpSolver.run();\n")
+            os.write(1, b"raw fd 1\n")
+        os.write(1, b"after\n")
     out, err = capfd.readouterr()
-    assert "HighsMipSolverData" in err and "raw fd 1" in err
-    assert out == "after\n"
+    assert out == "after\n" and err == ""  # neither stream of the terminal sees it
+    logged = [r.getMessage() for r in caplog.records if r.name == "planner.highs" and r.levelno == logging.DEBUG]
+    assert logged == ["HiGHS: HighsMipSolverData::transformNewIntegerFeasibleSolution tmpSolver.run();",
+                      "HiGHS: raw fd 1"]
 
 
-def test_nested_and_concurrent_blocks_restore_stdout(capfd):
+def test_nested_and_concurrent_blocks_restore_stdout(capfd, caplog):
+    caplog.set_level(logging.DEBUG, logger="planner.highs")
+
     def solve():
-        with stdout_to_stderr():
-            with stdout_to_stderr():
+        with stdout_logged():
+            with stdout_logged():
                 os.write(1, b"inner\n")
 
     threads = [threading.Thread(target=solve) for _ in range(4)]
@@ -40,7 +46,8 @@ def test_nested_and_concurrent_blocks_restore_stdout(capfd):
         t.join()
     os.write(1, b"still stdout\n")
     out, err = capfd.readouterr()
-    assert out == "still stdout\n" and err.count("inner") == 4
+    assert out == "still stdout\n" and "inner" not in err
+    assert caplog.text.count("HiGHS: inner") == 4
 
 
 def test_quiet_milp_solves_a_knapsack():

@@ -77,6 +77,17 @@ def test_sweep_json_and_table():
     (["sweep", L4, "--budgets-gib", "4,6,"], "--budgets-gib entry 3 '' is not a number"),
     (["sweep", L4, "--budgets-gib", "4,-1"], "--budgets-gib entry 2 must be a positive number of GiB, got -1"),
     (["sweep", L4, "--budgets-gib", "-1"], "--budgets-gib entry 1 must be a positive number of GiB, got -1"),
+    # issue 32: a typo is named with the closest option, never reported as a missing --budget-gib
+    (["plan", L4, "--budgt-gib", "4"], "unknown option --budgt-gib (did you mean --budget-gib?)"),
+    (["plan", L4, "--budget-gib", "4", "--wrold-size=2"], "unknown option --wrold-size (did you mean --world-size?)"),
+    (["--verison"], "unknown option --verison (did you mean --version?)"),
+    # ... and no prefix stands for an option
+    (["plan", L4, "--budget", "4"], "unknown option --budget (did you mean --budget-gib?)"),
+    (["sweep", L4, "--budgets", "4"], "unknown option --budgets (did you mean --budgets-gib?)"),
+    # a budget typed in bytes
+    (["plan", L4, "--budget-gib", "4294967296"], "--budget-gib 4294967296 GiB is over 64 TiB per rank: did you "
+                                                 "mean bytes? (4294967296 bytes is 4 GiB"),
+    (["sweep", L4, "--budgets-gib", "4,8589934592"], "--budgets-gib entry 2 8589934592 GiB is over 64 TiB"),
 ])
 def test_bad_input_exit_1(args, match):
     r = sacplan(*args)
@@ -187,6 +198,22 @@ def test_bad_stats_file_names_the_field(tmp_path):
     assert r.returncode == 1
     # stats v1's name (modules[0].act_total_bytes) or the input's own (module_info.mod_stats[0].act_total)
     assert "[0].act_total" in r.stderr and "got -1" in r.stderr
+
+
+def test_version():
+    r = sacplan("--version")
+    assert r.returncode == 0 and r.stdout.strip() == f"sacplan {PLANNER_VERSION}"
+
+
+@pytest.mark.parametrize("command,what", [(["plan", L4, "--budget-gib", "4", "--json"], "a plan"),
+                                          (["sweep", L4, "--budgets-gib", "4,5", "--json"], "a list of plans")])
+def test_a_plan_given_as_stats_is_recognised(tmp_path, command, what):
+    made = tmp_path / "plan.json"
+    made.write_text(sacplan(*command).stdout)
+    r = sacplan("plan", made, "--budget-gib", "4")
+    assert r.returncode == 1
+    assert f"this is {what} (what sacplan {command[0]} --json answers), not stats" in r.stderr
+    assert "field required" not in r.stderr
 
 
 def test_schema_is_json_schema_of_stats_and_plan():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import planner
@@ -33,3 +34,11 @@ def test_frontier_prints_one_line():
     assert "\n" not in text and len(text) < 250
     assert text.startswith(f"Frontier({len(frontier)} points over {len(frontier.groups.members)} op groups")
     assert f"of {frontier.total_bytes:,} bytes" in text
+
+
+def test_frontier_prints_no_float_noise():
+    # L4's attention saves every op at its last point; total - saved was 4.441e-16 ms, not 0 (issue 32)
+    stats = planner.load_stats(L4)
+    texts = [repr(planner.module_frontier(m.ops)) for m in stats.modules if m.ops]
+    assert all(text.endswith("recomputing 0 ms)") for text in texts), [t for t in texts if "e-1" in t]
+    assert not any(re.search(r"\de-\d", text) for text in texts)

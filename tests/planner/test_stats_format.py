@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from planner import STATS_FORMAT, Stats, StatsError, load_stats, parse_stats, stats_hash
+from planner import STATS_FORMAT, Stats, StatsError, load_stats, parse_stats, plan, stats_hash
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 L4 = DATA / "torch_format_transformer_L4.json"
@@ -348,3 +348,13 @@ def test_held_tensor_links_round_trip_and_leave_other_documents_alone():
     # absent, they are not written: older documents keep their text and hash
     assert "held_tensors" not in parse_stats(small_doc()).canonical_json()
     assert "chained_calls" not in parse_stats(small_doc()).canonical_json()
+
+
+def test_a_plan_is_recognised_where_stats_are_expected():
+    # issue 32: a plan document used to give "metadata: field required ... and 366 more"
+    stats = load_stats(Path(__file__).resolve().parents[1] / "data" / "torch_format_transformer_L4.json")
+    doc = plan(stats, 4).model_dump(mode="json")
+    with pytest.raises(StatsError, match=r"^this is a plan \(what sacplan plan --json answers\), not stats"):
+        parse_stats(doc)
+    with pytest.raises(StatsError, match=r"^this is a list of plans"):
+        parse_stats([doc, doc])

@@ -193,10 +193,29 @@ def test_collect_summary_guides_and_progress_is_clean_lines_in_a_log(tmp_path, h
     assert rows["modules"].strip().startswith(f"{ran} that run")
     assert "48 GB = 44.70 GiB" in summary  # L40S datasheet: 48 GB
     assert rows["fits as is"].strip().startswith("yes")  # a tiny model
-    command = rows["next"].strip()
+    # issue 32: no plan at the device's capacity that checkpoints nothing
+    assert rows["next"].strip() == "nothing to plan: the step fits L40S without checkpointing"
+    assert "step time" in rows and "the ops' runtimes alone (a roofline" in rows["step time"]
+
+
+def test_collect_summary_puts_step_and_recompute_on_one_basis(tmp_path, hf_config, capsys):
+    """Issue 32: the tiny Llama's recompute was "1048.6% of the step": ops against ops, the host overhead apart,
+    and why it dominates; the printed next command checkpoints something and plans."""
+    out = tmp_path / "stats.json"
+    assert main(["collect", "--hf-config", str(hf_config), "--batch", "2", "--seq", "32", "--out", str(out),
+                 "--quiet"]) == 0
+    summary = capsys.readouterr().out
+    suggested = [line for line in summary.splitlines() if " GiB: recompute " in line]
+    assert suggested and all(" ms = ops " in line and "of the step's ops) + host overhead " in line
+                             for line in suggested)
+    shares = [float(line.split("(")[1].split("%")[0]) for line in suggested]
+    assert all(0 <= share <= 100 for share in shares), suggested
+    assert "host overhead               checkpointing's own work on the host" in summary
+    command = next(line.split(None, 1)[1] for line in summary.splitlines() if line.startswith("next "))
     assert command.startswith(f"sacplan plan {out} --budget-gib ")
     assert main(shlex.split(command)[1:] + ["--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["status"] == "optimal"
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["status"] == "optimal" and plan["modules"]
 
 
 @pytest.mark.parametrize("flag, value, message", [

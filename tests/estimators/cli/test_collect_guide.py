@@ -85,7 +85,13 @@ def test_step_that_fits_as_is_and_step_that_fits_nowhere():
     stats = load_stats(L4)
     roomy = guide(stats, "s.json", "big", 2 * baseline_peak_bytes(stats))
     assert roomy.fits_as_is is True and roomy.suggestions[-1].modules == []  # no checkpointing needed at the top
+    # issue 32: the next line suggests no plan that checkpoints nothing; freeing memory is offered apart
+    rows = dict(guidance_rows(roomy))
+    assert rows["next"] == "nothing to plan: the step fits big without checkpointing"
     assert roomy.next_command.startswith("sacplan plan s.json --budget-gib ")
+    assert rows["to free memory"].startswith(roomy.next_command)
+    budget = float(roomy.next_command.split("--budget-gib ")[1])
+    assert [p.modules != [] for p in roomy.suggestions if p.memory_budget_gib == budget] == [True]
     tiny = guide(stats, "s.json", "tiny", 1000)
     assert tiny.next_command is None and tiny.suggestions == []
     assert "nothing fits this device" in dict(guidance_rows(tiny))["sharded"]
