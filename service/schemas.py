@@ -72,8 +72,9 @@ class StatsSummary(BaseModel):
     op_count: int
     baseline_peak_bytes: int = Field(description="Peak memory with no checkpointing (world_size 1).")
     baseline_peak_gib: float
-    compute_ms: float = Field(description="Forward + backward time of the step without recomputation (of one micro-batch with
-                                          gradient accumulation): its ops' runtimes alone (roofline or timed per op), no host overhead.")
+    compute_ms: float = Field(description="Forward + backward time of the step without recomputation (of one "
+                                          "micro-batch with gradient accumulation): its ops' runtimes alone "
+                                          "(roofline or timed per op), no host overhead.")
     tags: dict[str, str]
     created_at: UtcTime
 
