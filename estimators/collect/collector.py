@@ -39,6 +39,7 @@ from estimators.collect.models import hf_fake_as_real
 from estimators.collect.module_hooks import ModuleHooks
 from estimators.collect.moe import MoeRouting, RoutingMode, one_hot_as_on_device
 from estimators.collect.overhead import fill_checkpoint_overheads
+from estimators.collect.recompute_life import RecomputeLife
 from estimators.collect.settings_record import with_model_settings
 from estimators.collect.step_loop import (describe_loop, is_cached_cast, optimizer_name, optimizer_spec,
                                           scalar_stand_in, scratch_ops, scratch_records)
@@ -66,6 +67,7 @@ class _Op:
     mutated_serial: int | None
     fresh: bool = True  # every output storage is new (False: an alias op such as _unsafe_view, or in-place)
     cached_cast: bool = False  # autocast's cast of a parameter, which its cache holds until autocast exits
+    new_storages: tuple[tuple[int, int], ...] = ()  # (serial, bytes) of the storages it made
 
 
 @dataclass
@@ -108,6 +110,9 @@ class _Collector(TorchDispatchMode):
         self.fw_stack: list[_Mod] = []
         self.bw_open: list[_Mod] = []
         self.saved: set[int] = set()
+        # recompute transients (estimators.collect.recompute_life): when each forward storage died, which
+        # modules' forward packed it, and the backward count at each module's first unpack
+        self.life = RecomputeLife()
         self.sharded: ShardedStep | None = None  # set for an FSDP2 step: its hook windows
         self.under_autocast: str | None = None  # autocast's dtype when the innermost running module began or ended
         self.autocast_seen: str | None = None  # autocast's dtype at any non-leaf module's forward
@@ -136,18 +141,21 @@ class _Collector(TorchDispatchMode):
             mutated = self.book.serial(args[0].untyped_storage())
         out = func(*args, **kwargs)
         ms = self.cost(func, args, kwargs, out)
-        serials, out_bytes, fresh = set(), 0, True
+        serials, out_bytes, fresh, made = set(), 0, True, []
         for st in storages_of(out):
             serial, new = self.book.add(st, self.phase)
             serials.add(serial)
             out_bytes += self.book.nbytes(st)
             fresh = fresh and new
+            if new and self.phase == ACT:
+                made.append((serial, self.book.nbytes(st)))
+                self.life.watch(st, serial, self)
         if self.phase == ACT:
             for m in self.fw_stack:
                 m.fw_ms += ms
             if func not in SAC_IGNORED_OPS and self.fw_stack:
                 cast = self.under_autocast is not None and is_cached_cast(func, args, out)
-                self._record(func, args, kwargs, ms, out_bytes, serials, mutated, fresh, cast)
+                self._record(func, args, kwargs, ms, out_bytes, serials, mutated, fresh, cast, tuple(made))
         elif self.phase == TEMP:
             for m in self.bw_open:
                 m.bw_ms += ms
@@ -166,7 +174,7 @@ class _Collector(TorchDispatchMode):
                 self.book.recategorize(st, COMM)
         return out
 
-    def _record(self, func, args, kwargs, ms, out_bytes, serials, mutated, fresh, cast) -> None:
+    def _record(self, func, args, kwargs, ms, out_bytes, serials, mutated, fresh, cast, made) -> None:
         # Bytes follow PyTorch's SACEstimator (every output storage of a
         # non-view op) except in-place ops: their storage is their parent's,
         # which carries the bytes, and the two share one decision.
@@ -175,7 +183,7 @@ class _Collector(TorchDispatchMode):
         idx = len(self.ops)
         self.ops.append(
             _Op(op_name(func), ms, 0 if view or inplace else out_bytes, frozenset(serials), view,
-                is_random_op(func, args, kwargs), inplace, mutated, fresh, cast)
+                is_random_op(func, args, kwargs), inplace, mutated, fresh, cast, made)
         )
         for m in self.fw_stack:
             if not m.is_leaf and not m.done_fw:
@@ -193,6 +201,14 @@ class _Collector(TorchDispatchMode):
             serial = self.book.serial(t.untyped_storage())
             if serial is not None:
                 self.saved.add(serial)
+        if self.phase == ACT:  # each pack apart: a tensor several modules save is unpacked by each in its backward
+            return t, tuple(m.fqn for m in self.fw_stack if not m.done_fw and not m.is_leaf)
+        return t, ()
+
+    def unpack(self, packed: tuple[torch.Tensor, tuple[str, ...]]) -> torch.Tensor:
+        t, fqns = packed
+        if fqns and self.phase == TEMP:
+            self.life.unpacked(fqns, self.timeline, sum(self.book.live.values()) - self.book.live[PARAM])
         return t
 
 
@@ -380,7 +396,7 @@ class _Step:
         model, col = self.model, self.col
         col.phase = ACT
         col.timeline.enter(FORWARD)
-        with (torch.autograd.graph.saved_tensors_hooks(col.pack, lambda t: t), emulation,
+        with (torch.autograd.graph.saved_tensors_hooks(col.pack, col.unpack), emulation,
               hf_fake_as_real(model), one_hot_as_on_device(), loop.autocast_context(device.type)):
             output, loss = forward_and_loss(model, fake_in, fake_loss, loss_fn)
         del output  # as a training loop does: `loss = model(**batch).loss; loss.backward()`
