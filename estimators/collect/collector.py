@@ -34,7 +34,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from estimators.collect.assemble import build_stats
 from estimators.collect.fake_step import FakeConverter, fake_loss_fn, fakeify, forward_and_loss, optimizer_bytes
-from estimators.collect.fsdp import ShardedStep, fake_process_group, is_collective_op, meta_copy
+from estimators.collect.fsdp import ShardedStep, fake_process_group, is_collective_op, meta_copy, run_collective
 from estimators.collect.models import hf_fake_as_real
 from estimators.collect.module_hooks import ModuleHooks
 from estimators.collect.moe import MoeRouting, RoutingMode, one_hot_as_on_device
@@ -110,9 +110,7 @@ class _Collector(TorchDispatchMode):
         self.fw_stack: list[_Mod] = []
         self.bw_open: list[_Mod] = []
         self.saved: set[int] = set()
-        # recompute transients (estimators.collect.recompute_life): when each forward storage died, which
-        # modules' forward packed it, and the backward count at each module's first unpack
-        self.life = RecomputeLife()
+        self.life = RecomputeLife()  # forward storages' lives, each module's first unpack
         self.sharded: ShardedStep | None = None  # set for an FSDP2 step: its hook windows
         self.under_autocast: str | None = None  # autocast's dtype when the innermost running module began or ended
         self.autocast_seen: str | None = None  # autocast's dtype at any non-leaf module's forward
@@ -133,7 +131,7 @@ class _Collector(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if self.sharded is not None and (self.sharded.busy or is_collective_op(func)):
-            return self._collective(func, args, kwargs)
+            return run_collective(self.book, func, args, kwargs)
         if self.phase == OPT and func is torch.ops.aten._local_scalar_dense.default:
             return scalar_stand_in(func, args[0])  # a value the optimizer step reads, if fake mode knows none
         mutated = None
@@ -159,19 +157,6 @@ class _Collector(TorchDispatchMode):
         elif self.phase == TEMP:
             for m in self.bw_open:
                 m.bw_ms += ms
-        return out
-
-    def _collective(self, func, args, kwargs):
-        """FSDP2's communication (see :mod:`estimators.collect.fsdp`): booked as such, no module's op, no compute time."""
-        out = func(*args, **kwargs)
-        for st in storages_of(out):
-            self.book.add(st, COMM)
-        if "reduce_scatter" in func.__name__ and args:  # its output holds the unit's sharded gradients
-            for st in storages_of(args[0]):
-                self.book.recategorize(st, GRAD)
-        for st in storages_of(kwargs.get("out")):  # FSDP2's copy-in/copy-out buffers
-            if self.book.category(st) in (ACT, TEMP):
-                self.book.recategorize(st, COMM)
         return out
 
     def _record(self, func, args, kwargs, ms, out_bytes, serials, mutated, fresh, cast, made) -> None:
@@ -201,15 +186,7 @@ class _Collector(TorchDispatchMode):
             serial = self.book.serial(t.untyped_storage())
             if serial is not None:
                 self.saved.add(serial)
-        if self.phase == ACT:  # each pack apart: a tensor several modules save is unpacked by each in its backward
-            return t, tuple(m.fqn for m in self.fw_stack if not m.done_fw and not m.is_leaf)
-        return t, ()
-
-    def unpack(self, packed: tuple[torch.Tensor, tuple[str, ...]]) -> torch.Tensor:
-        t, fqns = packed
-        if fqns and self.phase == TEMP:
-            self.life.unpacked(fqns, self.timeline, sum(self.book.live.values()) - self.book.live[PARAM])
-        return t
+        return t, tuple(m.fqn for m in self.fw_stack if not m.done_fw and not m.is_leaf) if self.phase == ACT else ()
 
 
 def collect_stats(
@@ -396,7 +373,7 @@ class _Step:
         model, col = self.model, self.col
         col.phase = ACT
         col.timeline.enter(FORWARD)
-        with (torch.autograd.graph.saved_tensors_hooks(col.pack, col.unpack), emulation,
+        with (torch.autograd.graph.saved_tensors_hooks(col.pack, col.life.unpack_hook(col)), emulation,
               hf_fake_as_real(model), one_hot_as_on_device(), loop.autocast_context(device.type)):
             output, loss = forward_and_loss(model, fake_in, fake_loss, loss_fn)
         del output  # as a training loop does: `loss = model(**batch).loss; loss.backward()`

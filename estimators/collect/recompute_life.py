@@ -16,9 +16,12 @@ moment's key is the module's ``recompute_key``.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from estimators.common import PARAM, TEMP
 
 __all__ = ["RecomputeLife"]
 
@@ -43,6 +46,17 @@ class RecomputeLife:
             self._refs.pop(serial, None)
 
         self._refs[serial] = weakref.ref(st, _freed)
+
+    def unpack_hook(self, col: Any) -> Callable[[tuple[torch.Tensor, tuple[str, ...]]], torch.Tensor]:
+        """The unpack half of the collector's ``saved_tensors_hooks``: its pack returns (tensor, the modules whose
+        forward saved it), each pack apart (a tensor several modules save is unpacked by each in its backward)."""
+        def unpack(packed: tuple[torch.Tensor, tuple[str, ...]]) -> torch.Tensor:
+            t, fqns = packed
+            if fqns and col.phase == TEMP:
+                self.unpacked(fqns, col.timeline, sum(col.book.live.values()) - col.book.live[PARAM])
+            return t
+
+        return unpack
 
     def unpacked(self, fqns: tuple[str, ...], timeline: Any, live_bytes: int) -> None:
         """The backward unpacked a tensor the forwards of ``fqns`` saved, with ``live_bytes`` live (parameters aside)."""
