@@ -33,6 +33,8 @@ from typing import Literal
 
 import numpy as np
 
+from planner.ops.frontier import max_discard_decision
+from planner.ops.recompute import recompute_transient_bytes
 from planner.stats.format import ModuleStats, Stats
 from planner.stats.sharding import sharded_world_size
 
@@ -77,6 +79,11 @@ class MemoryModel:
     # gradient accumulation: per moment its micro-batch (None: the only one, or the optimizer step), and how many
     micro_batches: tuple[int | None, ...] = ()
     grad_accumulation: int = 1
+    # step model: fqn -> (the key of the backward moment its recompute runs in, its stats) for modules whose
+    # stats say what a recompute holds (planner.ops.recompute), and what the engines add there for it: the
+    # transient of its largest discard (a safe bound only where no other save list holds more)
+    recompute_at: Mapping[str, tuple[int, ModuleStats]] = field(default_factory=dict)
+    engine_transient: Mapping[str, float] = field(default_factory=dict)
 
     def profile_bytes(self, discarded: Mapping[str, float] | None = None, *, held: bool = True,
                       shared_once: bool = True, saves: Mapping[str, Sequence[int]] | None = None) -> np.ndarray:
@@ -103,6 +110,8 @@ class MemoryModel:
                 if backward is None:
                     backward = np.array([p == "backward" for p in self.phases], dtype=bool)
                 m[backward & (self.keys <= post) & (self.keys >= self.first_pos[fqn])] += self.held_bytes[fqn]
+            if held and fqn in self.recompute_at:
+                m += self.transient_bytes(fqn, None if saves is None else saves.get(fqn))
         if held and shared_once and discarded and self.held_inputs:
             m -= self._held_more_than_once(discarded, saves or {})
         if held and shared_once and discarded and saves:
@@ -110,6 +119,17 @@ class MemoryModel:
                 if fqn in discarded and fqn in saves and saves[fqn][op]:
                     m -= nbytes * (self.repeats.get(fqn, 0.0) + self.repeats_held.get(fqn, 0.0))
         return m
+
+    def transient_bytes(self, fqn: str, save: Sequence[int] | None) -> np.ndarray:
+        """Per moment, what a recompute of checkpointed ``fqn`` with ``save`` adds (the engines' figure without)."""
+        out = np.zeros(len(self.keys))
+        if fqn not in self.recompute_at:
+            return out
+        key, module = self.recompute_at[fqn]
+        extra = self.engine_transient.get(fqn, 0.0) if save is None else recompute_transient_bytes(module, save)
+        if extra:
+            out[np.array([p == "backward" for p in self.phases], dtype=bool) & (self.keys == key)] = extra
+        return out
 
     def _held_more_than_once(self, discarded: Mapping[str, float], saves: Mapping[str, Sequence[int]]
                              ) -> np.ndarray:
@@ -199,11 +219,15 @@ def _step(stats: Stats, post: dict[str, int], world_size: int, first_step_only: 
     op_held = {m.fqn: {k: tuple(op.held_tensors) for k, op in enumerate(m.ops) if op.held_tensors}
                for m in stats.modules if m.ops and any(op.held_tensors for op in m.ops)}
     chained = {m.fqn: (m.chained_calls[0], float(m.chained_calls[1])) for m in stats.modules if m.chained_calls}
+    recompute_at = {m.fqn: (m.recompute_key, m) for m in stats.modules
+                    if m.recompute_key is not None and m.ops and any(op.storages for op in m.ops)}
+    engine_transient = {f: float(recompute_transient_bytes(m, max_discard_decision(m.ops, m.force_store_random)[0]))
+                        for f, (_, m) in recompute_at.items()}
     return MemoryModel("step", f"the collected step's timeline, {when}", np.array([t.key for t in moments]), base,
                        tuple(t.phase for t in moments), tuple(t.module for t in moments), post, held, first,
                        _per_moment(moments, "repeat_calls_discarding"), _per_moment(moments, "repeat_calls_in_backward"),
                        held_inputs, op_held, chained, tuple(t.micro_batch for t in moments),
-                       stats.metadata.grad_accumulation or 1)
+                       stats.metadata.grad_accumulation or 1, recompute_at, engine_transient)
 
 
 def _per_moment(moments: list, name: str) -> dict[str, np.ndarray]:

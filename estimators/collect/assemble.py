@@ -27,6 +27,7 @@ def build_stats(model: nn.Module, mods: dict, col: Any, hooks: Any, opt_bytes: d
     held_of = {fqn: _held_inputs(by_fqn[fqn][1], col) for fqn in pre_order}
     held_serials = {serial for held in held_of.values() for serial, _ in held}
     per_call = _described_per_call(pre_order, by_fqn, hooks)
+    post_order = [f for f in hooks.post_order if f not in left_out]
     modules = []
     for fqn in pre_order:
         mod, m = by_fqn[fqn]
@@ -64,16 +65,19 @@ def build_stats(model: nn.Module, mods: dict, col: Any, hooks: Any, opt_bytes: d
                 recompute_op_count=None if ops is None else m.recompute_stop,
                 calls=max(1, m.calls),
                 chained_calls=_chained_calls(m, col) if fqn in per_call else None,
+                recompute_key=_recompute_key(m, col, post_order) if ops else None,
                 ops=ops,
             )
         )
     metadata = (metadata or StatsMetadata(model_name=type(model).__name__)).model_copy(deep=True)
     if left_out:
         metadata.tags[LEFT_OUT_TAG] = "; ".join(f"{f} ({why})" for f, why in left_out.items())[:1024]
-    post_order = [f for f in hooks.post_order if f not in left_out]
+    moments = col.timeline.moments(post_order, per_call)
+    for module in modules:
+        module.recompute_headroom_bytes = _recompute_headroom(module, col, moments)
     try:
         return Stats(metadata=metadata, fw_pre_order=pre_order, fw_post_order=post_order, modules=modules,
-                     timeline=col.timeline.moments(post_order, per_call))
+                     timeline=moments)
     except ValidationError as exc:  # a ValueError too, but its text is a dump of the whole document
         msg = exc.errors()[0]["msg"].removeprefix("Value error, ")
         raise ValueError(f"the collected stats are not valid stats v1: {msg}. This is a collector bug: "
@@ -124,6 +128,26 @@ def _held_inputs(m: Any, col: Any) -> list[tuple[int, int]]:
     """
     return [] if m.is_leaf else [(serial, nbytes) for serial, nbytes in m.activation_inputs
                                  if serial not in col.saved]
+
+
+def _recompute_key(m: Any, col: Any, post_order: list[str]) -> int | None:
+    """The key of the backward moment where the backward first unpacks a tensor ``m``'s forward saved (where a
+    recompute of ``m`` runs); None if it never does (nothing saved, or backward never reached it)."""
+    position = col.life.first_unpack.get(m.fqn)
+    return None if position is None else col.timeline.backward_key(position[:2], post_order)
+
+
+def _recompute_headroom(module: ModuleStats, col: Any, moments: list[dict]) -> int | None:
+    """How far below its moment's most live memory the instant of ``module``'s recompute lies (the moment holds
+    the backward's later instants too: SDPA's own backward temporaries), so that only a recompute holding more
+    than that goes above the moment."""
+    if module.recompute_key is None:
+        return None
+    micro_batch, _, live = col.life.first_unpack[module.fqn]
+    most = max((m["activation_bytes"] + m["grad_bytes"] + m["optimizer_bytes"] for m in moments
+                if m["phase"] == "backward" and m["key"] == module.recompute_key and m["micro_batch"] == micro_batch),
+               default=live)
+    return max(0, most - live)
 
 
 def _cached_cast_bytes(m: Any, col: Any) -> int:
@@ -209,6 +233,8 @@ def _op_stats(m: Any, col: Any, held_serials: set[int]) -> list[OpStats]:
                 inplace_parent=parent,
                 saved_by_autograd=bool(op.out_serials) and op.out_serials <= col.saved,
                 held_tensors=(sorted(op.out_serials & held_serials) or None) if parent is None and op.fresh else None,
+                storages=[(nbytes, col.life.last_live_op(serial, m.ops), serial in col.saved)
+                          for serial, nbytes in op.new_storages] or None,
             )
         )
     # PyTorch's SACEstimator zeroes the last op that is neither view-like nor

@@ -34,11 +34,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from estimators.collect.assemble import build_stats
 from estimators.collect.fake_step import FakeConverter, fake_loss_fn, fakeify, forward_and_loss, optimizer_bytes
-from estimators.collect.fsdp import ShardedStep, fake_process_group, is_collective_op, meta_copy
+from estimators.collect.fsdp import ShardedStep, fake_process_group, is_collective_op, meta_copy, run_collective
 from estimators.collect.models import hf_fake_as_real
 from estimators.collect.module_hooks import ModuleHooks
 from estimators.collect.moe import MoeRouting, RoutingMode, one_hot_as_on_device
 from estimators.collect.overhead import fill_checkpoint_overheads
+from estimators.collect.recompute_life import RecomputeLife
 from estimators.collect.settings_record import with_model_settings
 from estimators.collect.step_loop import (describe_loop, is_cached_cast, optimizer_name, optimizer_spec,
                                           scalar_stand_in, scratch_ops, scratch_records)
@@ -66,6 +67,7 @@ class _Op:
     mutated_serial: int | None
     fresh: bool = True  # every output storage is new (False: an alias op such as _unsafe_view, or in-place)
     cached_cast: bool = False  # autocast's cast of a parameter, which its cache holds until autocast exits
+    new_storages: tuple[tuple[int, int], ...] = ()  # (serial, bytes) of the storages it made
 
 
 @dataclass
@@ -108,6 +110,7 @@ class _Collector(TorchDispatchMode):
         self.fw_stack: list[_Mod] = []
         self.bw_open: list[_Mod] = []
         self.saved: set[int] = set()
+        self.life = RecomputeLife()  # forward storages' lives, each module's first unpack
         self.sharded: ShardedStep | None = None  # set for an FSDP2 step: its hook windows
         self.under_autocast: str | None = None  # autocast's dtype when the innermost running module began or ended
         self.autocast_seen: str | None = None  # autocast's dtype at any non-leaf module's forward
@@ -128,7 +131,7 @@ class _Collector(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if self.sharded is not None and (self.sharded.busy or is_collective_op(func)):
-            return self._collective(func, args, kwargs)
+            return run_collective(self.book, func, args, kwargs)
         if self.phase == OPT and func is torch.ops.aten._local_scalar_dense.default:
             return scalar_stand_in(func, args[0])  # a value the optimizer step reads, if fake mode knows none
         mutated = None
@@ -136,37 +139,27 @@ class _Collector(TorchDispatchMode):
             mutated = self.book.serial(args[0].untyped_storage())
         out = func(*args, **kwargs)
         ms = self.cost(func, args, kwargs, out)
-        serials, out_bytes, fresh = set(), 0, True
+        serials, out_bytes, fresh, made = set(), 0, True, []
         for st in storages_of(out):
             serial, new = self.book.add(st, self.phase)
             serials.add(serial)
             out_bytes += self.book.nbytes(st)
             fresh = fresh and new
+            if new and self.phase == ACT:
+                made.append((serial, self.book.nbytes(st)))
+                self.life.watch(st, serial, self)
         if self.phase == ACT:
             for m in self.fw_stack:
                 m.fw_ms += ms
             if func not in SAC_IGNORED_OPS and self.fw_stack:
                 cast = self.under_autocast is not None and is_cached_cast(func, args, out)
-                self._record(func, args, kwargs, ms, out_bytes, serials, mutated, fresh, cast)
+                self._record(func, args, kwargs, ms, out_bytes, serials, mutated, fresh, cast, tuple(made))
         elif self.phase == TEMP:
             for m in self.bw_open:
                 m.bw_ms += ms
         return out
 
-    def _collective(self, func, args, kwargs):
-        """FSDP2's communication (see :mod:`estimators.collect.fsdp`): booked as such, no module's op, no compute time."""
-        out = func(*args, **kwargs)
-        for st in storages_of(out):
-            self.book.add(st, COMM)
-        if "reduce_scatter" in func.__name__ and args:  # its output holds the unit's sharded gradients
-            for st in storages_of(args[0]):
-                self.book.recategorize(st, GRAD)
-        for st in storages_of(kwargs.get("out")):  # FSDP2's copy-in/copy-out buffers
-            if self.book.category(st) in (ACT, TEMP):
-                self.book.recategorize(st, COMM)
-        return out
-
-    def _record(self, func, args, kwargs, ms, out_bytes, serials, mutated, fresh, cast) -> None:
+    def _record(self, func, args, kwargs, ms, out_bytes, serials, mutated, fresh, cast, made) -> None:
         # Bytes follow PyTorch's SACEstimator (every output storage of a
         # non-view op) except in-place ops: their storage is their parent's,
         # which carries the bytes, and the two share one decision.
@@ -175,7 +168,7 @@ class _Collector(TorchDispatchMode):
         idx = len(self.ops)
         self.ops.append(
             _Op(op_name(func), ms, 0 if view or inplace else out_bytes, frozenset(serials), view,
-                is_random_op(func, args, kwargs), inplace, mutated, fresh, cast)
+                is_random_op(func, args, kwargs), inplace, mutated, fresh, cast, made)
         )
         for m in self.fw_stack:
             if not m.is_leaf and not m.done_fw:
@@ -193,7 +186,7 @@ class _Collector(TorchDispatchMode):
             serial = self.book.serial(t.untyped_storage())
             if serial is not None:
                 self.saved.add(serial)
-        return t
+        return t, tuple(m.fqn for m in self.fw_stack if not m.done_fw and not m.is_leaf) if self.phase == ACT else ()
 
 
 def collect_stats(
@@ -380,7 +373,7 @@ class _Step:
         model, col = self.model, self.col
         col.phase = ACT
         col.timeline.enter(FORWARD)
-        with (torch.autograd.graph.saved_tensors_hooks(col.pack, lambda t: t), emulation,
+        with (torch.autograd.graph.saved_tensors_hooks(col.pack, col.life.unpack_hook(col)), emulation,
               hf_fake_as_real(model), one_hot_as_on_device(), loop.autocast_context(device.type)):
             output, loss = forward_and_loss(model, fake_in, fake_loss, loss_fn)
         del output  # as a training loop does: `loss = model(**batch).loss; loss.backward()`

@@ -36,11 +36,26 @@ from typing import Any
 import torch
 from torch import nn
 
-from estimators.common import COMM, GRAD, StorageBook, follow_storage_resizes, storages_of
+from estimators.common import ACT, COMM, GRAD, TEMP, StorageBook, follow_storage_resizes, storages_of
 
-__all__ = ["ShardedStep", "fake_process_group", "is_collective_op", "meta_copy"]
+__all__ = ["ShardedStep", "fake_process_group", "is_collective_op", "meta_copy", "run_collective"]
 
 _COLLECTIVE_NAMESPACES = frozenset({"c10d", "_c10d_functional", "c10d_functional", "fsdp"})
+
+
+def run_collective(book: StorageBook, func: Any, args: tuple, kwargs: dict) -> Any:
+    """Run one of FSDP2's collectives under the collector: booked as communication, no module's op, no compute
+    time (moved out of the collector's dispatch mode)."""
+    out = func(*args, **kwargs)
+    for st in storages_of(out):
+        book.add(st, COMM)
+    if "reduce_scatter" in func.__name__ and args:  # its output holds the unit's sharded gradients
+        for st in storages_of(args[0]):
+            book.recategorize(st, GRAD)
+    for st in storages_of(kwargs.get("out")):  # FSDP2's copy-in/copy-out buffers
+        if book.category(st) in (ACT, TEMP):
+            book.recategorize(st, COMM)
+    return out
 
 
 def is_collective_op(func: Any) -> bool:

@@ -90,6 +90,16 @@ class TimelineRecorder:
     def _count(self) -> int:
         return len(self.events.get((self.micro_batch, self.phase), ()))
 
+    def position(self) -> tuple[int | None, int]:
+        """(micro-batch, events of its phase so far): where the step is now, for :meth:`backward_key`."""
+        return self.micro_batch, self._count()
+
+    def backward_key(self, position: tuple[int | None, int], fw_post_order: Sequence[str]) -> int:
+        """The key of the backward moment a :meth:`position` taken in the backward falls in."""
+        micro_batch, count = position
+        events = {ph: self.events[(micro_batch, ph)] for ph in (FORWARD, BACKWARD)}
+        return _states(events, {f: i for i, f in enumerate(fw_post_order)}, ())[BACKWARD][count][0]
+
     def on_alloc(self, category: str, live: dict[str, int]) -> None:
         """A :attr:`StorageBook.on_alloc` callback: keep the instant if it is the most memory of its count."""
         total = sum(live.values())

@@ -195,16 +195,15 @@ def _need_rows(prob: Problem, values: np.ndarray) -> tuple[list[tuple[int, float
     decides (:func:`need_rows`), and (key, terms, value) rows, one per moment, where later calls of a module
     discard too (terms: candidate -> calls after its first discarding) or a checkpointed module holds its inputs
     (terms["held"]: candidate -> bytes held then, if it is checkpointed)."""
-    reps, held = prob.repeat_counts(), prob.held_counts()
+    reps, extra = prob.repeat_counts(), prob.checkpointed_extra_bytes()
     multi_at = np.zeros(len(values), bool)
-    for counts in (*reps.values(), *held.values()):
+    for counts in (*reps.values(), *extra.values()):
         multi_at |= counts > 0
     plain = need_rows(prob.node_key[~multi_at], values[~multi_at])
-    held_bytes = {i: prob.model.held_bytes[prob.candidates[i].fqn] for i in held}
     multi = []
     for t in np.flatnonzero(multi_at):
         terms: dict = {i: float(c[t]) for i, c in reps.items() if c[t] > 0}
-        terms["held"] = {i: float(c[t]) * held_bytes[i] for i, c in held.items() if c[t] > 0}
+        terms["held"] = {i: float(b[t]) for i, b in extra.items() if b[t] > 0}
         multi.append((int(prob.node_key[t]), terms, float(values[t])))
     return plain, multi
 

@@ -171,6 +171,21 @@ class Problem:
             return out
         return self.derived("held", build)
 
+    def checkpointed_extra_bytes(self) -> dict[int, np.ndarray]:
+        """Candidate index -> per moment, what checkpointing it adds to the backward: the inputs its calls hold
+        (``held_counts``) and, where its recompute runs, what the recompute holds beyond the backward's memory
+        (the engines' figure: ``MemoryModel.engine_transient``)."""
+        def build(p: Problem) -> dict[int, np.ndarray]:
+            held, out = p.held_counts(), {}
+            for i, c in enumerate(p.candidates):
+                extra = p.model.transient_bytes(c.fqn, None)
+                if i in held:
+                    extra = extra + held[i] * p.model.held_bytes[c.fqn]
+                if extra.any():
+                    out[i] = extra
+            return out
+        return self.derived("extra", build)
+
     def frontiers(self) -> Frontiers:
         """Every candidate's frontier points (built once)."""
         return self.derived("frontiers", _build_frontiers)
@@ -250,10 +265,9 @@ def held_needs(prob: Problem, budget_bytes: float) -> dict[int, float]:
     checkpointed module is checkpointed), so one threshold on the running sum at the subtree's start covers them.
     """
     model, out = prob.model, {}
-    for i, counts in prob.held_counts().items():
-        at = counts > 0
-        out[i] = float(np.max(model.base_bytes[at] + counts[at] * model.held_bytes[prob.candidates[i].fqn])) \
-            - budget_bytes if at.any() else -np.inf
+    for i, extra in prob.checkpointed_extra_bytes().items():
+        at = extra > 0
+        out[i] = float(np.max(model.base_bytes[at] + extra[at])) - budget_bytes if at.any() else -np.inf
     return out
 
 

@@ -77,6 +77,11 @@ class OpStats(_Strict):
         None, max_length=64, exclude_if=lambda v: v is None, description="Tensor numbers (as in held_inputs) "
         "of this op's outputs that some module holds as an input (a module's output that the next module takes): "
         "while both are checkpointed and this op is saved, one tensor. Null: none, or not known.")
+    storages: list[tuple[Bytes, Annotated[int, Field(ge=0, le=2**31)], bool]] | None = Field(
+        None, max_length=64, exclude_if=lambda v: v is None, description="(bytes, last op, saved) of each storage "
+        "this op made in the forward: its bytes, the index of the module's last op run while it was live (the "
+        "module's op count: it outlived them), whether autograd saved it. A recompute holds each as long (or to its "
+        "early stop): what it holds beyond the backward's memory is added at recompute_key. Null: not known.")
 
 
 class ModuleStats(_Strict):
@@ -119,6 +124,12 @@ class ModuleStats(_Strict):
         "recompute re-runs (torch.utils.checkpoint stops once it has every tensor autograd saved); null: all.")
     saved_op_overhead_ms: Millis | None = Field(None, description="What saving an op costs over recomputing it "
         "(caching its output), measured by --benchmark: a recomputed op costs its runtime less this, at least 0.")
+    recompute_key: int | None = Field(None, ge=0, le=2**31, exclude_if=lambda v: v is None, description="Checkpointed, "
+        "the key of the backward moment its recompute runs in (where the backward first unpacks a tensor its "
+        "forward saved); null: not known (recompute temporaries not counted).")
+    recompute_headroom_bytes: Bytes | None = Field(None, exclude_if=lambda v: v is None, description="How far the "
+        "live memory when its recompute runs lies below the most of its recompute_key moment: what a recompute "
+        "holds beyond the backward's memory counts only past this.")
     ops: list[OpStats] | None = Field(
         None, description="Forward ops of a non-leaf module in execution order; null when not collected."
     )

@@ -1,0 +1,79 @@
+"""What a module's recompute holds at once: when each forward storage died, and where the recompute runs.
+
+Checkpointed, a module re-runs its forward in its backward (up to its early
+stop), and for that while the storages its ops make live side by side with
+everything its backward holds: the ones autograd saves (which the plain
+step holds anyway), and temporaries no op saves (SDPA's math path under
+CPU autocast: a score matrix, its dropout) that the plain step freed in its
+forward. The recompute keeps each storage as long as the forward did (the
+same code holds the same references) or until it stops, so the forward's
+lifetimes tell the planner what a recompute holds for any save list
+(``planner.memory_model.recompute_transient_bytes``). The recompute runs
+when the backward first unpacks a tensor the module's forward saved: that
+moment's key is the module's ``recompute_key``.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from estimators.common import PARAM, TEMP
+
+__all__ = ["RecomputeLife"]
+
+
+class RecomputeLife:
+    """Per forward storage, how many ops the collector had recorded when it died; per module, its first unpack."""
+
+    def __init__(self) -> None:
+        self.freed_at: dict[int, int] = {}  # serial -> recorded ops when freed (its last live op is one less)
+        self._refs: dict[int, weakref.ref] = {}
+        # fqn -> (micro-batch, backward events so far, live bytes but parameters) at its first unpack
+        self.first_unpack: dict[str, tuple[int | None, int, int]] = {}
+
+    def watch(self, st: torch.UntypedStorage, serial: int, col: Any) -> None:
+        """Note when a storage made in the first micro-batch's forward dies."""
+        if col.timeline.micro_batch not in (None, 1):
+            return
+        ops = col.ops  # the first micro-batch's list (later micro-batches record apart)
+
+        def _freed(_ref: weakref.ref, serial: int = serial) -> None:
+            self.freed_at[serial] = len(ops)
+            self._refs.pop(serial, None)
+
+        self._refs[serial] = weakref.ref(st, _freed)
+
+    def unpack_hook(self, col: Any) -> Callable[[tuple[torch.Tensor, tuple[str, ...]]], torch.Tensor]:
+        """The unpack half of the collector's ``saved_tensors_hooks``: its pack returns (tensor, the modules whose
+        forward saved it), each pack apart (a tensor several modules save is unpacked by each in its backward)."""
+        def unpack(packed: tuple[torch.Tensor, tuple[str, ...]]) -> torch.Tensor:
+            t, fqns = packed
+            if fqns and col.phase == TEMP:
+                self.unpacked(fqns, col.timeline, sum(col.book.live.values()) - col.book.live[PARAM])
+            return t
+
+        return unpack
+
+    def unpacked(self, fqns: tuple[str, ...], timeline: Any, live_bytes: int) -> None:
+        """The backward unpacked a tensor the forwards of ``fqns`` saved, with ``live_bytes`` live (parameters aside)."""
+        for fqn in fqns:
+            self.first_unpack.setdefault(fqn, (*timeline.position(), live_bytes))
+
+    def last_live_op(self, serial: int, module_ops: list[int]) -> int:
+        """The index among ``module_ops`` (global op indices, ascending) of the last op run while the storage was
+        live; ``len(module_ops)`` if it outlived them."""
+        freed = self.freed_at.get(serial)
+        if freed is None or freed > module_ops[-1]:
+            return len(module_ops)
+        lo, hi = 0, len(module_ops)  # the last k with module_ops[k] < freed
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if module_ops[mid] < freed:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo - 1
