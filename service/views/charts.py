@@ -165,6 +165,7 @@ def _image(fig: Figure, image_format: ImageFormat) -> bytes:
 def sweep_chart(model_name: str, plans: Sequence[dict[str, Any]], baseline_peak_bytes: int, *,
                 image_format: ImageFormat = "png") -> bytes:
     """Recompute time against memory budget (the Pareto curve); budgets without a plan marked on the axis."""
+    plans = sorted(plans, key=lambda p: p["memory_budget_gib"])
     ok = [p for p in plans if p["status"] in ("optimal", "feasible") and p.get("recompute_ms") is not None]
     bad = [p for p in plans if p not in ok]
     fig = Figure(figsize=(9, 4.8), dpi=100, layout="constrained")
