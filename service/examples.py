@@ -22,7 +22,7 @@ EXAMPLE_STATS: dict[str, Any] = json.loads((files("service") / "example_stats.js
 # The stats have a 0.89 GiB peak without checkpointing and fit 0.672 GiB at best: every budget here fits.
 EXAMPLE_PLAN_REQUEST: dict[str, Any] = {
     "stats": EXAMPLE_STATS,
-    "memory_budget_gib": 0.75,
+    "memory_budget_gib": 0.7,
     "world_size": 1,
     "ac_units": None,
     "fsdp_units": None,
