@@ -37,8 +37,8 @@ Three steps:
    `POST /v1/sweeps` with several budgets for the recompute-vs-memory curve).
    Or skip step 1: send the stats themselves as `stats` instead of `stats_id`;
    they are stored as an upload (the answer names their `stats_id`).
-3. **Look**: `GET /v1/plans/{id}/chart.png` (memory per module with and
-   without the plan) or `GET /v1/sweeps/{id}/chart.png`; apply the plan's
+3. **Look**: `GET /v1/plans/{id}/chart.png` (the step's memory by kind,
+   without and with the plan) or `GET /v1/sweeps/{id}/chart.png`; apply the plan's
    `modules[].save` lists with PyTorch's selective checkpointing.
 
 When the service has API keys (`SACPLAN_API_KEYS`), press **Authorize** and
