@@ -84,6 +84,9 @@ class MemoryModel:
     # transient of its largest discard (a safe bound only where no other save list holds more)
     recompute_at: Mapping[str, tuple[int, ModuleStats]] = field(default_factory=dict)
     engine_transient: Mapping[str, float] = field(default_factory=dict)
+    # per moment, base_bytes by what the memory is: parameters, gradients, optimizer state, activations (everything
+    # else live: activation gradients, temporaries, inputs, buffers) and reserve; they add up to base_bytes
+    base_by_kind: Mapping[str, np.ndarray] = field(default_factory=dict)
 
     def profile_bytes(self, discarded: Mapping[str, float] | None = None, *, held: bool = True,
                       shared_once: bool = True, saves: Mapping[str, Sequence[int]] | None = None) -> np.ndarray:
@@ -191,7 +194,8 @@ def memory_model(stats: Stats, *, world_size: int = 1, first_step_only: bool = F
     model = _step(stats, post, world_size, first_step_only) if stats.timeline else \
         _torch(stats, post, world_size, first_step_only)
     if reserve_bytes:
-        model = replace(model, base_bytes=model.base_bytes + reserve_bytes)
+        model = replace(model, base_bytes=model.base_bytes + reserve_bytes,
+                        base_by_kind={**model.base_by_kind, "reserve": np.full(len(model.keys), float(reserve_bytes))})
     return model
 
 
@@ -201,6 +205,11 @@ def _step(stats: Stats, post: dict[str, int], world_size: int, first_step_only: 
     # in step order: micro-batch by micro-batch (forward, then backward), then the optimizer step
     moments = sorted(stats.timeline, key=lambda t: (t.phase == "optimizer", t.micro_batch or 0, _PHASE_ORDER[t.phase],
                                                     t.key if t.phase == "forward" else -t.key))
+    kinds = {"parameters": np.full(len(moments), root.param_bytes / world_size),
+             "gradients": np.array([t.grad_bytes / world_size for t in moments], dtype=np.float64),
+             "optimizer state": np.array([(t.optimizer_bytes if t.phase == "optimizer" else state) / world_size
+                                          for t in moments], dtype=np.float64),
+             "activations": np.array([t.activation_bytes for t in moments], dtype=np.float64)}
     base = np.array([t.activation_bytes + (root.param_bytes + t.grad_bytes
                                            + (t.optimizer_bytes if t.phase == "optimizer" else state)) / world_size
                      for t in moments], dtype=np.float64)
@@ -227,7 +236,7 @@ def _step(stats: Stats, post: dict[str, int], world_size: int, first_step_only: 
                        tuple(t.phase for t in moments), tuple(t.module for t in moments), post, held, first,
                        _per_moment(moments, "repeat_calls_discarding"), _per_moment(moments, "repeat_calls_in_backward"),
                        held_inputs, op_held, chained, tuple(t.micro_batch for t in moments),
-                       stats.metadata.grad_accumulation or 1, recompute_at, engine_transient)
+                       stats.metadata.grad_accumulation or 1, recompute_at, engine_transient, kinds)
 
 
 def _per_moment(moments: list, name: str) -> dict[str, np.ndarray]:
@@ -243,6 +252,11 @@ def _torch(stats: Stats, post: dict[str, int], world_size: int, first_step_only:
     state = 0 if first_step_only else stats.root.optimizer_state_bytes
     sharded = stats.root.param_bytes + state
     fqns = sorted(stats.fw_post_order, key=post.__getitem__)
+    kinds = {"parameters": np.full(len(fqns), stats.root.param_bytes / world_size),
+             "gradients": np.array([stats.module(f).grad_total_bytes / world_size for f in fqns], dtype=np.float64),
+             "optimizer state": np.full(len(fqns), state / world_size),
+             "activations": np.array([stats.module(f).act_total_bytes + stats.module(f).act_grad_bytes for f in fqns],
+                                     dtype=np.float64)}
     base = np.array([stats.module(f).act_total_bytes + stats.module(f).act_grad_bytes
                      + (sharded + stats.module(f).grad_total_bytes) / world_size for f in fqns], dtype=np.float64)
     torch_source = stats.metadata.tags.get("source_format") == "torch"
@@ -251,7 +265,7 @@ def _torch(stats: Stats, post: dict[str, int], world_size: int, first_step_only:
     if torch_source:
         note = "PyTorch's sac_milp model, one moment per module (PyTorch-format stats: like for like with sac_milp)"
     return MemoryModel("torch", note, np.array([post[f] for f in fqns]), base, ("module",) * len(fqns),
-                       tuple(fqns), post)
+                       tuple(fqns), post, base_by_kind=kinds)
 
 
 def baseline_peak_bytes(stats: Stats, *, world_size: int = 1, first_step_only: bool = False,

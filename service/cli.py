@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # the service's dependencies load only when a service command runs
     from service.store import Upgraded
 
-__all__ = ["register", "describe_upgrade", "configure_logging"]
+__all__ = ["register", "describe_upgrade", "configure_logging", "docs_url"]
 
 TRACE = 5  # uvicorn's "trace" log level
 
@@ -115,6 +115,13 @@ def _metrics_dir() -> None:
     atexit.register(shutil.rmtree, made, ignore_errors=True)
 
 
+def docs_url(host: str, port: int) -> str:
+    """Where a browser on this machine finds the docs of a service listening on ``host``:``port``."""
+    if host in ("", "0.0.0.0", "::"):  # every address: this machine's own is one of them
+        host = "127.0.0.1"
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}/docs"
+
+
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -128,6 +135,7 @@ def _serve(args: argparse.Namespace) -> int:
     _metrics_dir()
     # a new or old database is brought to head before serving
     logging.getLogger("service").info("%s", describe_upgrade(upgrade(settings.sqlalchemy_url)))
+    print(f"docs: {docs_url(args.host, args.port)} (Swagger UI; ReDoc at /redoc)", flush=True)
     uvicorn.run(
         "service.main:create_app",
         factory=True,

@@ -7,6 +7,8 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from planner import PLANNER_VERSION
+
 from service.api import (
     ROUTERS, AsciiJSONResponse, AuthThrottle, PlanFastPath, PlanResponseCache, install_error_handlers,
 )
@@ -16,7 +18,6 @@ from service.metrics import RequestMetrics, mark_process_dead
 from service.solving import SolverPool
 from service.store import make_engine, make_sessionmaker
 from service.transport import BodySizeLimit, install_log_redaction
-from service.version import SERVICE_VERSION
 from service.views import Renderer
 
 __all__ = ["create_app"]
@@ -36,8 +37,8 @@ Three steps:
    `POST /v1/sweeps` with several budgets for the recompute-vs-memory curve).
    Or skip step 1: send the stats themselves as `stats` instead of `stats_id`;
    they are stored as an upload (the answer names their `stats_id`).
-3. **Look**: `GET /v1/plans/{id}/chart.png` (memory per module with and
-   without the plan) or `GET /v1/sweeps/{id}/chart.png`; apply the plan's
+3. **Look**: `GET /v1/plans/{id}/chart.png` (the step's memory by kind,
+   without and with the plan) or `GET /v1/sweeps/{id}/chart.png`; apply the plan's
    `modules[].save` lists with PyTorch's selective checkpointing.
 
 When the service has API keys (`SACPLAN_API_KEYS`), press **Authorize** and
@@ -72,7 +73,7 @@ def create_app(settings: Settings | None = None, *, solver: SolverPool | None = 
     app = FastAPI(
         default_response_class=AsciiJSONResponse,
         title="sacplan",
-        version=SERVICE_VERSION,
+        version=PLANNER_VERSION,  # the package's version (/healthz gives the service's too)
         summary="Selective activation checkpointing planner as a service.",
         description=DESCRIPTION,
         lifespan=lifespan,

@@ -3,7 +3,8 @@
 On top of what FastAPI derives from the routes: the limits that are settings
 (``service.transport.limits``), the bearer security only when the service has API keys
 (without keys Swagger UI shows no Authorize button and no locks), and response
-examples made by the real planner (``service.docs.response_examples``).
+examples made by the real planner (``service.docs.response_examples``), and the
+stats formats wherever a stats document is sent (``service.docs.stats_schemas``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from fastapi import FastAPI
 
 from service.config import Settings
 from service.docs.response_examples import as_stored, response_examples
+from service.docs.stats_schemas import declare_stats_formats
 from service.transport import document_limits
 
 __all__ = ["install_openapi"]
@@ -33,6 +35,7 @@ def install_openapi(app: FastAPI, settings: Settings) -> None:
             if not settings.auth_enabled:
                 _drop_security(schema)
             _declare_errors(schema, auth=settings.auth_enabled)
+            declare_stats_formats(schema)
             _add_response_examples(schema)
         return app.openapi_schema
 

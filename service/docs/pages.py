@@ -12,7 +12,7 @@ from importlib.resources import files
 
 from fastapi import FastAPI, Request
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
-from fastapi.responses import HTMLResponse
+from fastapi.responses import HTMLResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 
 __all__ = ["DOCS_STATIC_URL", "DOCS_URL", "IMAGES_FROM_HERE", "REDOC_URL", "install_docs"]
@@ -28,7 +28,8 @@ _ASSETS = files("fastapi_offline") / "static"
 
 
 def install_docs(app: FastAPI) -> None:
-    """Add ``/docs`` (with its OAuth2 redirect) and ``/redoc`` to ``app``, made with ``docs_url=None, redoc_url=None``."""
+    """Add ``/docs`` (with its OAuth2 redirect) and ``/redoc`` to ``app``, made with ``docs_url=None, redoc_url=None``;
+    ``/`` leads to ``/docs``."""
     assert app.docs_url is None and app.redoc_url is None, "FastAPI's own pages would load a CDN"
     app.mount(DOCS_STATIC_URL, StaticFiles(directory=str(_ASSETS)), name="docs-static")
     oauth2_redirect_url = app.swagger_ui_oauth2_redirect_url or f"{DOCS_URL}/oauth2-redirect"
@@ -48,6 +49,10 @@ def install_docs(app: FastAPI) -> None:
         )
         page.headers.update(IMAGES_FROM_HERE)
         return page
+
+    @app.get("/", include_in_schema=False)
+    async def home(request: Request) -> RedirectResponse:
+        return RedirectResponse(f"{request.scope.get('root_path', '').rstrip('/')}{DOCS_URL}")
 
     @app.get(oauth2_redirect_url, include_in_schema=False)
     async def swagger_ui_oauth2_redirect() -> HTMLResponse:

@@ -15,7 +15,7 @@ __all__ = [
     # rendering
     "Renderer", "plan_chart_job", "sweep_chart_job", "stats_detail_job", "raise_if_stale",
     # charts
-    "plan_chart_png", "sweep_chart_png",
+    "plan_chart", "sweep_chart", "ImageFormat",
 ]
 
 __getattr__ = exports(__name__, ("bodies", "rendering", "charts"), __all__)

@@ -1,113 +1,190 @@
-"""PNG charts of plans and sweeps (matplotlib's Agg canvas: no display, one figure per call)."""
+"""Charts of plans and sweeps, PNG or SVG (matplotlib's own canvases: no display, one figure per call).
+
+A plan's chart reads at a glance: the step's phases as a labelled strip
+above the memory, the memory stacked by what it is (parameters, gradients,
+optimizer state, activations, the inputs checkpointing holds) without and
+with the plan, the module running at each moment on the x axis (as many
+names as fit), the budget, the peak, and for an infeasible budget the
+smallest budget with a plan.
+"""
 
 from __future__ import annotations
 
 import io
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.backends.backend_svg import FigureCanvasSVG
 from matplotlib.figure import Figure
 
-from planner import GIB, Stats, memory_model
+from planner import GIB, Stats
+from service.views.chart_axes import draw_phase_strip, label_modules, label_phase_strip, short_name
+from service.views.memory_kinds import StepMemory, step_memory
 
-__all__ = ["plan_chart_png", "sweep_chart_png"]
+__all__ = ["ImageFormat", "plan_chart", "sweep_chart"]
 
+ImageFormat = Literal["png", "svg"]
 
-def _moments(stats: Stats, plan: dict[str, Any]) -> tuple[list[tuple[str, str | None]], np.ndarray, np.ndarray, str]:
-    """The plan's moments, their memory without and with it, and where its peak is."""
-    timeline = plan.get("timeline")
-    if timeline:
-        base = np.array([t["baseline_bytes"] for t in timeline], dtype=np.float64)
-        planned = np.array([t["planned_bytes"] if t.get("planned_bytes") is not None else np.nan for t in timeline])
-        return [(t["phase"], t.get("module")) for t in timeline], base, planned, plan["peak_at"]
-    # a plan stored by an older planner: its moments re-derived, and described, by the memory model
-    model = memory_model(stats, world_size=plan.get("world_size", 1),
-                         first_step_only=plan.get("first_step_only", False))
-    planned = model.profile_bytes({m["fqn"]: float(m["discarded_bytes"]) for m in plan.get("modules", [])},
-                                  saves={m["fqn"]: m["save"] for m in plan.get("modules", []) if m.get("save")})
-    shown = planned if plan.get("status") in ("optimal", "feasible") else model.base_bytes
-    return (list(zip(model.phases, model.modules)), model.base_bytes, planned,
-            model.describe(int(np.argmax(shown))))
+KIND_COLORS = {"parameters": "#4c72b0", "optimizer state": "#8172b3", "gradients": "#dd8452", "reserve": "#937860",
+               "activations": "#55a868", "held inputs": "#c44e52"}
+_BUDGET = "tab:red"
+_MIN_BUDGET = "#b8860b"
 
 
-def _png(fig: Figure) -> bytes:
+def plan_chart(stats: Stats, plan: dict[str, Any], *, image_format: ImageFormat = "png") -> bytes:
+    """The step's memory by kind, without and with ``plan``, against its budget; PNG or SVG bytes."""
+    memory = step_memory(stats, plan)
+    step_phases = memory.phases[0] != "module"
+    panels = 2 if memory.planned is not None else 1
+    fig = Figure(figsize=(11, 3.1 + 2.6 * panels), dpi=100, layout="constrained")
+    ratios = ([0.09] if step_phases else []) + [1.0] * panels
+    axes = fig.subplots(len(ratios), 1, sharex=True, gridspec_kw={"height_ratios": ratios})
+    axes = list(np.atleast_1d(axes))
+    strip = axes.pop(0) if step_phases else None
+    if strip is not None:
+        draw_phase_strip(strip, memory.phases, memory.micro_batches)
+    top = max(float(memory.total(memory.baseline).max()), plan["memory_budget_gib"] * GIB,
+              (plan.get("min_feasible_budget_gib") or 0.0) * GIB) * 1.08
+    unit = _unit(top)
+    _stacked(axes[0], memory.baseline, "without checkpointing", top, unit)
+    if memory.planned is not None:
+        _stacked(axes[1], memory.planned, "with the plan", top, unit)
+        axes[1].plot(np.arange(len(memory.phases)), memory.total(memory.baseline) / unit[1], color="0.35",
+                     linestyle=":", linewidth=1.2, drawstyle="steps-mid", label="without checkpointing (total)")
+    for ax in axes:
+        _budget_lines(ax, plan, unit)
+        _micro_batch_marks(ax, memory.micro_batches)
+    _peak(axes[-1], memory, stats.root.fqn, unit)
+    axes[-1].set_xlabel("the step, in order: the module running at each moment" if step_phases
+                        else "module (forward post-order; PyTorch's per-module model)")
+    fig.suptitle(_title(stats, plan), fontsize=11)
+    handles, labels = _legend_entries(axes + ([strip] if strip is not None else []))
+    fig.legend(handles, labels, loc="outside right center", fontsize=8, frameon=False)
+    # What fits depends on the layout: lay out with provisional ticks, then name as many modules as fit.
+    label_modules(axes[-1], memory.modules, stats.root.fqn, width_px=800)
+    canvas = FigureCanvasAgg(fig)
+    fig.draw_without_rendering()
+    label_modules(axes[-1], memory.modules, stats.root.fqn, width_px=axes[-1].get_window_extent().width)
+    if strip is not None:
+        label_phase_strip(strip, memory.phases, memory.micro_batches, canvas.get_renderer())
+    return _image(fig, image_format)
+
+
+def _unit(most_bytes: float) -> tuple[str, float]:
+    """The largest binary unit that keeps ``most_bytes`` at least 1: GiB, MiB or KiB."""
+    return next(((name, scale) for name, scale in (("GiB", GIB), ("MiB", 2**20), ("KiB", 2**10)) if most_bytes >= scale),
+                ("KiB", 2**10))
+
+
+def _amount(nbytes: float, unit: tuple[str, float]) -> str:
+    return f"{nbytes / unit[1]:.4g} {unit[0]}"
+
+
+def _stacked(ax: Any, by_kind: dict[str, np.ndarray], name: str, top_bytes: float, unit: tuple[str, float]) -> None:
+    """One stacked band per kind of memory, moment by moment (a step per moment: the moments are discrete)."""
+    x = np.arange(len(next(iter(by_kind.values()))))
+    bottom = np.zeros(len(x))
+    for kind, values in by_kind.items():
+        if not np.any(values > 0):
+            continue
+        ax.fill_between(x, bottom / unit[1], (bottom + values) / unit[1], step="mid", color=KIND_COLORS[kind],
+                        alpha=0.85, linewidth=0, label=kind)
+        bottom = bottom + values
+    ax.set_ylim(0, top_bytes / unit[1])
+    ax.set_xlim(-0.5, len(x) - 0.5)
+    ax.set_ylabel(f"{name}\nmemory, {unit[0]}", fontsize=9)
+    ax.grid(axis="y", alpha=0.3)
+
+
+def _budget_lines(ax: Any, plan: dict[str, Any], unit: tuple[str, float]) -> None:
+    budget = plan["memory_budget_gib"] * GIB
+    ax.axhline(budget / unit[1], color=_BUDGET, linestyle="--", linewidth=1.3, label=f"budget {_amount(budget, unit)}")
+    smallest = plan.get("min_feasible_budget_gib")
+    if smallest is not None:
+        label = f"smallest budget with a plan: {smallest:.6g} GiB"
+        if unit[0] != "GiB":
+            label += f" ({_amount(smallest * GIB, unit)})"
+        ax.axhline(smallest * GIB / unit[1], color=_MIN_BUDGET, linestyle="-.", linewidth=1.3, label=label)
+        ax.annotate(label, (0.005, smallest * GIB / unit[1]), xycoords=("axes fraction", "data"), xytext=(0, 3),
+                    textcoords="offset points", fontsize=8, color=_MIN_BUDGET, va="bottom",
+                    bbox={"facecolor": "white", "alpha": 0.8, "linewidth": 0, "pad": 1})
+
+
+def _micro_batch_marks(ax: Any, micro_batches: Sequence[int | None]) -> None:
+    """A dotted line where each micro-batch after the first starts (gradient accumulation)."""
+    for k in range(1, len(micro_batches)):
+        if micro_batches[k] is not None and micro_batches[k] != micro_batches[k - 1] and micro_batches[k] > 1:
+            ax.axvline(k - 0.5, color="0.2", linestyle=(0, (1, 2)), linewidth=1)
+
+
+def _peak(ax: Any, memory: StepMemory, root: str, unit: tuple[str, float]) -> None:
+    shown = memory.total(memory.planned if memory.planned is not None else memory.baseline)
+    k = memory.peak_index
+    ax.plot([k], [shown[k] / unit[1]], marker="v", markersize=8, color="black", linestyle="none",
+            label=f"peak {_amount(shown[k], unit)}: {short_name(memory.peak_at, root)}")
+
+
+def _legend_entries(axes: list[Any]) -> tuple[list[Any], list[str]]:
+    """Every panel's entries once: the kinds of memory bottom to top, then the lines and the phases as drawn."""
+    seen: dict[str, Any] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            seen.setdefault(label, handle)
+    order = [k for k in reversed(KIND_COLORS) if k in seen] + [k for k in seen if k not in KIND_COLORS]
+    return [seen[k] for k in order], order
+
+
+def _title(stats: Stats, plan: dict[str, Any]) -> str:
+    name, budget, status = stats.metadata.model_name, plan["memory_budget_gib"], plan["status"]
+    head = f"{name}, budget {budget:g} GiB"
+    if status in ("optimal", "feasible"):
+        modules = len(plan.get("modules", []))
+        rec = plan.get("recompute_ms") or 0.0
+        what = f"{modules} module{'s' * (modules != 1)} checkpointed, recompute {rec:.3g} ms" if modules else \
+            "fits without checkpointing"
+        return f"{head}: {what}" + ("" if status == "optimal" else " (best found in time)")
+    if status == "infeasible":
+        return f"{head}: no plan fits"
+    return f"{head}: no plan ({status})"
+
+
+def _image(fig: Figure, image_format: ImageFormat) -> bytes:
     buf = io.BytesIO()
-    FigureCanvasAgg(fig).print_png(buf)
+    if image_format == "svg":
+        from matplotlib import rc_context
+
+        with rc_context({"svg.fonttype": "none", "svg.hashsalt": "sacplan"}):  # text as text; stable ids
+            FigureCanvasSVG(fig).print_svg(buf)
+    else:
+        FigureCanvasAgg(fig).print_png(buf)
     return buf.getvalue()
 
 
-def _short(fqn: str, root: str) -> str:
-    return fqn.removeprefix(root + ".") if fqn != root else fqn
-
-
-_PHASE_COLORS = {"forward": "tab:green", "backward": "tab:orange", "optimizer": "tab:purple"}
-
-
-def plan_chart_png(stats: Stats, plan: dict[str, Any]) -> bytes:
-    """Memory across the step (forward, backward, optimizer step), with and without the plan, the budget and the peak."""
-    moments, base, planned, peak_at = _moments(stats, plan)
-    x = np.arange(len(moments))
-    fig = Figure(figsize=(10, 4.8), dpi=100, layout="constrained")
-    ax = fig.add_subplot()
-    _phase_bands(ax, [phase for phase, _ in moments])
-    ax.plot(x, base / GIB, color="tab:gray", marker=".", markersize=3, label="no checkpointing")
-    shown = base
-    if plan.get("status") in ("optimal", "feasible") and not np.all(np.isnan(planned)):
-        ax.plot(x, planned / GIB, color="tab:blue", marker=".", markersize=3, label="with plan")
-        ax.fill_between(x, planned / GIB, base / GIB, color="tab:blue", alpha=0.15, label="freed by recomputation")
-        shown = planned
-    ax.axhline(plan["memory_budget_gib"], color="tab:red", linestyle="--",
-               label=f"budget {plan['memory_budget_gib']:g} GiB")
-    peak = int(np.nanargmax(shown))
-    ax.plot([peak], [shown[peak] / GIB], marker="v", color="black", linestyle="none",
-            label=f"peak: {peak_at}")
-    if len(moments) <= 48:
-        root = stats.root.fqn
-        ax.set_xticks(x, [_short(m or p, root) for p, m in moments], rotation=70, fontsize=7, ha="right")
-    else:
-        ax.set_xticks([])
-    ax.set_xlabel("the step, in order" if moments and moments[0][0] != "module" else "module (forward post-order)")
-    ax.set_ylabel("memory, GiB")
-    rec = plan.get("recompute_ms")
-    extra = f", recompute {rec:.2f} ms" if rec is not None else ""
-    model = plan.get("memory_model")
-    ax.set_title(f"{stats.metadata.model_name}: {plan['status']}{extra}" + (f" ({model} model)" if model else ""))
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="best")
-    return _png(fig)
-
-
-def _phase_bands(ax: Any, phases: list[str]) -> None:
-    """A light band per phase of the step (none for PyTorch's per-module model)."""
-    start = 0
-    for k in range(1, len(phases) + 1):
-        if k == len(phases) or phases[k] != phases[start]:
-            color = _PHASE_COLORS.get(phases[start])
-            if color:
-                ax.axvspan(start - 0.5, k - 0.5, color=color, alpha=0.07, linewidth=0)
-                ax.text((start + k - 1) / 2, 1.0, phases[start], transform=ax.get_xaxis_transform(), ha="center",
-                        va="bottom", fontsize=8, color=color)
-            start = k
-
-
-def sweep_chart_png(model_name: str, plans: Sequence[dict[str, Any]], baseline_peak_bytes: int) -> bytes:
-    """Recompute time against memory budget (the Pareto curve); infeasible budgets marked on the axis."""
+def sweep_chart(model_name: str, plans: Sequence[dict[str, Any]], baseline_peak_bytes: int, *,
+                image_format: ImageFormat = "png") -> bytes:
+    """Recompute time against memory budget (the Pareto curve); budgets without a plan marked on the axis."""
+    plans = sorted(plans, key=lambda p: p["memory_budget_gib"])
     ok = [p for p in plans if p["status"] in ("optimal", "feasible") and p.get("recompute_ms") is not None]
     bad = [p for p in plans if p not in ok]
-    fig = Figure(figsize=(8, 4.8), dpi=100, layout="constrained")
+    fig = Figure(figsize=(9, 4.8), dpi=100, layout="constrained")
     ax = fig.add_subplot()
     if ok:
         ax.plot([p["memory_budget_gib"] for p in ok], [p["recompute_ms"] for p in ok],
                 marker="o", color="tab:blue", label="recompute time of the plan")
     if bad:
         ax.plot([p["memory_budget_gib"] for p in bad], [0.0] * len(bad), linestyle="none",
-                marker="x", color="tab:red", label="no plan (infeasible / error)")
-    ax.axvline(baseline_peak_bytes / GIB, color="tab:gray", linestyle="--", label="peak without checkpointing")
+                marker="x", color=_BUDGET, markersize=8, label="no plan at this budget")
+    smallest = next((p["min_feasible_budget_gib"] for p in plans if p.get("min_feasible_budget_gib") is not None),
+                    None)
+    if smallest is not None:
+        ax.axvline(smallest, color=_MIN_BUDGET, linestyle="-.", label=f"smallest budget with a plan: {smallest:.4g} GiB")
+    ax.axvline(baseline_peak_bytes / GIB, color="tab:gray", linestyle="--",
+               label=f"peak without checkpointing: {baseline_peak_bytes / GIB:.4g} GiB")
     ax.set_xlabel("memory budget, GiB")
     ax.set_ylabel("recompute time, ms")
-    ax.set_title(f"{model_name}: recompute vs budget")
+    ax.set_title(f"{model_name}: recompute time against memory budget", fontsize=11)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
-    return _png(fig)
+    return _image(fig, image_format)

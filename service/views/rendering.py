@@ -103,19 +103,19 @@ def raise_if_stale(result: Any) -> Any:
 
 def plan_chart_job(stats_id: Any, document: str, plan: str) -> bytes | dict[str, Any]:
     import planner
-    from service.views.charts import plan_chart_png
+    from service.views.charts import plan_chart
 
     try:
         stats = planner.parse_stats(json.loads(document))
     except planner.StatsError as exc:
         return _stale(stats_id, exc)
-    return plan_chart_png(stats, json.loads(plan))
+    return plan_chart(stats, json.loads(plan))
 
 
 def sweep_chart_job(model_name: str, plans: list[str], baseline_peak_bytes: int) -> bytes:
-    from service.views.charts import sweep_chart_png
+    from service.views.charts import sweep_chart
 
-    return sweep_chart_png(model_name, [json.loads(p) for p in plans], baseline_peak_bytes)
+    return sweep_chart(model_name, [json.loads(p) for p in plans], baseline_peak_bytes)
 
 
 def stats_detail_job(stats_id: Any, document: str, summary_json: str) -> bytes | dict[str, Any]:

@@ -21,12 +21,12 @@ from live_server import Server
 from pg import HEAD_TEMPLATE, PostgresServer
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
+from two_layer_stats import TWO_LAYER_STATS
 
 import planner
 from planner import baseline_peak_bytes, compute_ms
 
 from service.config import Settings
-from service.examples import EXAMPLE_STATS
 from service.main import create_app
 from service.solving import SolverPool
 from service.store import PlanRecord, StatsRecord, StatsTag, SweepRecord, make_engine, upgrade
@@ -136,7 +136,7 @@ def store_as_older_planner():
     """
 
     def store(url: str, corrupt, *, stats_id: str | None = None, project: str = "default") -> str:
-        stats = planner.parse_stats(EXAMPLE_STATS)
+        stats = planner.parse_stats(TWO_LAYER_STATS)
         doc = stats.model_dump(mode="json")
         corrupt(doc)
         text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
@@ -189,7 +189,7 @@ def l4_doc() -> dict:
 
 @pytest.fixture
 def example_doc() -> dict:
-    return json.loads(json.dumps(EXAMPLE_STATS))
+    return json.loads(json.dumps(TWO_LAYER_STATS))
 
 
 @pytest.fixture

@@ -21,6 +21,8 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
+import planner
+
 CHROMIUM = Path("/usr/bin/chromium")
 OFFLINE_FLAGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -106,6 +108,7 @@ def test_docs_render_offline_and_the_flow_runs(server, example_doc, assert_png, 
     docs = visit(server.url + "/docs", out, "docs")
     assert "Failed to load API definition" not in docs.dom
     assert 'class="title">sacplan' in docs.dom  # the title Swagger UI renders from info
+    assert f"> {planner.PLANNER_VERSION} <" in docs.dom  # the version badge: the package's
     missing = [op for op in ops if f'id="operations-{op[0]}-{op[1]}"' not in docs.dom]
     assert missing == [], f"Swagger UI did not render {missing}"
     assert ASSETS | {"/docs"} <= paths_on(server.url, docs.requests)
@@ -113,6 +116,8 @@ def test_docs_render_offline_and_the_flow_runs(server, example_doc, assert_png, 
     redoc = visit(server.url + "/redoc", out, "redoc")
     missing = [op for op in ops if f'data-section-id="operation/{op[1]}"' not in redoc.dom]
     assert missing == [], f"ReDoc did not render {missing}"
+    # The stats upload's fields, from the stats v1 schema (their descriptions are in no example).
+    assert "Module fqns in forward pre-order (root first)." in redoc.dom
     assert {"/static/docs/redoc.standalone.js", "/openapi.json"} <= paths_on(server.url, redoc.requests)
 
     # The three steps the docs describe: stats -> plan -> chart.

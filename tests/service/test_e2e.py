@@ -20,8 +20,10 @@ pytestmark = pytest.mark.slow
 
 def test_serve_upload_plan_cache_chart_restart(server, assert_png):
     server.start()
+    assert f"docs: {server.url}/docs" in server.log.read_text()  # where a new user goes first
     doc = json.loads((SHARED_L4 if SHARED_L4.exists() else L4_PATH).read_text())
     with httpx.Client(base_url=server.url, timeout=120) as c:
+        assert c.get("/", follow_redirects=True).url.path == "/docs"  # / leads to the docs
         up = c.post("/v1/stats", json=doc)
         assert up.status_code == 201, up.text
         stats_id = up.json()["id"]

@@ -194,3 +194,45 @@ def test_schema_valid_requests_are_accepted_or_the_schema_says_no(client, exampl
     # Optional fields are not nullable, and an explicit null is refused as the document says.
     assert "null" not in json.dumps(schemas["PlanRequest"]["properties"]["stats_id"])
     assert client.post("/v1/plans", json={"stats_id": None, "stats": None, "memory_budget_gib": 5.0}).status_code == 422
+
+
+def _validator(spec: dict, name: str):
+    """A JSON Schema validator of ``components.schemas[name]``, its references resolved in ``spec``."""
+    import jsonschema_rs
+
+    return jsonschema_rs.validator_for({"$ref": f"#/components/schemas/{name}", "components": spec["components"]})
+
+
+def test_stats_bodies_are_declared_with_the_stats_formats(client, l4_doc):
+    """Swagger UI and ReDoc show the stats' fields (issue 32): the upload and inline stats name both formats."""
+    import planner
+
+    spec = client.get("/openapi.json").json()
+    schemas = spec["components"]["schemas"]
+    upload = spec["paths"]["/v1/stats"]["post"]["requestBody"]["content"]["application/json"]
+    assert upload["schema"] == {"$ref": "#/components/schemas/StatsDocument"}
+    for request in ("PlanRequest", "SweepRequest"):
+        assert schemas[request]["properties"]["stats"]["$ref"] == "#/components/schemas/StatsDocument"
+    assert {alt["$ref"].rsplit("/", 1)[-1] for alt in schemas["StatsDocument"]["oneOf"]} == {"Stats", "TorchStats"}
+    assert schemas["Stats"]["properties"].keys() == planner.Stats.model_json_schema()["properties"].keys()
+    assert "act_saved_bytes" in schemas["ModuleStats"]["properties"]  # as `sacplan schema` prints it
+    document = _validator(spec, "StatsDocument")
+    bodies = [e["value"] for e in upload["examples"].values()]
+    bodies += [schemas[r]["examples"][0]["stats"] for r in ("PlanRequest", "SweepRequest")]
+    for body in bodies + [l4_doc]:  # the examples, and PyTorch's format
+        document.validate(body)
+    plan = client.post("/v1/plans", json=schemas["PlanRequest"]["examples"][0]).json()
+    assert not document.is_valid(plan)  # a plan is no stats document
+
+
+def test_the_document_and_the_docs_show_the_package_version(client):
+    import planner
+
+    assert client.get("/openapi.json").json()["info"]["version"] == planner.PLANNER_VERSION
+    health = client.get("/healthz").json()
+    assert health["planner_version"] == planner.PLANNER_VERSION and health["service_version"]
+
+
+def test_the_root_redirects_to_the_docs(client):
+    r = client.get("/", follow_redirects=False)
+    assert r.status_code in (302, 307) and r.headers["location"] == "/docs"

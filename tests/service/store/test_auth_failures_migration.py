@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 from alembic import command
+from two_layer_stats import TWO_LAYER_STATS
 
 from service.config import Settings
-from service.examples import EXAMPLE_STATS
 from service.store import alembic_config, make_engine, upgrade
 
 TABLES_AT_0003 = ("stats", "stats_tags", "plans", "sweeps", "solve_claims")
@@ -26,7 +26,7 @@ def test_0004_keeps_every_row_and_the_throttle_works_after_it(empty_db_url, make
     upgrade(empty_db_url, "0003")
     # What a service at 0003 stored (auth off: nothing touches the new table): an upload, a plan, a sweep.
     client = make_client(Settings(data_dir=tmp_path, database_url=empty_db_url, api_keys={}))
-    stats_id = client.post("/v1/stats", json=EXAMPLE_STATS).json()["id"]
+    stats_id = client.post("/v1/stats", json=TWO_LAYER_STATS).json()["id"]
     assert client.post("/v1/plans", json={"stats_id": stats_id, "memory_budget_gib": 0.001,
                                           "time_limit_s": 30}).status_code == 201
     assert client.post("/v1/sweeps", json={"stats_id": stats_id, "budgets_gib": [0.001, 0.002],

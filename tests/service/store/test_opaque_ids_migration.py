@@ -9,9 +9,9 @@ from datetime import datetime, timedelta, timezone
 import pytest
 import sqlalchemy as sa
 from alembic import command
+from two_layer_stats import TWO_LAYER_STATS
 
 import planner
-from service.examples import EXAMPLE_STATS
 from service.solving import solve_job
 from service.store import alembic_config, is_id, make_engine, plan_cache_key, upgrade
 
@@ -28,7 +28,7 @@ def _tables(conn) -> dict[str, sa.Table]:
 
 def _fill_at_0001(url: str) -> None:
     """What the service stored before 0002: two projects' uploads, tags, plans and a sweep, under integer ids."""
-    stats = planner.parse_stats(EXAMPLE_STATS)
+    stats = planner.parse_stats(TWO_LAYER_STATS)
     document = stats.canonical_json()
     plans = solve_job(document, BUDGETS, OPTIONS)["plans"]  # real plans, as a solver process gives them
     engine = make_engine(url)

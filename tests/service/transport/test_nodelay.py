@@ -19,9 +19,9 @@ import time
 
 import uvicorn
 from live_server import Server, read_answer
+from two_layer_stats import TWO_LAYER_STATS
 
 from service.config import Settings
-from service.examples import EXAMPLE_STATS
 from service.transport import uvicorn_options
 
 BODY = b'{"ok":true}'
@@ -80,7 +80,7 @@ def test_keep_alive_uploads_are_not_held_for_a_delayed_ack(tmp_path):
         with socket.create_connection(("127.0.0.1", server.port), timeout=30) as client:
             client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             for i in range(22):
-                doc = json.loads(json.dumps(EXAMPLE_STATS))
+                doc = json.loads(json.dumps(TWO_LAYER_STATS))
                 doc["metadata"]["tags"] = {"nodelay": str(i)}
                 body = json.dumps(doc).encode()
                 request = (b"POST /v1/stats HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
