@@ -53,7 +53,20 @@ class StepMeasure:
 
 
 class _LiveStorages(TorchDispatchMode):
-    """Books every storage an op returns, once, and follows the peak of everything booked."""
+    """Books every storage an op returns, once, and follows the peak of everything booked.
+
+    A compiled model runs compiled under it: dynamo runs a frame eagerly while any dispatch mode that does not
+    ignore compile internals is active, so without ``ignore_compile_internals`` every "compiled" step measured
+    would be the eager one. The compiled graph's ops then reach the mode at run time (``aot_eager``: every ATen
+    op); a higher-order operator of the graph (checkpointing's ``run_and_save_rng_state``) runs as one op whose
+    outputs are booked.
+    """
+
+    supports_higher_order_operators = True
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        return True
 
     def __init__(self, book: StorageBook):
         super().__init__()
