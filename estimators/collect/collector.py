@@ -33,7 +33,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from estimators.collect.assemble import build_stats
-from estimators.collect.fake_step import FakeConverter, fake_loss_fn, fakeify, forward_and_loss, optimizer_bytes
+from estimators.collect.fake_step import (COMPILE_BACKENDS, FakeConverter, fake_loss_fn, fakeify, forward_and_loss,
+                                         optimizer_bytes)
 from estimators.collect.fsdp import ShardedStep, fake_process_group, is_collective_op, meta_copy
 from estimators.collect.models import hf_fake_as_real
 from estimators.collect.module_hooks import ModuleHooks
@@ -206,6 +207,7 @@ def collect_stats(
     moe_routing: MoeRouting | None = None,
     progress: Progress | None = None,
     fsdp: FsdpSetup | None = None,
+    compile_backend: str | None = None,
 ) -> Stats:
     """Stats v1 of one training step of ``model`` on ``inputs``, collected under FakeTensorMode.
 
@@ -227,7 +229,14 @@ def collect_stats(
     ``model_settings``. ``fsdp`` collects one rank of an FSDP2 job
     (:mod:`estimators.collect.fsdp`): the step runs on a sharded copy of the model
     under a fake process group, and the stats record the sharding.
+    ``compile_backend`` (``aot_eager`` or ``inductor``): the step the stats
+    describe is the model compiled whole with ``torch.compile(model,
+    backend=...)`` (see :mod:`estimators.collect.fake_step`), recorded in the
+    metadata's ``model_settings``.
     """
+    if compile_backend is not None and compile_backend not in COMPILE_BACKENDS:
+        raise ValueError(f"compile_backend must be one of {', '.join(COMPILE_BACKENDS)} or None, "
+                         f"got {compile_backend!r}")
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
     device = torch.device(device)
@@ -245,12 +254,15 @@ def collect_stats(
             parents.setdefault(fqns[child], fqn)
     mods = {mod: _Mod(fqn, parents.get(fqn), not any(True for _ in mod.children())) for mod, fqn in fqns.items()}
     step = _Step(step_model, mods, cost_model, round_bytes_to, progress, measure_checkpoint_overhead)
+    step.compiled = compile_backend is not None
     with ExitStack() as stack:
         if fsdp is not None:
             step.shard(fsdp, units, stack.enter_context(fake_process_group(fsdp.world_size, device.type)))
         emulation = _emulation(emulate_cuda_attention)
         stats = step.run(inputs, loss_fn, optimizer, optimizer_foreach, device, dtype, emulation, moe_routing,
                          with_model_settings(metadata, model))
+    if compile_backend is not None:
+        stats.metadata.model_settings["compile_backend"] = compile_backend
     if fsdp is not None:
         kept = {m.fqn for m in stats.modules}  # a unit run out of place is not in the stats (nor planned)
         stats.metadata.sharding = Sharding(kind="fsdp2", world_size=fsdp.world_size,
@@ -280,6 +292,7 @@ class _Step:
         self.setup: FsdpSetup | None = None
         self.units: list[str] = []
         self.mesh: Any = None
+        self.compiled = False  # the model's outputs leave it as from a compiled graph
 
     def shard(self, setup: FsdpSetup, units: list[str], mesh: Any) -> None:
         """Run the step sharded: ``fully_shard`` the (copied) model's ``units`` over ``mesh`` once it is fake."""
@@ -326,7 +339,7 @@ class _Step:
         model, col, hooks = self.model, self.col, self.hooks
         with (torch.autograd.graph.saved_tensors_hooks(col.pack, lambda t: t), emulation,
               hf_fake_as_real(model), one_hot_as_on_device()):
-            output, loss = forward_and_loss(model, fake_in, fake_loss, loss_fn)
+            output, loss = forward_and_loss(model, fake_in, fake_loss, loss_fn, self.compiled)
         del output  # as a training loop does: `loss = model(**batch).loss; loss.backward()`
         col.phase = TEMP
         col.timeline.enter(BACKWARD)

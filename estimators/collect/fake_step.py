@@ -9,12 +9,15 @@ from typing import Any
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode, is_fake
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from estimators.common import StorageBook, call_model, default_loss, storages_of
 
 __all__ = ["fakeify", "FakeConverter", "fake_loss_fn", "unconverted_tensor_error", "forward_and_loss",
-           "optimizer_bytes"]
+           "optimizer_bytes", "COMPILE_BACKENDS"]
+
+# The torch.compile backends a step can be collected under (``eager``: dynamo's graph run eagerly, as the eager step).
+COMPILE_BACKENDS = ("aot_eager", "inductor")
 
 
 class FakeConverter:
@@ -124,16 +127,54 @@ def unconverted_tensor_error(exc: BaseException, model: nn.Module, loss_fn: Any)
         f"register it as a buffer (module.register_buffer(name, tensor, persistent=False))")
 
 
-def forward_and_loss(model: nn.Module, fake_in: Any, fake_loss: Any, loss_fn: Any) -> tuple[Any, torch.Tensor]:
-    """The model's output on the fake inputs and the loss (``fake_loss``: ``loss_fn`` with fake captures)."""
+def forward_and_loss(model: nn.Module, fake_in: Any, fake_loss: Any, loss_fn: Any,
+                     compiled: bool = False) -> tuple[Any, torch.Tensor]:
+    """The model's output on the fake inputs and the loss (``fake_loss``: ``loss_fn`` with fake captures).
+
+    ``compiled``: the outputs leave the model as they leave an AOTAutograd-compiled graph
+    (:class:`_CompiledGraphOutputs`).
+    """
     try:
         output = call_model(model, fake_in)
+        if compiled:
+            output = _as_compiled_outputs(output)
         return output, (fake_loss or default_loss)(output)
     except AssertionError as exc:  # fake mode's way of saying a real tensor came in
         clear = unconverted_tensor_error(exc, model, loss_fn)
         if clear is None:
             raise
         raise clear from None
+
+
+class _CompiledGraphOutputs(torch.autograd.Function):
+    """The outputs of a model compiled whole by AOTAutograd (``aot_eager``, ``inductor``), as its backward sees them.
+
+    The compiled backward is one graph taking a gradient ("tangent") for every differentiable output. An output
+    the loss does not use (a Hugging Face model's ``logits`` next to the ``loss`` it computed from them) gets no
+    gradient, and AOTAutograd materializes one of zeros at the start of the compiled backward; it lives until
+    the graph adds it to the gradient reaching that value from the loss (the gradient of the logits: the whole
+    batch x sequence x vocabulary). Eager autograd never makes it. Routing the model's outputs through this
+    identity function has the fake step make the same zeros (autograd materializes undefined gradients of a
+    Function's outputs) and hold them as long: an output the loss does use gets its real gradient, as compiled.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(t.view_as(t) for t in tensors)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return grads
+
+
+def _as_compiled_outputs(output: Any) -> Any:
+    flat, spec = tree_flatten(output)
+    at = [i for i, x in enumerate(flat) if isinstance(x, torch.Tensor) and x.requires_grad]
+    if not at:
+        return output
+    for i, t in zip(at, _CompiledGraphOutputs.apply(*(flat[i] for i in at))):
+        flat[i] = t
+    return tree_unflatten(flat, spec)
 
 
 def optimizer_bytes(opt: torch.optim.Optimizer | None, book: StorageBook) -> dict[int, int]:
