@@ -17,7 +17,7 @@ from torch import nn
 from estimators.apply.policy import PlanMismatchError
 from estimators.common import DTYPE_NAMES, experts_implementation, model_dtype_name, model_settings_of
 
-__all__ = ["experts_mismatch", "match_model_settings"]
+__all__ = ["experts_mismatch", "match_model_settings", "match_compile_backend"]
 
 log = logging.getLogger(__name__)
 
@@ -87,3 +87,22 @@ def _hint(model: nn.Module, metadata: Mapping[str, Any]) -> str:
         return (f"the stats were collected on {metadata['device']} and this model runs on {here}; fix: collect "
                 f"on the device the model trains on")
     return ""
+
+
+def match_compile_backend(model_settings: Mapping[str, Any], backend: str | None) -> None:
+    """Refuse a compiled run under another backend than the stats' (naming both); log an eager-collected one.
+
+    Stats collected with ``compile_backend`` describe the compiled step; run
+    eagerly (``backend`` None) the step holds less than they say, never more.
+    """
+    recorded = model_settings.get("compile_backend")
+    if recorded is not None and backend is not None and backend != recorded:
+        raise PlanMismatchError(
+            f"model setting compile_backend: the run compiles with {backend!r} but the stats were collected with "
+            f"compile_backend {recorded!r}: the compiled step keeps other tensors than the plan counts; compile "
+            f"with backend={recorded!r} or collect again with --compile-backend {backend}")
+    if recorded is None and backend in ("aot_eager", "inductor"):
+        log.warning("apply_plan: the stats describe the eager step but the model runs compiled with %r: the plan's "
+                    "peak does not count what the compiled step keeps (a loss computed inside the model adds a "
+                    "zero gradient of its other outputs, e.g. the logits); collect with --compile-backend %s",
+                    backend, backend)

@@ -31,6 +31,8 @@ def collect_summary(result: Any, out: str, guidance: Guidance | None) -> str:
         ("optimizer state", f"{size_text(s.root.optimizer_state_bytes)} ({s.metadata.optimizer})"),
         ("model settings", (", ".join(f"{k}={v}" for k, v in sorted(s.metadata.model_settings.items())) or "none")
          + (f" (attention: {s.metadata.tags['attention']})" if "attention" in s.metadata.tags else "")),
+        *([("compiled step", _compiled_text(s.metadata.model_settings["compile_backend"]))]
+          if "compile_backend" in s.metadata.model_settings else []),
         ("emulated kernels", s.metadata.tags.get("attention_kernels", "none")),
         ("checkpoint overhead", s.metadata.tags.get("checkpoint_overhead", "not known")),
         ("left out", f"{left_out}; never checkpointed on their own, their ops count in the modules they ran "
@@ -41,6 +43,17 @@ def collect_summary(result: Any, out: str, guidance: Guidance | None) -> str:
         rows += [("", "")] + guidance_rows(guidance)
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}".rstrip() for k, v in rows)
+
+
+def _compiled_text(backend: str) -> str:
+    """What a plan from stats collected under ``backend`` predicts, and what is checked (docs/apply.md)."""
+    if backend == "aot_eager":
+        return ("aot_eager: the peak counts the compiled backward's zero gradients of outputs the loss does not "
+                "use; apply_plan(..., compile_backend='aot_eager') checks the traced ops, and measure_steps "
+                "measures the compiled step's real peak")
+    return ("inductor: predicted as aot_eager runs it (fused kernels may keep less, or more for backward); "
+            "apply_plan(..., compile_backend='inductor') checks the traced ops, not the peak: its buffers are "
+            "not seen on this machine")
 
 
 def _scope(s: Any) -> str:

@@ -46,6 +46,7 @@ class CollectRequest:
     fsdp_wrap: list[str] | None = None
     mixed_precision: str | None = None
     reshard_after_forward: bool = True
+    compile_backend: str | None = None  # the step compiled whole: torch.compile(model, backend=...)
 
     @classmethod
     def from_args(cls, args: Any) -> CollectRequest:
@@ -73,8 +74,9 @@ class CollectRequest:
         if self.fsdp_world_size is not None:
             shard = (f", one rank of FSDP2 x{self.fsdp_world_size}"
                      f"{' bf16 mixed precision' if self.mixed_precision else ''}")
+        compiled = f", compiled with {self.compile_backend}" if self.compile_backend else ""
         return (f"{src} for {target}: batch {self.batch}, seq {self.seq}, {self.dtype}, optimizer {self.optimizer}"
-                f"{shard} (fake tensors on {self.device}: no real memory or compute)")
+                f"{shard}{compiled} (fake tensors on {self.device}: no real memory or compute)")
 
 
 @dataclass
@@ -193,6 +195,7 @@ def run_collection(req: CollectRequest, *, progress: Any = None) -> CollectResul
         moe_routing=routing,
         progress=progress,
         fsdp=fsdp,
+        compile_backend=req.compile_backend,
     )
     seconds = time.perf_counter() - t0
     return CollectResult(stats, n_params, baseline_peak_bytes(stats), seconds, target,
