@@ -66,6 +66,7 @@ class ModulePlan:
     tables: dict[str, list[Alignment]] = field(default_factory=dict)  # verified decisions per mode
     recording: dict[str, list[list[tuple[str, bool, bool]]]] | None = None
     last_call: CallPolicy | None = None
+    traced_stats: bool = False  # the stats were collected under a compile backend: their ops are AOT's
 
     def new_call(self, compiled: bool) -> CallPolicy:
         call = CallPolicy(self, compiled)

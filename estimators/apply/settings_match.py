@@ -89,11 +89,12 @@ def _hint(model: nn.Module, metadata: Mapping[str, Any]) -> str:
     return ""
 
 
-def match_compile_backend(model_settings: Mapping[str, Any], backend: str | None) -> None:
+def match_compile_backend(model_settings: Mapping[str, Any], backend: str | None) -> str:
     """Refuse a compiled run under another backend than the stats' (naming both); log an eager-collected one.
 
-    Stats collected with ``compile_backend`` describe the compiled step; run
-    eagerly (``backend`` None) the step holds less than they say, never more.
+    Returns the likely cause of a later eager mismatch ("" if none): stats
+    collected with ``compile_backend`` list the ops as AOTAutograd traces
+    them, which an eager run of a model with dropout does not run.
     """
     recorded = model_settings.get("compile_backend")
     if recorded is not None and backend is not None and backend != recorded:
@@ -106,3 +107,9 @@ def match_compile_backend(model_settings: Mapping[str, Any], backend: str | None
                     "peak does not count what the compiled step keeps (a loss computed inside the model adds a "
                     "zero gradient of its other outputs, e.g. the logits); collect with --compile-backend %s",
                     backend, backend)
+    if recorded is not None and backend is None:
+        return (f"the stats were collected for a step compiled with {recorded!r} (their ops are the traced ones: "
+                f"native_dropout where eager runs bernoulli_) and this run is eager; fix: compile the model with "
+                f"backend={recorded!r} after apply_plan(..., compile_backend={recorded!r}), or collect without "
+                f"--compile-backend")
+    return ""

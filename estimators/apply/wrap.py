@@ -51,7 +51,9 @@ def apply_plan(model: nn.Module, plan: Any, *, stats: Any = None, example_inputs
     given. Apply the plan before ``torch.compile``. A plan with no module
     (the step fits the budget as it is) leaves the model as it is, eager or
     compiled. Stats collected with a ``compile_backend`` want the same one
-    here (:class:`PlanMismatchError` otherwise, naming both).
+    here (:class:`PlanMismatchError` otherwise, naming both); their ops are
+    the traced ones, so an eager run of such a plan fails at the first op
+    the trace decomposes differently (dropout), with that cause named.
     """
     doc = plan.model_dump() if hasattr(plan, "model_dump") else plan
     if not isinstance(doc, Mapping):
@@ -61,7 +63,8 @@ def apply_plan(model: nn.Module, plan: Any, *, stats: Any = None, example_inputs
         raise ValueError(f"plan status is {status!r}: only {' or '.join(_USABLE)} plans can be applied")
     sdoc = stats.model_dump() if hasattr(stats, "model_dump") else stats
     hint = match_model_settings(model, (sdoc or {}).get("metadata") or {})
-    match_compile_backend(((sdoc or {}).get("metadata") or {}).get("model_settings") or {}, compile_backend)
+    recorded = ((sdoc or {}).get("metadata") or {}).get("model_settings") or {}
+    hint = match_compile_backend(recorded, compile_backend) or hint
     ops = _stats_ops(sdoc)
     remove_plan(model)
     by_fqn = {fqn: mod for mod, fqn in module_fqns(model).items()}
@@ -70,6 +73,7 @@ def apply_plan(model: nn.Module, plan: Any, *, stats: Any = None, example_inputs
     _check_fqns(model, fqns, by_fqn)
     plans = [_module_plan(i, pm, fqns[i], ops, hint) for i, pm in enumerate(planned)]
     for mp in plans:
+        mp.traced_stats = "compile_backend" in recorded
         _wrap(by_fqn[mp.fqn], mp)
     if example_inputs is not None and plans:  # an empty plan (the budget fits already) changes nothing to check
         check_plan(model, example_inputs, loss_fn=loss_fn, compile_backend=compile_backend)

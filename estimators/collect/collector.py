@@ -34,7 +34,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from estimators.collect.assemble import build_stats
 from estimators.collect.fake_step import (COMPILE_BACKENDS, FakeConverter, fake_loss_fn, fakeify, forward_and_loss,
-                                         optimizer_bytes)
+                                         optimizer_bytes, traced_ops)
 from estimators.collect.fsdp import ShardedStep, fake_process_group, is_collective_op, meta_copy
 from estimators.collect.models import hf_fake_as_real
 from estimators.collect.module_hooks import ModuleHooks
@@ -263,6 +263,8 @@ def collect_stats(
                          with_model_settings(metadata, model))
     if compile_backend is not None:
         stats.metadata.model_settings["compile_backend"] = compile_backend
+        for m in stats.modules:  # a traced recomputation cannot replay RNG on the CPU: apply saves random ops
+            m.force_store_random = m.force_store_random or any(op.random for op in m.ops or ())
     if fsdp is not None:
         kept = {m.fqn for m in stats.modules}  # a unit run out of place is not in the stats (nor planned)
         stats.metadata.sharding = Sharding(kind="fsdp2", world_size=fsdp.world_size,
@@ -337,13 +339,15 @@ class _Step:
                                optimizer_foreach: bool | None, device: torch.device,
                                params: list[nn.Parameter]) -> dict[int, int]:
         model, col, hooks = self.model, self.col, self.hooks
+        traced = traced_ops() if self.compiled else nullcontext()
         with (torch.autograd.graph.saved_tensors_hooks(col.pack, lambda t: t), emulation,
-              hf_fake_as_real(model), one_hot_as_on_device()):
+              hf_fake_as_real(model), one_hot_as_on_device(), traced):
             output, loss = forward_and_loss(model, fake_in, fake_loss, loss_fn, self.compiled)
         del output  # as a training loop does: `loss = model(**batch).loss; loss.backward()`
         col.phase = TEMP
         col.timeline.enter(BACKWARD)
-        loss.backward()
+        with traced_ops() if self.compiled else nullcontext():
+            loss.backward()
         del loss
         if col.sharded is not None:
             col.sharded.book_grads(params)

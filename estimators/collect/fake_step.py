@@ -14,7 +14,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from estimators.common import StorageBook, call_model, default_loss, storages_of
 
 __all__ = ["fakeify", "FakeConverter", "fake_loss_fn", "unconverted_tensor_error", "forward_and_loss",
-           "optimizer_bytes", "COMPILE_BACKENDS"]
+           "optimizer_bytes", "COMPILE_BACKENDS", "traced_ops"]
 
 # The torch.compile backends a step can be collected under (``eager``: dynamo's graph run eagerly, as the eager step).
 COMPILE_BACKENDS = ("aot_eager", "inductor")
@@ -144,6 +144,19 @@ def forward_and_loss(model: nn.Module, fake_in: Any, fake_loss: Any, loss_fn: An
         if clear is None:
             raise
         raise clear from None
+
+
+def traced_ops() -> Any:
+    """A context under which composite ops decompose as AOTAutograd traces them (the Python dispatcher).
+
+    AOTAutograd traces with the Python dispatcher on, so a composite op with a Python decomposition runs that:
+    ``aten.dropout`` (``F.dropout``, and SDPA's math path on the CPU) becomes one ``native_dropout`` keeping a
+    bool mask, where eager ATen runs ``empty_like``, ``bernoulli_``, ``div_``, ``mul`` and keeps a float one.
+    Run under it, the fake step's ops and saved tensors are the compiled graph's there.
+    """
+    from torch._dispatch.python import enable_python_dispatcher
+
+    return enable_python_dispatcher()
 
 
 class _CompiledGraphOutputs(torch.autograd.Function):
