@@ -33,8 +33,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from estimators.collect.assemble import build_stats
+from estimators.collect.compile_probe import zero_gradient_outputs
 from estimators.collect.fake_step import (COMPILE_BACKENDS, FakeConverter, fake_loss_fn, fakeify, forward_and_loss,
-                                         optimizer_bytes, traced_ops)
+                                         optimizer_bytes, traced_ops, with_zero_gradients)
 from estimators.collect.fsdp import ShardedStep, fake_process_group, is_collective_op, meta_copy
 from estimators.collect.models import hf_fake_as_real
 from estimators.collect.module_hooks import ModuleHooks
@@ -254,7 +255,7 @@ def collect_stats(
             parents.setdefault(fqns[child], fqn)
     mods = {mod: _Mod(fqn, parents.get(fqn), not any(True for _ in mod.children())) for mod, fqn in fqns.items()}
     step = _Step(step_model, mods, cost_model, round_bytes_to, progress, measure_checkpoint_overhead)
-    step.compiled = compile_backend is not None
+    step.compile_backend = compile_backend
     with ExitStack() as stack:
         if fsdp is not None:
             step.shard(fsdp, units, stack.enter_context(fake_process_group(fsdp.world_size, device.type)))
@@ -294,7 +295,8 @@ class _Step:
         self.setup: FsdpSetup | None = None
         self.units: list[str] = []
         self.mesh: Any = None
-        self.compiled = False  # the model's outputs leave it as from a compiled graph
+        self.compile_backend: str | None = None  # the step runs compiled whole
+        self.zero_gradients: list[tuple[tuple[int, ...], torch.dtype]] = []  # what the compiled backward is handed
 
     def shard(self, setup: FsdpSetup, units: list[str], mesh: Any) -> None:
         """Run the step sharded: ``fully_shard`` the (copied) model's ``units`` over ``mesh`` once it is fake."""
@@ -318,6 +320,10 @@ class _Step:
             fake_in = convert.tree(inputs)
             fake_loss, restore_loss = fake_loss_fn(loss_fn, convert)
             restores.append(restore_loss)
+            if self.compile_backend is not None:
+                with fake:
+                    self.zero_gradients = zero_gradient_outputs(
+                        model, lambda m: forward_and_loss(m, fake_in, fake_loss, loss_fn)[1], self.compile_backend)
             for p in model.parameters():
                 book.add_tensors([p], PARAM)
             book.add_tensors(model.buffers(), BUFFER)
@@ -339,16 +345,20 @@ class _Step:
                                optimizer_foreach: bool | None, device: torch.device,
                                params: list[nn.Parameter]) -> dict[int, int]:
         model, col, hooks = self.model, self.col, self.hooks
-        traced = traced_ops() if self.compiled else nullcontext()
+        compiled = self.compile_backend is not None
+        traced = traced_ops() if compiled else nullcontext()
         with (torch.autograd.graph.saved_tensors_hooks(col.pack, lambda t: t), emulation,
               hf_fake_as_real(model), one_hot_as_on_device(), traced):
-            output, loss = forward_and_loss(model, fake_in, fake_loss, loss_fn, self.compiled)
+            output, loss = forward_and_loss(model, fake_in, fake_loss, loss_fn)
+            unmatched: list[torch.Tensor] = []  # zero gradients held to the backward's end
+            if self.zero_gradients:
+                loss = with_zero_gradients(loss, output, self.zero_gradients, unmatched)
         del output  # as a training loop does: `loss = model(**batch).loss; loss.backward()`
         col.phase = TEMP
         col.timeline.enter(BACKWARD)
-        with traced_ops() if self.compiled else nullcontext():
+        with traced_ops() if compiled else nullcontext():
             loss.backward()
-        del loss
+        del loss, unmatched
         if col.sharded is not None:
             col.sharded.book_grads(params)
         for m in self.mods.values():

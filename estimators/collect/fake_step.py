@@ -9,12 +9,12 @@ from typing import Any
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode, is_fake
-from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+from torch.utils._pytree import tree_flatten, tree_map
 
-from estimators.common import StorageBook, call_model, default_loss, storages_of
+from estimators.common import StorageBook, call_model, default_loss, storages_of, tensors_in
 
 __all__ = ["fakeify", "FakeConverter", "fake_loss_fn", "unconverted_tensor_error", "forward_and_loss",
-           "optimizer_bytes", "COMPILE_BACKENDS", "traced_ops"]
+           "optimizer_bytes", "COMPILE_BACKENDS", "traced_ops", "with_zero_gradients"]
 
 # The torch.compile backends a step can be collected under (``eager``: dynamo's graph run eagerly, as the eager step).
 COMPILE_BACKENDS = ("aot_eager", "inductor")
@@ -127,17 +127,10 @@ def unconverted_tensor_error(exc: BaseException, model: nn.Module, loss_fn: Any)
         f"register it as a buffer (module.register_buffer(name, tensor, persistent=False))")
 
 
-def forward_and_loss(model: nn.Module, fake_in: Any, fake_loss: Any, loss_fn: Any,
-                     compiled: bool = False) -> tuple[Any, torch.Tensor]:
-    """The model's output on the fake inputs and the loss (``fake_loss``: ``loss_fn`` with fake captures).
-
-    ``compiled``: the outputs leave the model as they leave an AOTAutograd-compiled graph
-    (:class:`_CompiledGraphOutputs`).
-    """
+def forward_and_loss(model: nn.Module, fake_in: Any, fake_loss: Any, loss_fn: Any) -> tuple[Any, torch.Tensor]:
+    """The model's output on the fake inputs and the loss (``fake_loss``: ``loss_fn`` with fake captures)."""
     try:
         output = call_model(model, fake_in)
-        if compiled:
-            output = _as_compiled_outputs(output)
         return output, (fake_loss or default_loss)(output)
     except AssertionError as exc:  # fake mode's way of saying a real tensor came in
         clear = unconverted_tensor_error(exc, model, loss_fn)
@@ -159,35 +152,43 @@ def traced_ops() -> Any:
     return enable_python_dispatcher()
 
 
-class _CompiledGraphOutputs(torch.autograd.Function):
-    """The outputs of a model compiled whole by AOTAutograd (``aot_eager``, ``inductor``), as its backward sees them.
+class _ZeroGradients(torch.autograd.Function):
+    """The gradients of zeros a compiled backward is handed, made where it makes them: at the backward's start.
 
     The compiled backward is one graph taking a gradient ("tangent") for every differentiable output. An output
-    the loss does not use (a Hugging Face model's ``logits`` next to the ``loss`` it computed from them) gets no
-    gradient, and AOTAutograd materializes one of zeros at the start of the compiled backward; it lives until
-    the graph adds it to the gradient reaching that value from the loss (the gradient of the logits: the whole
-    batch x sequence x vocabulary). Eager autograd never makes it. Routing the model's outputs through this
-    identity function has the fake step make the same zeros (autograd materializes undefined gradients of a
-    Function's outputs) and hold them as long: an output the loss does use gets its real gradient, as compiled.
+    the loss does not use (a Hugging Face model's ``logits`` next to the ``loss`` it computed from them in the
+    same graph) gets none, and AOTAutograd materializes one of zeros before the graph runs; it lives until the
+    graph adds it to the gradient reaching that value from the loss (for the logits: the whole batch x sequence
+    x vocabulary). Eager autograd never makes it. Put between the loss and ``backward``, this function's
+    backward runs first and sends a gradient of zeros to each such output of the model: it waits in autograd's
+    buffer of that output until the loss's gradient arrives and is added to it, as in the graph. A zero gradient
+    no model output matches (a value dynamo passes across a graph break) is made there too and held in
+    ``unmatched`` to the end of the backward (at least as long as the compiled one).
     """
 
     @staticmethod
-    def forward(ctx: Any, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return tuple(t.view_as(t) for t in tensors)
+    def forward(ctx: Any, loss: torch.Tensor, unmatched: list, shapes: tuple, *outputs: torch.Tensor) -> torch.Tensor:
+        ctx.unmatched, ctx.shapes = unmatched, shapes
+        ctx.outputs = [(o.shape, o.dtype, o.device) for o in outputs]
+        return loss.view_as(loss)
 
     @staticmethod
-    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return grads
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        ctx.unmatched.extend(torch.zeros(shape, dtype=dtype, device=grad.device) for shape, dtype in ctx.shapes)
+        return (grad, None, None, *(torch.zeros(s, dtype=d, device=dev) for s, d, dev in ctx.outputs))
 
 
-def _as_compiled_outputs(output: Any) -> Any:
-    flat, spec = tree_flatten(output)
-    at = [i for i, x in enumerate(flat) if isinstance(x, torch.Tensor) and x.requires_grad]
-    if not at:
-        return output
-    for i, t in zip(at, _CompiledGraphOutputs.apply(*(flat[i] for i in at))):
-        flat[i] = t
-    return tree_unflatten(flat, spec)
+def with_zero_gradients(loss: torch.Tensor, output: Any, zero_gradients: list[tuple[tuple[int, ...], torch.dtype]],
+                        unmatched: list) -> torch.Tensor:
+    """``loss`` whose backward first makes the compiled backward's gradients of zeros (:class:`_ZeroGradients`)."""
+    left = list(zero_gradients)
+    matched = []
+    for x in tensors_in(output):
+        key = (tuple(x.shape), x.dtype)
+        if x.requires_grad and x is not loss and key in left:
+            left.remove(key)
+            matched.append(x)
+    return _ZeroGradients.apply(loss, unmatched, tuple(left), *matched)
 
 
 def optimizer_bytes(opt: torch.optim.Optimizer | None, book: StorageBook) -> dict[int, int]:

@@ -93,3 +93,31 @@ def test_an_empty_plan_is_a_no_op_eager_and_compiled(stats):
 def test_an_unknown_compile_backend_is_refused():
     with pytest.raises(ValueError, match="compile_backend must be one of aot_eager, inductor or None, got 'tvm'"):
         _stats("tvm")
+
+
+@pytest.mark.parametrize("family,logits_get_zeros", [
+    ("llama", True),  # loss and logits in one graph: the logits get zeros
+    ("gpt2", False),  # its loss_type warning breaks the graph before the loss: the logits get their real gradient
+])
+def test_the_probe_finds_the_zero_gradients_the_compiled_backward_is_handed(family, logits_get_zeros):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from estimators.collect.compile_probe import zero_gradient_outputs
+    from estimators.collect.fake_step import FakeConverter, fakeify, forward_and_loss
+
+    config = {"llama": {**DECODER, "vocab_size": 512, "num_hidden_layers": 1},
+              "gpt2": {"model_type": "gpt2", "vocab_size": 512, "n_embd": 64, "n_layer": 1, "n_head": 4,
+                       "n_positions": 64}}[family]
+    b = build_from_hf_config(config, batch_size=2, seq_len=16, dtype=torch.float32, device=torch.device("meta"))
+    fake = FakeTensorMode(allow_non_fake_inputs=False)
+    convert = FakeConverter(fake, torch.device("cpu"), None)
+    restore = fakeify(b.model, convert)
+    inputs = convert.tree(b.inputs)
+    try:
+        with fake:
+            got = zero_gradient_outputs(b.model, lambda m: forward_and_loss(m, inputs, None, None)[1], "aot_eager")
+    finally:
+        restore()
+    assert (((2, 16, 512), torch.float32) in got) == logits_get_zeros, got
+    if family == "llama":
+        assert got == [((2, 16, 512), torch.float32)]
