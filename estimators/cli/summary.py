@@ -47,13 +47,13 @@ def collect_summary(result: Any, out: str, guidance: Guidance | None) -> str:
 
 def _compiled_text(backend: str) -> str:
     """What a plan from stats collected under ``backend`` predicts, and what is checked (docs/apply.md)."""
+    kept = ("predicted: the compiled step (ops as AOTAutograd traces them, the zero gradients its backward is "
+            "handed); outside checkpointed modules AOT's partitioner may keep less than counted")
     if backend == "aot_eager":
-        return ("aot_eager: the peak counts the compiled backward's zero gradients of outputs the loss does not "
-                "use; apply_plan(..., compile_backend='aot_eager') checks the traced ops, and measure_steps "
-                "measures the compiled step's real peak")
-    return ("inductor: predicted as aot_eager runs it (fused kernels may keep less, or more for backward); "
-            "apply_plan(..., compile_backend='inductor') checks the traced ops, not the peak: its buffers are "
-            "not seen on this machine")
+        return (f"aot_eager, {kept}; checked: apply_plan(..., compile_backend='aot_eager') aligns the traced ops, "
+                f"measure_steps measures the compiled step's real peak")
+    return (f"inductor, {kept}, and fused kernels change what is kept; checked: apply_plan(..., "
+            f"compile_backend='inductor') aligns the traced ops, not the peak (its buffers are not seen here)")
 
 
 def _scope(s: Any) -> str:

@@ -121,3 +121,16 @@ def test_the_probe_finds_the_zero_gradients_the_compiled_backward_is_handed(fami
     assert (((2, 16, 512), torch.float32) in got) == logits_get_zeros, got
     if family == "llama":
         assert got == [((2, 16, 512), torch.float32)]
+
+
+def test_a_collect_request_records_the_backend_and_the_summary_says_what_is_checked():
+    from estimators import CollectRequest, run_collection
+    from estimators.cli.summary import collect_summary
+
+    req = CollectRequest(hf_config={**DECODER, "vocab_size": 256}, batch=1, seq=16, compile_backend="aot_eager")
+    result = run_collection(req)
+    assert result.stats.metadata.model_settings["compile_backend"] == "aot_eager"
+    assert ", compiled with aot_eager (" in req.describe("cpu")
+    import re
+
+    assert re.search(r"\ncompiled step +aot_eager, predicted: the compiled step", collect_summary(result, "x.json", None))
