@@ -238,6 +238,9 @@ def collect_stats(
     if compile_backend is not None and compile_backend not in COMPILE_BACKENDS:
         raise ValueError(f"compile_backend must be one of {', '.join(COMPILE_BACKENDS)} or None, "
                          f"got {compile_backend!r}")
+    if compile_backend is not None and fsdp is not None:
+        raise ValueError(f"compile_backend {compile_backend!r} with fsdp: a compiled FSDP2 step is not collected "
+                         f"yet; collect without one of them")
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
     device = torch.device(device)

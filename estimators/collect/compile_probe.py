@@ -72,6 +72,10 @@ def zero_gradient_outputs(model: nn.Module, run_step: Any, backend: str) -> list
         with probe:
             loss.backward()
         del loss
+    except Exception as exc:  # dynamo's own errors are long and name no option
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        raise RuntimeError(f"compile_backend: torch.compile could not run the step on the fake model "
+                           f"({type(exc).__name__}: {first}); collect without --compile-backend") from exc
     finally:
         for p in model.parameters():
             p.grad = None

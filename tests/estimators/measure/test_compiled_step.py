@@ -10,6 +10,8 @@ tracker lets dynamo run the compiled graph (it used to run every frame eagerly u
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -131,6 +133,15 @@ def test_a_collect_request_records_the_backend_and_the_summary_says_what_is_chec
     result = run_collection(req)
     assert result.stats.metadata.model_settings["compile_backend"] == "aot_eager"
     assert ", compiled with aot_eager (" in req.describe("cpu")
-    import re
+    summary = collect_summary(result, "x.json", None)
+    assert re.search(r"\ncompiled step +aot_eager, predicted: the compiled step", summary)
 
-    assert re.search(r"\ncompiled step +aot_eager, predicted: the compiled step", collect_summary(result, "x.json", None))
+
+def test_compile_backend_with_fsdp_is_refused():
+    from estimators import FsdpSetup
+
+    b = _built()
+    with pytest.raises(ValueError, match="compile_backend 'aot_eager' with fsdp: a compiled FSDP2 step is not "
+                                         "collected yet"):
+        collect_stats(b.model, b.inputs, device="cpu", cost_model=RooflineCostModel(device_spec("cpu")),
+                      compile_backend="aot_eager", fsdp=FsdpSetup(2))
