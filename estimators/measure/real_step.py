@@ -153,9 +153,11 @@ def measure_steps(model: nn.Module, inputs: Any, loss_fn: Callable[[Any], torch.
     storage). Peaks are taken after each new storage, so an op's inputs and
     outputs count together. Storages resized in place
     (``UntypedStorage.resize_``: FSDP2's gathered parameters) are followed; a
-    DTensor counts its local shard. Not seen: memory a kernel allocates and
-    frees internally without returning it, and tensors of other objects the
-    caller holds. Tracking slows the step down; measure time with
+    DTensor counts its local shard. A ``torch.compile``d model runs compiled
+    (compile it before the tracked steps): under ``aot_eager`` every op of its
+    graphs is seen. Not seen: memory a kernel allocates and frees internally
+    without returning it (Inductor's buffers), and tensors of other objects
+    the caller holds. Tracking slows the step down; measure time with
     ``track_memory=False``.
 
     Time: ``time.process_time()`` (process CPU time, all threads: call
