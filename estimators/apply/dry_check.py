@@ -59,7 +59,7 @@ def check_plan(model: nn.Module, example_inputs: Any, *, loss_fn: Callable[[Any]
     if not model.training:
         raise ValueError(f"check_plan runs a training step but {type(model).__name__} is in eval mode: call "
                          f"model.train() first (in eval mode planned modules are not checkpointed)")
-    with _restored(model):
+    with _restored(model), _as_traced(any(mp.traced_stats for mp in plans)):
         _step(model, example_inputs, loss_fn, backward=True, autocast=_stats_autocast(model, plans))
     out = [ModuleCheck(mp.fqn, EAGER, mp.last_call.count if mp.last_call else 0, 0, 0) for mp in plans]
     if compile_backend is not None:
@@ -81,6 +81,18 @@ def _step(model: nn.Module, inputs: Any, loss_fn: Callable | None, *, backward: 
             loss = (loss_fn or default_loss)(call_model(model, inputs))
         if backward:
             loss.backward()
+
+
+def _as_traced(traced: bool) -> Any:
+    """Stats collected under a compile backend list the ops as AOTAutograd decomposes them (the Python
+    dispatcher: ``native_dropout`` for ``dropout``): the eager proof runs them so."""
+    if not traced:
+        from contextlib import nullcontext
+
+        return nullcontext()
+    from torch._dispatch.python import enable_python_dispatcher
+
+    return enable_python_dispatcher()
 
 
 class _restored:

@@ -68,6 +68,7 @@ class ModulePlan:
     last_call: CallPolicy | None = None
     # the autocast dtype the stats' forward ran under (None: off), when the stats say; checked at the first call
     autocast: tuple[str | None] | None = None
+    traced_stats: bool = False  # the stats were collected under a compile backend: their ops are AOT's
 
     def new_call(self, compiled: bool) -> CallPolicy:
         call = CallPolicy(self, compiled)

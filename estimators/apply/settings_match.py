@@ -17,7 +17,7 @@ from torch import nn
 from estimators.apply.policy import PlanMismatchError
 from estimators.common import DTYPE_NAMES, experts_implementation, model_dtype_name, model_settings_of
 
-__all__ = ["experts_mismatch", "match_model_settings"]
+__all__ = ["experts_mismatch", "match_model_settings", "match_compile_backend"]
 
 log = logging.getLogger(__name__)
 
@@ -86,4 +86,30 @@ def _hint(model: nn.Module, metadata: Mapping[str, Any]) -> str:
     if metadata.get("device") and metadata.get("device") != here:
         return (f"the stats were collected on {metadata['device']} and this model runs on {here}; fix: collect "
                 f"on the device the model trains on")
+    return ""
+
+
+def match_compile_backend(model_settings: Mapping[str, Any], backend: str | None) -> str:
+    """Refuse a compiled run under another backend than the stats' (naming both); log an eager-collected one.
+
+    Returns the likely cause of a later eager mismatch ("" if none): stats
+    collected with ``compile_backend`` list the ops as AOTAutograd traces
+    them, which an eager run of a model with dropout does not run.
+    """
+    recorded = model_settings.get("compile_backend")
+    if recorded is not None and backend is not None and backend != recorded:
+        raise PlanMismatchError(
+            f"model setting compile_backend: the run compiles with {backend!r} but the stats were collected with "
+            f"compile_backend {recorded!r}: the compiled step keeps other tensors than the plan counts; compile "
+            f"with backend={recorded!r} or collect again with --compile-backend {backend}")
+    if recorded is None and backend in ("aot_eager", "inductor"):
+        log.warning("apply_plan: the stats describe the eager step but the model runs compiled with %r: the plan's "
+                    "peak does not count what the compiled step keeps (a loss computed inside the model adds a "
+                    "zero gradient of its other outputs, e.g. the logits); collect with --compile-backend %s",
+                    backend, backend)
+    if recorded is not None and backend is None:
+        return (f"the stats were collected for a step compiled with {recorded!r} (their ops are the traced ones: "
+                f"native_dropout where eager runs bernoulli_) and this run is eager; fix: compile the model with "
+                f"backend={recorded!r} after apply_plan(..., compile_backend={recorded!r}), or collect without "
+                f"--compile-backend")
     return ""

@@ -27,7 +27,7 @@ from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_conte
 from estimators.apply.alignment import StatsOps
 from estimators.apply.dry_check import check_plan
 from estimators.apply.policy import PLAN_MARK, ModulePlan, PlanMismatchError, RngReplay, aot_tracing
-from estimators.apply.settings_match import match_model_settings
+from estimators.apply.settings_match import match_compile_backend, match_model_settings
 from estimators.common import autocast_name, module_fqns
 
 __all__ = ["apply_plan", "remove_plan", "PlanMismatchError"]
@@ -48,7 +48,12 @@ def apply_plan(model: nn.Module, plan: Any, *, stats: Any = None, example_inputs
     ``op_names`` are used. ``example_inputs`` (and ``loss_fn``, default
     ``output.loss`` or the sum of the first float output) run
     :func:`estimators.check_plan` at once, under ``compile_backend`` too if
-    given. Apply the plan before ``torch.compile``.
+    given. Apply the plan before ``torch.compile``. A plan with no module
+    (the step fits the budget as it is) leaves the model as it is, eager or
+    compiled. Stats collected with a ``compile_backend`` want the same one
+    here (:class:`PlanMismatchError` otherwise, naming both); their ops are
+    the traced ones, so an eager run of such a plan fails at the first op
+    the trace decomposes differently (dropout), with that cause named.
     """
     doc = plan.model_dump() if hasattr(plan, "model_dump") else plan
     if not isinstance(doc, Mapping):
@@ -58,6 +63,8 @@ def apply_plan(model: nn.Module, plan: Any, *, stats: Any = None, example_inputs
         raise ValueError(f"plan status is {status!r}: only {' or '.join(_USABLE)} plans can be applied")
     sdoc = stats.model_dump() if hasattr(stats, "model_dump") else stats
     hint = match_model_settings(model, (sdoc or {}).get("metadata") or {})
+    recorded = ((sdoc or {}).get("metadata") or {}).get("model_settings") or {}
+    hint = match_compile_backend(recorded, compile_backend) or hint
     ops = _stats_ops(sdoc)
     remove_plan(model)
     by_fqn = {fqn: mod for mod, fqn in module_fqns(model).items()}
@@ -65,12 +72,12 @@ def apply_plan(model: nn.Module, plan: Any, *, stats: Any = None, example_inputs
     fqns = [str(pm.get("fqn")) for pm in planned]
     _check_fqns(model, fqns, by_fqn)
     plans = [_module_plan(i, pm, fqns[i], ops, hint) for i, pm in enumerate(planned)]
-    settings = ((sdoc or {}).get("metadata") or {}).get("model_settings") or {}
     for mp in plans:
         if sdoc is not None:
-            mp.autocast = (settings.get("autocast"),)
+            mp.autocast = (recorded.get("autocast"),)
+        mp.traced_stats = "compile_backend" in recorded
         _wrap(by_fqn[mp.fqn], mp)
-    if example_inputs is not None:
+    if example_inputs is not None and plans:  # an empty plan (the budget fits already) changes nothing to check
         check_plan(model, example_inputs, loss_fn=loss_fn, compile_backend=compile_backend)
     return model
 

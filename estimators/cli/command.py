@@ -88,6 +88,10 @@ def register(subparsers: Any) -> None:
                       "reduction (torchtitan's default); needs --dtype fp32")
     fsdp.add_argument("--no-reshard-after-forward", dest="reshard_after_forward", action="store_false",
                       help="keep each unit's gathered parameters from its forward to its backward")
+    p.add_argument("--compile-backend", choices=("aot_eager", "inductor"),
+                   help="collect the step as torch.compile(model, backend=...) runs it (the model compiled whole, "
+                   "the loss inside it or after it); recorded in the stats' model settings, and apply_plan then "
+                   "wants the same compile_backend (see docs/apply.md, Memory under compile)")
     p.add_argument("--name", help="model name in the stats (default: the model's class or config)")
     p.add_argument("--out", default="stats.json", help="output file (default stats.json)")
     p.add_argument("--upload", metavar="URL", help="also POST the stats to a sacplan service at URL")

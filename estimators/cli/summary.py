@@ -31,6 +31,8 @@ def collect_summary(result: Any, out: str, guidance: Guidance | None) -> str:
         ("optimizer state", f"{size_text(s.root.optimizer_state_bytes)} ({s.metadata.optimizer})"),
         ("model settings", (", ".join(f"{k}={v}" for k, v in sorted(s.metadata.model_settings.items())) or "none")
          + (f" (attention: {s.metadata.tags['attention']})" if "attention" in s.metadata.tags else "")),
+        *([("compiled step", _compiled_text(s.metadata.model_settings["compile_backend"]))]
+          if "compile_backend" in s.metadata.model_settings else []),
         ("emulated kernels", s.metadata.tags.get("attention_kernels", "none")),
         ("checkpoint overhead", s.metadata.tags.get("checkpoint_overhead", "not known")),
         ("left out", f"{left_out}; never checkpointed on their own, their ops count in the modules they ran "
@@ -41,6 +43,17 @@ def collect_summary(result: Any, out: str, guidance: Guidance | None) -> str:
         rows += [("", "")] + guidance_rows(guidance)
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}".rstrip() for k, v in rows)
+
+
+def _compiled_text(backend: str) -> str:
+    """What a plan from stats collected under ``backend`` predicts, and what is checked (docs/apply.md)."""
+    kept = ("predicted: the compiled step (ops as AOTAutograd traces them, the zero gradients its backward is "
+            "handed); outside checkpointed modules AOT's partitioner may keep less than counted")
+    if backend == "aot_eager":
+        return (f"aot_eager, {kept}; checked: apply_plan(..., compile_backend='aot_eager') aligns the traced ops, "
+                f"measure_steps measures the compiled step's real peak")
+    return (f"inductor, {kept}, and fused kernels change what is kept; checked: apply_plan(..., "
+            f"compile_backend='inductor') aligns the traced ops, not the peak (its buffers are not seen here)")
 
 
 def _scope(s: Any) -> str:

@@ -33,21 +33,25 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from estimators.collect.assemble import build_stats
-from estimators.collect.fake_step import FakeConverter, fake_loss_fn, fakeify, forward_and_loss, optimizer_bytes
-from estimators.collect.fsdp import ShardedStep, fake_process_group, is_collective_op, meta_copy, run_collective
+from estimators.collect.compile_probe import mark_compiled, zero_gradient_outputs
+from estimators.collect.fake_step import (FakeConverter, fake_loss_fn, fakeify, forward_and_loss, optimizer_bytes,
+                                         traced_ops, with_zero_gradients)
+from estimators.collect.emulation import attention_emulation
+from estimators.collect.fsdp import (ShardedStep, fake_process_group, is_collective_op, meta_copy, record_sharding,
+                                    run_collective)
 from estimators.collect.models import hf_fake_as_real
 from estimators.collect.module_hooks import ModuleHooks
 from estimators.collect.moe import MoeRouting, RoutingMode, one_hot_as_on_device
 from estimators.collect.overhead import fill_checkpoint_overheads
 from estimators.collect.recompute_life import RecomputeLife
 from estimators.collect.settings_record import with_model_settings
-from estimators.collect.step_loop import (describe_loop, is_cached_cast, optimizer_name, optimizer_spec,
+from estimators.collect.step_loop import (check_step_options, describe_loop, is_cached_cast, optimizer_name,
                                           scalar_stand_in, scratch_ops, scratch_records)
 from estimators.collect.timeline import BACKWARD, FORWARD, OPTIMIZER, TimelineRecorder
-from estimators.common import (ACT, BUFFER, COMM, GRAD, INPUT, OPT, PARAM, SAC_IGNORED_OPS, TEMP, FsdpSetup,
+from estimators.common import (ACT, BUFFER, GRAD, INPUT, OPT, PARAM, SAC_IGNORED_OPS, TEMP, FsdpSetup,
                                StorageBook, TrainingLoop, default_units, is_inplace_op, is_random_op, is_view_op,
                                make_optimizer, module_fqns, op_name, shard_model, storages_of, tensors_in, unit_fqns)
-from planner import Sharding, Stats, StatsMetadata
+from planner import Stats, StatsMetadata
 
 __all__ = ["collect_stats", "OPTIMIZERS"]
 
@@ -212,6 +216,7 @@ def collect_stats(
     moe_routing: MoeRouting | None = None,
     progress: Progress | None = None,
     fsdp: FsdpSetup | None = None,
+    compile_backend: str | None = None,
 ) -> Stats:
     """Stats v1 of one training step of ``model`` on ``inputs``, collected under FakeTensorMode.
 
@@ -240,17 +245,15 @@ def collect_stats(
     ``model_settings``. ``fsdp`` collects one rank of an FSDP2 job
     (:mod:`estimators.collect.fsdp`): the step runs on a sharded copy of the model
     under a fake process group, and the stats record the sharding.
+    ``compile_backend`` (``aot_eager`` or ``inductor``): the step the stats
+    describe is the model compiled whole with ``torch.compile(model,
+    backend=...)`` (see :mod:`estimators.collect.fake_step`), recorded in the
+    metadata's ``model_settings``.
     """
     loop = TrainingLoop(grad_accumulation, autocast, grad_scaler, max_grad_norm)
-    optimizer_spec(optimizer, optimizer_kwargs)  # ValueError naming a bad name, class path or argument
-    if fsdp is not None and fsdp.mixed_precision and autocast is not None:
-        raise ValueError(f"autocast {autocast!r} and FSDP2 mixed_precision {fsdp.mixed_precision!r} both cast the "
-                         f"compute: use one of them")
+    check_step_options(optimizer, optimizer_kwargs, autocast, fsdp, dtype, compile_backend)
     device = torch.device(device)
     step_model, fqns, units = model, module_fqns(model), None
-    if fsdp is not None and fsdp.mixed_precision and dtype not in (None, torch.float32):
-        raise ValueError(f"mixed_precision {fsdp.mixed_precision!r} keeps fp32 sharded parameters and casts them "
-                         f"itself: dtype must be None or torch.float32, got {dtype}")
     if fsdp is not None:  # the step runs on a sharded copy; the fqns are the model's own
         units = unit_fqns(model, fsdp.wrap if fsdp.wrap is not None else default_units(model), fqns)
         step_model = meta_copy(model)
@@ -261,19 +264,18 @@ def collect_stats(
             parents.setdefault(fqns[child], fqn)
     mods = {mod: _Mod(fqn, parents.get(fqn), not any(True for _ in mod.children())) for mod, fqn in fqns.items()}
     step = _Step(step_model, mods, cost_model, round_bytes_to, progress, measure_checkpoint_overhead)
+    step.compile_backend = compile_backend
     with ExitStack() as stack:
         if fsdp is not None:
             step.shard(fsdp, units, stack.enter_context(fake_process_group(fsdp.world_size, device.type)))
-        emulation = _emulation(emulate_cuda_attention)
+        emulation = attention_emulation(emulate_cuda_attention)
         stats = step.run(inputs, loss_fn, (optimizer, optimizer_kwargs, optimizer_foreach, loop), device, dtype,
                          emulation, moe_routing, describe_loop(with_model_settings(metadata, model), optimizer,
                                                                optimizer_kwargs, loop))
+    if compile_backend is not None:
+        mark_compiled(stats, compile_backend)
     if fsdp is not None:
-        kept = {m.fqn for m in stats.modules}  # a unit run out of place is not in the stats (nor planned)
-        stats.metadata.sharding = Sharding(kind="fsdp2", world_size=fsdp.world_size,
-                                           units=[u for u in units if u in kept],
-                                           mixed_precision=fsdp.mixed_precision,
-                                           reshard_after_forward=fsdp.reshard_after_forward)
+        record_sharding(stats, fsdp, units)
     if checkpoint_overhead_us_per_op is not None or measure_checkpoint_overhead:
         fill_checkpoint_overheads(stats, {fqn: mod for mod, fqn in module_fqns(model).items()},  # the model's own
                                   {m.fqn: m.call for m in mods.values() if m.call is not None},
@@ -300,6 +302,8 @@ class _Step:
         self.units: list[str] = []
         self.mesh: Any = None
         self.optimizer_built: torch.optim.Optimizer | None = None
+        self.compile_backend: str | None = None  # the step runs compiled whole
+        self.zero_gradients: list[tuple[tuple[int, ...], torch.dtype]] = []  # what the compiled backward is handed
 
     def shard(self, setup: FsdpSetup, units: list[str], mesh: Any) -> None:
         """Run the step sharded: ``fully_shard`` the (copied) model's ``units`` over ``mesh`` once it is fake."""
@@ -323,8 +327,11 @@ class _Step:
             fake_in = convert.tree(inputs)
             fake_loss, restore_loss = fake_loss_fn(loss_fn, convert)
             restores.append(restore_loss)
-            for p in model.parameters():
-                book.add_tensors([p], PARAM)
+            if self.compile_backend is not None:
+                with fake:
+                    self.zero_gradients = zero_gradient_outputs(
+                        model, lambda m: forward_and_loss(m, fake_in, fake_loss, loss_fn)[1], self.compile_backend)
+            book.add_tensors(list(model.parameters()), PARAM)
             book.add_tensors(model.buffers(), BUFFER)
             book.add_tensors(tensors_in(fake_in) + list(convert.memo.values()), INPUT)  # with what loss_fn captured
             for p in params:
@@ -371,23 +378,23 @@ class _Step:
     def _micro_batch(self, hooks: ModuleHooks, fake_in: Any, fake_loss: Any, loss_fn: Any, emulation: Any,
                      loop: TrainingLoop, scaler: Any, device: torch.device, params: list[nn.Parameter]) -> None:
         model, col = self.model, self.col
+        traced = traced_ops if self.compile_backend is not None else nullcontext
         col.phase = ACT
         col.timeline.enter(FORWARD)
         with (torch.autograd.graph.saved_tensors_hooks(col.pack, col.life.unpack_hook(col)), emulation,
-              hf_fake_as_real(model), one_hot_as_on_device(), loop.autocast_context(device.type)):
+              hf_fake_as_real(model), one_hot_as_on_device(), loop.autocast_context(device.type), traced()):
             output, loss = forward_and_loss(model, fake_in, fake_loss, loss_fn)
+            unmatched: list[torch.Tensor] = []  # zero gradients held to the backward's end
+            if self.zero_gradients:
+                loss = with_zero_gradients(loss, output, self.zero_gradients, unmatched)
         del output  # as a training loop does: `loss = model(**batch).loss; loss.backward()`
         col.phase = TEMP
         col.timeline.enter(BACKWARD)
-        (loss if scaler is None else scaler.scale(loss)).backward()
-        del loss
+        with traced():
+            (loss if scaler is None else scaler.scale(loss)).backward()
+        del loss, unmatched
         if col.sharded is not None:
             col.sharded.book_grads(params)
         for m in hooks.mods.values():
             if m.bw_state == "open":
                 hooks.close(m)
-
-
-def _emulation(enabled: bool) -> Any:
-    from estimators.collect.emulation import CudaAttentionEmulation
-    return CudaAttentionEmulation() if enabled else nullcontext()

@@ -31,13 +31,14 @@ boolean mask. Out-of-place training dropout with 0 < p < 1 is routed to
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["CudaAttentionEmulation", "attention_kernel"]
+__all__ = ["attention_emulation", "CudaAttentionEmulation", "attention_kernel"]
 
 aten = torch.ops.aten
 
@@ -101,3 +102,8 @@ class CudaAttentionEmulation(TorchFunctionMode):
             if out is not None:
                 return out
         return func(*args, **kwargs)
+
+
+def attention_emulation(enabled: bool) -> Any:
+    """The emulation of CUDA's attention kernels when collecting for a CUDA target, else a no-op context."""
+    return CudaAttentionEmulation() if enabled else nullcontext()

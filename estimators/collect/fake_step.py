@@ -11,10 +11,13 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode, is_fake
 from torch.utils._pytree import tree_flatten, tree_map
 
-from estimators.common import StorageBook, call_model, default_loss, storages_of
+from estimators.common import StorageBook, call_model, default_loss, storages_of, tensors_in
 
 __all__ = ["fakeify", "FakeConverter", "fake_loss_fn", "unconverted_tensor_error", "forward_and_loss",
-           "optimizer_bytes"]
+           "optimizer_bytes", "COMPILE_BACKENDS", "traced_ops", "with_zero_gradients"]
+
+# The torch.compile backends a step can be collected under (``eager``: dynamo's graph run eagerly, as the eager step).
+COMPILE_BACKENDS = ("aot_eager", "inductor")
 
 
 class FakeConverter:
@@ -134,6 +137,58 @@ def forward_and_loss(model: nn.Module, fake_in: Any, fake_loss: Any, loss_fn: An
         if clear is None:
             raise
         raise clear from None
+
+
+def traced_ops() -> Any:
+    """A context under which composite ops decompose as AOTAutograd traces them (the Python dispatcher).
+
+    AOTAutograd traces with the Python dispatcher on, so a composite op with a Python decomposition runs that:
+    ``aten.dropout`` (``F.dropout``, and SDPA's math path on the CPU) becomes one ``native_dropout`` keeping a
+    bool mask, where eager ATen runs ``empty_like``, ``bernoulli_``, ``div_``, ``mul`` and keeps a float one.
+    Run under it, the fake step's ops and saved tensors are the compiled graph's there.
+    """
+    from torch._dispatch.python import enable_python_dispatcher
+
+    return enable_python_dispatcher()
+
+
+class _ZeroGradients(torch.autograd.Function):
+    """The gradients of zeros a compiled backward is handed, made where it makes them: at the backward's start.
+
+    The compiled backward is one graph taking a gradient ("tangent") for every differentiable output. An output
+    the loss does not use (a Hugging Face model's ``logits`` next to the ``loss`` it computed from them in the
+    same graph) gets none, and AOTAutograd materializes one of zeros before the graph runs; it lives until the
+    graph adds it to the gradient reaching that value from the loss (for the logits: the whole batch x sequence
+    x vocabulary). Eager autograd never makes it. Put between the loss and ``backward``, this function's
+    backward runs first and sends a gradient of zeros to each such output of the model: it waits in autograd's
+    buffer of that output until the loss's gradient arrives and is added to it, as in the graph. A zero gradient
+    no model output matches (a value dynamo passes across a graph break) is made there too and held in
+    ``unmatched`` to the end of the backward (at least as long as the compiled one).
+    """
+
+    @staticmethod
+    def forward(ctx: Any, loss: torch.Tensor, unmatched: list, shapes: tuple, *outputs: torch.Tensor) -> torch.Tensor:
+        ctx.unmatched, ctx.shapes = unmatched, shapes
+        ctx.outputs = [(o.shape, o.dtype, o.device) for o in outputs]
+        return loss.view_as(loss)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        ctx.unmatched.extend(torch.zeros(shape, dtype=dtype, device=grad.device) for shape, dtype in ctx.shapes)
+        return (grad, None, None, *(torch.zeros(s, dtype=d, device=dev) for s, d, dev in ctx.outputs))
+
+
+def with_zero_gradients(loss: torch.Tensor, output: Any, zero_gradients: list[tuple[tuple[int, ...], torch.dtype]],
+                        unmatched: list) -> torch.Tensor:
+    """``loss`` whose backward first makes the compiled backward's gradients of zeros (:class:`_ZeroGradients`)."""
+    left = list(zero_gradients)
+    matched = []
+    for x in tensors_in(output):
+        key = (tuple(x.shape), x.dtype)
+        if x.requires_grad and x is not loss and key in left:
+            left.remove(key)
+            matched.append(x)
+    return _ZeroGradients.apply(loss, unmatched, tuple(left), *matched)
 
 
 def optimizer_bytes(opt: torch.optim.Optimizer | None, book: StorageBook) -> dict[int, int]:

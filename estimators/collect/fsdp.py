@@ -36,9 +36,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from planner import Sharding
 from estimators.common import ACT, COMM, GRAD, TEMP, StorageBook, follow_storage_resizes, storages_of
 
-__all__ = ["ShardedStep", "fake_process_group", "is_collective_op", "meta_copy", "run_collective"]
+__all__ = ["record_sharding", "ShardedStep", "fake_process_group", "is_collective_op", "meta_copy", "run_collective"]
 
 _COLLECTIVE_NAMESPACES = frozenset({"c10d", "_c10d_functional", "c10d_functional", "fsdp"})
 
@@ -138,3 +139,11 @@ class ShardedStep:
     def book_grads(self, params: Sequence[nn.Parameter]) -> None:
         """After backward: the sharded gradients FSDP2 assigned are gradients (a cast copy included)."""
         self.book.recategorize_all(storages_of([p.grad for p in params if p.grad is not None]), GRAD)
+
+
+def record_sharding(stats: Any, fsdp: Any, units: Sequence[str]) -> None:
+    """The stats' ``metadata.sharding`` of one rank collected with ``fsdp`` (an ``FsdpSetup``) over ``units``."""
+    kept = {m.fqn for m in stats.modules}  # a unit run out of place is not in the stats (nor planned)
+    stats.metadata.sharding = Sharding(kind="fsdp2", world_size=fsdp.world_size, units=[u for u in units if u in kept],
+                                       mixed_precision=fsdp.mixed_precision,
+                                       reshard_after_forward=fsdp.reshard_after_forward)

@@ -52,6 +52,7 @@ class CollectRequest:
     fsdp_wrap: list[str] | None = None
     mixed_precision: str | None = None
     reshard_after_forward: bool = True
+    compile_backend: str | None = None  # the step compiled whole: torch.compile(model, backend=...)
 
     @classmethod
     def from_args(cls, args: Any) -> CollectRequest:
@@ -85,7 +86,8 @@ class CollectRequest:
         loop = "".join([f", {self.grad_accumulation} micro-batches" if self.grad_accumulation > 1 else "",
                         f", autocast {self.autocast}" if self.autocast else "",
                         ", GradScaler" if self.grad_scaler else "",
-                        f", gradients clipped to {self.max_grad_norm:g}" if self.max_grad_norm is not None else ""])
+                        f", gradients clipped to {self.max_grad_norm:g}" if self.max_grad_norm is not None else "",
+                        f", compiled with {self.compile_backend}" if self.compile_backend else ""])
         return (f"{src} for {target}: batch {self.batch}, seq {self.seq}, {self.dtype}, optimizer {self.optimizer}"
                 f"{loop}{shard} (fake tensors on {self.device}: no real memory or compute)")
 
@@ -237,6 +239,7 @@ def run_collection(req: CollectRequest, *, progress: Any = None) -> CollectResul
         moe_routing=routing,
         progress=progress,
         fsdp=fsdp,
+        compile_backend=req.compile_backend,
     )
     seconds = time.perf_counter() - t0
     return CollectResult(stats, n_params, baseline_peak_bytes(stats), seconds, target,

@@ -17,11 +17,12 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import DataDependentOutputException
 
+from estimators.collect.fake_step import COMPILE_BACKENDS
 from estimators.collect.moe import DataDependentOpError
 from estimators.common import OPTIMIZER_NAMES, TrainingLoop, optimizer_class
 from planner import StatsMetadata
 
-__all__ = ["describe_loop", "is_cached_cast", "optimizer_name", "optimizer_spec", "scalar_stand_in", "scratch_ops", "scratch_records"]
+__all__ = ["check_step_options", "describe_loop", "is_cached_cast", "optimizer_name", "optimizer_spec", "scalar_stand_in", "scratch_ops", "scratch_records"]
 
 
 def optimizer_spec(optimizer: str | Callable[..., Any], kwargs: dict[str, Any] | None) -> None:
@@ -124,3 +125,21 @@ def is_cached_cast(func: Any, args: tuple, out: Any) -> bool:
     x = args[0]
     return (x.is_leaf and x.requires_grad and x.dtype == torch.float32 and isinstance(out, torch.Tensor)
             and out.dtype in (torch.bfloat16, torch.float16) and torch.is_autocast_cache_enabled())
+
+
+def check_step_options(optimizer: Any, optimizer_kwargs: dict[str, Any] | None, autocast: str | None, fsdp: Any,
+                       dtype: torch.dtype | None, compile_backend: str | None) -> None:
+    """ValueError naming the option for a step that cannot be collected as asked."""
+    optimizer_spec(optimizer, optimizer_kwargs)  # a bad name, class path or argument
+    if fsdp is not None and fsdp.mixed_precision and autocast is not None:
+        raise ValueError(f"autocast {autocast!r} and FSDP2 mixed_precision {fsdp.mixed_precision!r} both cast the "
+                         f"compute: use one of them")
+    if fsdp is not None and fsdp.mixed_precision and dtype not in (None, torch.float32):
+        raise ValueError(f"mixed_precision {fsdp.mixed_precision!r} keeps fp32 sharded parameters and casts them "
+                         f"itself: dtype must be None or torch.float32, got {dtype}")
+    if compile_backend is not None and compile_backend not in COMPILE_BACKENDS:
+        raise ValueError(f"compile_backend must be one of {', '.join(COMPILE_BACKENDS)} or None, "
+                         f"got {compile_backend!r}")
+    if compile_backend is not None and fsdp is not None:
+        raise ValueError(f"compile_backend {compile_backend!r} with fsdp: a compiled FSDP2 step is not collected "
+                         f"yet; collect without one of them")

@@ -56,7 +56,20 @@ class StepMeasure:
 
 
 class _LiveStorages(TorchDispatchMode):
-    """Books every storage an op returns, once, and follows the peak of everything booked."""
+    """Books every storage an op returns, once, and follows the peak of everything booked.
+
+    A compiled model runs compiled under it: dynamo runs a frame eagerly while any dispatch mode that does not
+    ignore compile internals is active, so without ``ignore_compile_internals`` every "compiled" step measured
+    would be the eager one. The compiled graph's ops then reach the mode at run time (``aot_eager``: every ATen
+    op); a higher-order operator of the graph (checkpointing's ``run_and_save_rng_state``) runs as one op whose
+    outputs are booked.
+    """
+
+    supports_higher_order_operators = True
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        return True
 
     def __init__(self, book: StorageBook):
         super().__init__()
@@ -159,9 +172,11 @@ def measure_steps(model: nn.Module, inputs: Any, loss_fn: Callable[[Any], torch.
     storage). Peaks are taken after each new storage, so an op's inputs and
     outputs count together. Storages resized in place
     (``UntypedStorage.resize_``: FSDP2's gathered parameters) are followed; a
-    DTensor counts its local shard. Not seen: memory a kernel allocates and
-    frees internally without returning it, and tensors of other objects the
-    caller holds. Tracking slows the step down; measure time with
+    DTensor counts its local shard. A ``torch.compile``d model runs compiled
+    (compile it before the tracked steps): under ``aot_eager`` every op of its
+    graphs is seen. Not seen: memory a kernel allocates and frees internally
+    without returning it (Inductor's buffers), and tensors of other objects
+    the caller holds. Tracking slows the step down; measure time with
     ``track_memory=False``.
 
     Time: ``time.process_time()`` (process CPU time, all threads: call
