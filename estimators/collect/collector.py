@@ -35,15 +35,17 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from estimators.collect.assemble import build_stats
 from estimators.collect.fake_step import FakeConverter, fake_loss_fn, fakeify, forward_and_loss, optimizer_bytes
 from estimators.collect.fsdp import ShardedStep, fake_process_group, is_collective_op, meta_copy
+from estimators.collect.input_values import InputValues, unanswered_read_error
 from estimators.collect.models import hf_fake_as_real
 from estimators.collect.module_hooks import ModuleHooks
 from estimators.collect.moe import MoeRouting, RoutingMode, one_hot_as_on_device
 from estimators.collect.overhead import fill_checkpoint_overheads
 from estimators.collect.settings_record import with_model_settings
 from estimators.collect.timeline import BACKWARD, OPTIMIZER, TimelineRecorder
-from estimators.common import (ACT, BUFFER, COMM, GRAD, INPUT, OPT, PARAM, SAC_IGNORED_OPS, TEMP, FsdpSetup,
-                               StorageBook, default_units, is_inplace_op, is_random_op, is_view_op, make_optimizer,
-                               module_fqns, op_name, shard_model, storages_of, tensors_in, unit_fqns)
+from estimators.common import (ACT, BATCH_VALUES_TAG, BUFFER, COMM, GRAD, INPUT, OPT, PARAM, SAC_IGNORED_OPS, TEMP,
+                               UNKNOWN_VALUES_TAG, FsdpSetup, StorageBook, default_units, is_inplace_op, is_random_op,
+                               is_view_op, make_optimizer, module_fqns, op_name, shard_model, storages_of, tensors_in,
+                               unit_fqns)
 from planner import Sharding, Stats, StatsMetadata
 
 __all__ = ["collect_stats", "OPTIMIZERS"]
@@ -277,6 +279,7 @@ class _Step:
         self.book = StorageBook(round_bytes_to)
         self.col = _Collector(self.book, cost_model, mods)
         self.hooks = ModuleHooks(self.col, self.book, mods, progress, capture_calls=capture_calls)
+        self.values = InputValues()
         self.setup: FsdpSetup | None = None
         self.units: list[str] = []
         self.mesh: Any = None
@@ -300,7 +303,7 @@ class _Step:
             else:
                 restores.append(fakeify(model, convert))
             params = [p for p in model.parameters() if p.requires_grad]
-            fake_in = convert.tree(inputs)
+            fake_in = convert.tree(inputs, keep_values=True)
             fake_loss, restore_loss = fake_loss_fn(loss_fn, convert)
             restores.append(restore_loss)
             for p in model.parameters():
@@ -310,11 +313,15 @@ class _Step:
             for p in params:
                 p.register_post_accumulate_grad_hook(lambda q: book.recategorize_all(storages_of(q.grad), GRAD))
             routing = RoutingMode(moe_routing or MoeRouting())
-            with fake, routing, col, hooks, col.sharded or nullcontext():
+            with fake, self.values, routing, col, hooks, col.sharded or nullcontext():
                 opt_bytes = self._forward_backward_step(fake_in, fake_loss, loss_fn, emulation, optimizer,
                                                         optimizer_foreach, device, params)
             stats = build_stats(model, self.mods, col, hooks, opt_bytes, book, metadata)
             stats.metadata.model_settings.update(routing.settings(model))
+            if self.values.reads:  # the stats follow this batch's path through the model's data-dependent code
+                stats.metadata.tags[BATCH_VALUES_TAG] = _counted(self.values.reads)
+            if self.values.unknown:  # it asked about values the batch did not have (made on meta)
+                stats.metadata.tags[UNKNOWN_VALUES_TAG] = _counted(self.values.unknown)
         finally:
             for restore in reversed(restores):
                 restore()
@@ -325,8 +332,17 @@ class _Step:
                                params: list[nn.Parameter]) -> dict[int, int]:
         model, col, hooks = self.model, self.col, self.hooks
         with (torch.autograd.graph.saved_tensors_hooks(col.pack, lambda t: t), emulation,
-              hf_fake_as_real(model), one_hot_as_on_device()):
-            output, loss = forward_and_loss(model, fake_in, fake_loss, loss_fn)
+              hf_fake_as_real(model, self.values), one_hot_as_on_device()):
+            self.values.active = True
+            try:
+                output, loss = forward_and_loss(model, fake_in, fake_loss, loss_fn)
+            except Exception as exc:
+                clear = unanswered_read_error(exc, self.values)
+                if clear is None:
+                    raise
+                raise clear from None
+            finally:
+                self.values.active = False
         del output  # as a training loop does: `loss = model(**batch).loss; loss.backward()`
         col.phase = TEMP
         col.timeline.enter(BACKWARD)
@@ -346,6 +362,12 @@ class _Step:
             if self.progress:
                 self.progress("optimizer", 1, 1)
         return optimizer_bytes(opt, self.book)
+
+
+def _counted(names: list[str]) -> str:
+    """``aten.all x2, aten._local_scalar_dense x2``: each name once, in order of first appearance."""
+    counts = {n: names.count(n) for n in dict.fromkeys(names)}
+    return ", ".join(f"{n} x{c}" for n, c in counts.items())
 
 
 def _emulation(enabled: bool) -> Any:
