@@ -15,7 +15,8 @@ from typing import Any
 from torch import nn
 
 from estimators.apply.policy import PlanMismatchError
-from estimators.common import BATCH_VALUES_TAG, DTYPE_NAMES, UNKNOWN_VALUES_TAG, experts_implementation, model_configs, model_dtype_name, model_settings_of
+from estimators.common import (BATCH_VALUES_TAG, DTYPE_NAMES, UNKNOWN_VALUES_TAG, experts_implementation,
+                               model_dtype_name, model_settings_of, switch_off_kv_cache)
 
 __all__ = ["experts_mismatch", "match_model_settings", "NO_STATS_CAUSE"]
 
@@ -36,12 +37,11 @@ def match_model_settings(model: nn.Module, metadata: Mapping[str, Any] | None) -
     module tree counts (a wrapped model's too).
     """
     recorded = dict((metadata or {}).get("model_settings") or {})
-    if metadata is None or recorded.get("use_cache") is False:  # without stats: training has no use for a cache
-        for config in model_configs(model):
-            if getattr(config, "use_cache", None):
-                config.use_cache = False
-                log.info("apply_plan: set %s use_cache = False, as %s (and training runs)", type(config).__name__,
-                         "gradient_checkpointing_enable does" if metadata is None else "the stats were collected")
+    if recorded.get("use_cache") is not True:  # stats before issue 27 may have collected a factory's cache
+        for config in switch_off_kv_cache(model):
+            log.info("apply_plan: set %s use_cache = False, as the stats were collected and "
+                     "gradient_checkpointing_enable does (a recomputed layer would update the cache again)",
+                     type(config).__name__)
     if metadata is None:
         return NO_STATS_CAUSE
     current = model_settings_of(model)

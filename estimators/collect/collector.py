@@ -44,8 +44,8 @@ from estimators.collect.settings_record import with_model_settings
 from estimators.collect.timeline import BACKWARD, OPTIMIZER, TimelineRecorder
 from estimators.common import (ACT, BATCH_VALUES_TAG, BUFFER, COMM, GRAD, INPUT, OPT, PARAM, SAC_IGNORED_OPS, TEMP,
                                UNKNOWN_VALUES_TAG, FsdpSetup, StorageBook, default_units, is_inplace_op, is_random_op,
-                               is_view_op, make_optimizer, module_fqns, op_name, shard_model, storages_of, tensors_in,
-                               unit_fqns)
+                               is_view_op, make_optimizer, module_fqns, op_name, shard_model, storages_of,
+                               switch_off_kv_cache, tensors_in, unit_fqns)
 from planner import Sharding, Stats, StatsMetadata
 
 __all__ = ["collect_stats", "OPTIMIZERS"]
@@ -248,6 +248,9 @@ def collect_stats(
     mods = {mod: _Mod(fqn, parents.get(fqn), not any(True for _ in mod.children())) for mod, fqn in fqns.items()}
     step = _Step(step_model, mods, cost_model, round_bytes_to, progress, measure_checkpoint_overhead)
     with ExitStack() as stack:
+        for m in {id(model): model, id(step_model): step_model}.values():
+            for config in switch_off_kv_cache(m):  # as training (and apply_plan) runs it; given back after
+                stack.callback(setattr, config, "use_cache", True)
         if fsdp is not None:
             step.shard(fsdp, units, stack.enter_context(fake_process_group(fsdp.world_size, device.type)))
         emulation = _emulation(emulate_cuda_attention)

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 __all__ = ["BATCH_VALUES_TAG", "UNKNOWN_VALUES_TAG", "CONFIG_SETTINGS", "DTYPE_NAMES", "experts_implementation", "model_config", "model_configs",
-           "model_dtype_name", "model_settings_of"]
+           "model_dtype_name", "model_settings_of", "switch_off_kv_cache"]
 
 # Config attributes that change the op sequence, and the name each gets in the stats.
 # (experts_implementation and the MoE routing are recorded by estimators.collect.moe.)
@@ -43,6 +43,19 @@ def model_config(model: nn.Module) -> Any:
     """The model's Hugging Face config (the root's, else the first in the module tree), or None."""
     configs = model_configs(model)
     return configs[0] if configs else None
+
+
+def switch_off_kv_cache(model: nn.Module) -> list[Any]:
+    """``use_cache = False`` on every Hugging Face config in the tree; returns the configs it was on for.
+
+    Training has no use for a KV cache, and a checkpointed layer would update
+    it again when recomputed (Hugging Face's ``gradient_checkpointing_enable``
+    switches it off too); the collector runs the step without one.
+    """
+    switched = [c for c in model_configs(model) if getattr(c, "use_cache", None)]
+    for config in switched:
+        config.use_cache = False
+    return switched
 
 
 def model_settings_of(model: nn.Module) -> dict[str, Any]:
