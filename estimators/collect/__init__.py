@@ -25,9 +25,10 @@ from estimators.collect.session import COLLECTOR_VERSION, CollectRequest, Collec
 from estimators.collect.timeline import BACKWARD, FORWARD, OPTIMIZER, TimelineRecorder
 
 __all__ = [
-    "ATTENTION_MASKS", "BACKWARD", "COLLECTOR_VERSION", "CPU_CHECKPOINT_OVERHEAD_US", "DEVICES", "DTYPES", "FORWARD", "LEFT_OUT_TAG",
-    "OPTIMIZER", "OPTIMIZERS", "BenchmarkCostModel", "BuiltModel", "CollectRequest", "CollectResult", "DeviceSpec",
-    "MoeRouting", "RooflineCostModel", "TimelineRecorder", "TopKRecorder", "attention_kernel", "attention_mask_batch", "build_from_factory",
-    "build_from_hf_config", "collect_stats", "cuda_device_entry", "device_names", "device_spec", "elapsed_ms",
-    "load_factory", "measure_checkpoint_overhead", "parse_attention_mask", "parse_moe_routing", "run_collection", "target_spec",
+    "ATTENTION_MASKS", "BACKWARD", "COLLECTOR_VERSION", "CPU_CHECKPOINT_OVERHEAD_US", "DEVICES", "DTYPES", "FORWARD",
+    "LEFT_OUT_TAG", "OPTIMIZER", "OPTIMIZERS", "BenchmarkCostModel", "BuiltModel", "CollectRequest", "CollectResult",
+    "DeviceSpec", "MoeRouting", "RooflineCostModel", "TimelineRecorder", "TopKRecorder", "attention_kernel",
+    "attention_mask_batch", "build_from_factory", "build_from_hf_config", "collect_stats", "cuda_device_entry",
+    "device_names", "device_spec", "elapsed_ms", "load_factory", "measure_checkpoint_overhead",
+    "parse_attention_mask", "parse_moe_routing", "run_collection", "target_spec",
 ]

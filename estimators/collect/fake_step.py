@@ -39,7 +39,7 @@ class FakeConverter:
         return self.memo[id(x)]
 
     def tree(self, tree: Any, *, keep_values: bool = False) -> Any:
-        """``tree`` with its tensors made fake; ``keep_values``: the batch's (see :mod:`estimators.collect.input_values`)."""
+        """``tree`` with its tensors made fake; ``keep_values``: the batch's values kept (see ``input_values``)."""
         return tree_map(lambda x: self.tensor(x, keep_value=keep_values) if isinstance(x, torch.Tensor) else x, tree)
 
 

@@ -11,18 +11,19 @@ FSDP2. Nothing here imports another subpackage of ``estimators``.
 from estimators.common.aten_ops import (SAC_IGNORED_OPS, is_inplace_op, is_random_op, is_view_op, op_name,
                                        written_tensors)
 from estimators.common.fsdp_units import MIXED_PRECISION, FsdpSetup, default_units, shard_model, unit_fqns
-from estimators.common.model_settings import (BATCH_VALUES_TAG, CONFIG_SETTINGS, UNKNOWN_VALUES_TAG, DTYPE_NAMES, experts_implementation, model_config,
-                                              model_configs, model_dtype_name, model_settings_of,
-                                              switch_off_kv_cache)
+from estimators.common.model_settings import (BATCH_VALUES_TAG, CONFIG_SETTINGS, DTYPE_NAMES, UNKNOWN_VALUES_TAG,
+                                              experts_implementation, model_config, model_configs, model_dtype_name,
+                                              model_settings_of, switch_off_kv_cache)
 from estimators.common.module_names import module_fqns
 from estimators.common.storage_book import (ACT, BUFFER, CATEGORIES, COMM, GRAD, INPUT, OPT, PARAM, TEMP, StorageBook,
                                             follow_storage_resizes, storages_of, tensors_in)
 from estimators.common.training_step import call_model, default_loss, make_optimizer
 
 __all__ = [
-    "ACT", "BATCH_VALUES_TAG", "BUFFER", "CATEGORIES", "COMM", "CONFIG_SETTINGS", "DTYPE_NAMES", "GRAD", "INPUT", "MIXED_PRECISION", "OPT",
-    "PARAM", "SAC_IGNORED_OPS", "TEMP", "UNKNOWN_VALUES_TAG", "FsdpSetup", "StorageBook", "call_model", "default_loss", "default_units",
-    "experts_implementation", "follow_storage_resizes", "is_inplace_op", "is_random_op", "is_view_op",
-    "make_optimizer", "model_config", "model_configs", "model_dtype_name", "model_settings_of", "module_fqns", "op_name", "shard_model", "storages_of", "switch_off_kv_cache",
-    "tensors_in", "unit_fqns", "written_tensors",
+    "ACT", "BATCH_VALUES_TAG", "BUFFER", "CATEGORIES", "COMM", "CONFIG_SETTINGS", "DTYPE_NAMES", "GRAD", "INPUT",
+    "MIXED_PRECISION", "OPT", "PARAM", "SAC_IGNORED_OPS", "TEMP", "UNKNOWN_VALUES_TAG", "FsdpSetup", "StorageBook",
+    "call_model", "default_loss", "default_units", "experts_implementation", "follow_storage_resizes",
+    "is_inplace_op", "is_random_op", "is_view_op", "make_optimizer", "model_config", "model_configs",
+    "model_dtype_name", "model_settings_of", "module_fqns", "op_name", "shard_model", "storages_of",
+    "switch_off_kv_cache", "tensors_in", "unit_fqns", "written_tensors",
 ]

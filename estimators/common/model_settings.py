@@ -12,8 +12,8 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["BATCH_VALUES_TAG", "UNKNOWN_VALUES_TAG", "CONFIG_SETTINGS", "DTYPE_NAMES", "experts_implementation", "model_config", "model_configs",
-           "model_dtype_name", "model_settings_of", "switch_off_kv_cache"]
+__all__ = ["BATCH_VALUES_TAG", "CONFIG_SETTINGS", "DTYPE_NAMES", "UNKNOWN_VALUES_TAG", "experts_implementation",
+           "model_config", "model_configs", "model_dtype_name", "model_settings_of", "switch_off_kv_cache"]
 
 # Config attributes that change the op sequence, and the name each gets in the stats.
 # (experts_implementation and the MoE routing are recorded by estimators.collect.moe.)

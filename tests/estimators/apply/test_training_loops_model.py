@@ -179,3 +179,47 @@ def test_a_padded_batch_is_as_a_collator_makes_it():
     assert batch["attention_mask"].tolist() == [[1] * 6 + [0] * 2] * 2
     assert (batch["labels"][:, 6:] == -100).all() and (batch["input_ids"][:, 6:] == 0).all()
     assert attention_mask_batch(ids, "ones", 0.0, 0)["labels"] is ids
+
+
+def test_a_wrapped_model_is_collected_as_the_bare_one_and_keeps_its_settings():
+    """The root is a user module: HF's mask handling and use_cache are found in the tree, and given back."""
+    model, batch, loss_fn = CASES["wrapped_decoder"]()
+    assert model.backbone.config.use_cache is True  # Hugging Face's default, as the user built it
+    stats = collect(model, batch, loss_fn)
+    assert stats.metadata.model_settings["use_cache"] is False
+    assert stats.metadata.model_settings["attn_implementation"] == "sdpa"
+    assert model.backbone.config.use_cache is True
+    bare, _, _ = decoder("ones")
+    bare_stats = collect(bare, {k: v for k, v in batch.items() if k != "labels"}, lambda out: out.logits.sum())
+    inner = "Classifier.backbone.model.layers.0.self_attn"
+    assert [op.name for op in stats.module(inner).ops] == \
+        [op.name for op in bare_stats.module("LlamaForCausalLM.model.layers.0.self_attn").ops]
+
+
+def test_collect_cli_attention_mask(tmp_path):
+    import json
+
+    from planner.cli import main
+
+    config = tmp_path / "tiny.json"
+    config.write_text(json.dumps(TINY_LLAMA_CONFIG))
+    out = tmp_path / "stats.json"
+    assert main(["collect", "--hf-config", str(config), "--batch", "2", "--seq", "16", "--attention-mask",
+                 "padded:0.25", "--out", str(out), "--quiet"]) == 0
+    tags = json.loads(out.read_text())["metadata"]["tags"]
+    assert tags["attention_mask"] == "padded:0.25" and "aten._local_scalar_dense" in tags["batch_values_read"]
+
+
+def test_collect_cli_refuses_a_mask_for_a_factory(tmp_path, capsys):
+    from planner.cli import main
+
+    factory = tmp_path / "f.py"
+    factory.write_text("import torch\ndef make():\n    return torch.nn.Linear(4, 4), torch.randn(2, 4)\n")
+    assert main(["collect", "--model", f"{factory}:make", "--attention-mask", "ones", "--out",
+                 str(tmp_path / "s.json"), "--quiet"]) == 1
+    assert "--attention-mask ones builds the batch of --hf-config" in capsys.readouterr().err
+
+
+TINY_LLAMA_CONFIG = {"model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
+                     "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
+                     "max_position_embeddings": 32}
