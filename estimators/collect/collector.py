@@ -14,6 +14,12 @@ watch it:
 * a :class:`TimelineRecorder` keeps the instants of most live memory (the
   stats' ``timeline``), with a module's later calls (:mod:`estimators.collect.repeat_calls`).
 
+Beneath them, :class:`~estimators.collect.input_values.InputValues` follows
+the batch's values through the forward (inputs made on the CPU keep them),
+so model code that branches on the batch takes the real batch's path; the
+reads it answered are tagged ``batch_values_read``. The step runs with every
+Hugging Face ``use_cache`` off, as training and ``apply_plan`` run it.
+
 The op lists skip exactly ``torch.utils.checkpoint.SAC_IGNORED_OPS``, so they
 are the sequence a selective-checkpoint policy function sees when the module
 runs under ``torch.utils.checkpoint``: :func:`estimators.apply_plan` matches
