@@ -33,11 +33,13 @@ SECTION = "### Training loops: masks, wrappers, BatchNorm"
 # What the rows that do not hold have in common, as diagnosed (issue 27b's report); the memory model's, not the masks'.
 GAPS = ("Every such row has the model state bit-identical and the steady state within 1%: the real peak is above "
         "the plan's by less than 1%, at the tightest budgets or where the plan leaves under 0.01% of headroom. "
-        "batchnorm_convnet at min: the real peak is in the recomputation of blocks.1, with blocks.2's "
-        "gradients (18,688 B: two 16x16x3x3 convolutions and two BatchNorms) already accumulated, while the "
-        "plan's peak is placed in the backward of blocks before them: a gap of the memory model at a "
-        "checkpointed module's recomputation inside a non-checkpointed parent, not of the masks or the "
-        "buffers (the same bytes without the buffer guard).")
+        "Diagnosed on batchnorm_convnet at min: the memory model counts a checkpointed module's recomputation "
+        "as bringing back the activations the unplanned step holds at its backward, but the recomputation of "
+        "blocks.1 also holds the output of an op autograd does not save (the residual add, 524,288 B, recomputed "
+        "although its only consumer, the final relu, is saved) while the relu runs: the real peak in blocks.1's "
+        "backward is the model's value there (4,489,084 B) plus exactly that tensor, 5,013,372 B, above the "
+        "plan's peak elsewhere (4,994,684 B). A gap of the memory model (recompute transients), not of the "
+        "masks or the buffers (the same bytes without the buffer guard).")
 PARENT = "## Training loops"
 
 
