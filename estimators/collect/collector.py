@@ -219,7 +219,11 @@ def collect_stats(
 
     The model may live on any device, ``meta`` included; its parameters and
     buffers are replaced by fake tensors on ``device`` (cast to ``dtype`` if
-    given) for the duration of the call and restored afterwards.
+    given) for the duration of the call and restored afterwards. ``inputs``
+    (and the tensors ``loss_fn`` captures) made with real values, on the CPU,
+    lend them to their fakes: model code that branches on the batch takes
+    its path (:mod:`estimators.collect.input_values`); inputs on ``meta``
+    have no values.
     ``optimizer_foreach`` picks the optimizer's multi-tensor implementation
     (None: PyTorch's default on ``device``, foreach on CUDA only).
     ``cost_model(func, args, kwargs, out) -> ms`` prices each op.
@@ -340,23 +344,23 @@ class _Step:
                                optimizer_foreach: bool | None, device: torch.device,
                                params: list[nn.Parameter]) -> dict[int, int]:
         model, col, hooks = self.model, self.col, self.hooks
-        with (torch.autograd.graph.saved_tensors_hooks(col.pack, lambda t: t), emulation,
-              hf_fake_as_real(model, self.values), one_hot_as_on_device()):
-            self.values.active = True
-            try:
+        self.values.active = True  # the batch's (and an assumed MoE routing's) values, forward and backward
+        try:
+            with (torch.autograd.graph.saved_tensors_hooks(col.pack, lambda t: t), emulation,
+                  hf_fake_as_real(model, self.values), one_hot_as_on_device()):
                 output, loss = forward_and_loss(model, fake_in, fake_loss, loss_fn)
-            except Exception as exc:
-                clear = unanswered_read_error(exc, self.values)
-                if clear is None:
-                    raise
-                raise clear from None
-            finally:
-                self.values.active = False
-        del output  # as a training loop does: `loss = model(**batch).loss; loss.backward()`
-        col.phase = TEMP
-        col.timeline.enter(BACKWARD)
-        loss.backward()
-        del loss
+            del output  # as a training loop does: `loss = model(**batch).loss; loss.backward()`
+            col.phase = TEMP
+            col.timeline.enter(BACKWARD)
+            loss.backward()
+            del loss
+        except Exception as exc:
+            clear = unanswered_read_error(exc, self.values)
+            if clear is None:
+                raise
+            raise clear from None
+        finally:
+            self.values.active = False
         if col.sharded is not None:
             col.sharded.book_grads(params)
         for m in self.mods.values():

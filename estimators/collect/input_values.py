@@ -19,10 +19,14 @@ real shapes. Parameters and buffers never have values (they may be on
 ``meta``), so following stops where the batch meets the weights, which is
 where data-dependent model code ends in practice. A read of a tensor without
 a value fails as fake tensors do, with an error saying how to give it one.
+The MoE routing the collector assumes (:mod:`estimators.collect.moe`) is
+followed the same way, from the values it gives ``topk``'s indices; reads of
+those are not the batch's and are not recorded.
 """
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from typing import Any
 
 import torch
@@ -39,8 +43,8 @@ __all__ = ["InputValues", "FACTORY_VALUE_ELEMENTS", "VALUE_ELEMENTS", "attach", 
 
 # Values followed per op output, at most: a mask expanded to (batch, 1, seq, seq) fits at seq 8192 (bool).
 VALUE_ELEMENTS = 1 << 26
-# Factory ops (no tensor argument: arange, ones, full) get values only this small: positions, lengths.
-FACTORY_VALUE_ELEMENTS = 1 << 20
+# Factory ops (no tensor argument: arange, ones, full) get values only this small: positions, lengths, expert ids.
+FACTORY_VALUE_ELEMENTS = 1 << 22
 
 _VALUES = WeakTensorKeyDictionary()  # fake tensor -> its real value (on the CPU)
 _FROM_BATCH = WeakTensorKeyDictionary()  # fake tensor -> True where its value derives from the batch
@@ -120,7 +124,9 @@ class InputValues(TorchDispatchMode):
         r_args, r_kwargs = tree_map(real, args), tree_map(real, kwargs)
         if "device" in r_kwargs:
             r_kwargs["device"] = torch.device("cpu")
-        with unset_fake_temporarily():
+        with unset_fake_temporarily(), ExitStack() as stack:
+            if torch.Tag.nondeterministic_seeded in func.tags:  # the user's RNG is not the collection's to draw from
+                stack.enter_context(torch.random.fork_rng(devices=[]))
             return func(*r_args, **r_kwargs)
 
     @staticmethod
@@ -132,7 +138,9 @@ class InputValues(TorchDispatchMode):
 
     def _answer(self, func: Any, args: tuple, kwargs: dict, flat: list[torch.Tensor]) -> Any:
         """A read's real answer, or fake outputs of the real shapes for an op whose shapes depend on values."""
-        self.reads.append(op_name(func))
+        from_batch = any(has_value(x, from_batch=True) for x in flat)
+        if from_batch:  # the batch's, not an assumed MoE routing's
+            self.reads.append(op_name(func))
         real = self._run(func, args, kwargs)
         if not any(isinstance(r, torch.Tensor) for r in tree_flatten(real)[0]):
             return real  # a Python scalar (item, bool, equal)
@@ -142,7 +150,7 @@ class InputValues(TorchDispatchMode):
             if not isinstance(r, torch.Tensor):
                 return r
             f = torch.empty_strided(r.shape, r.stride(), dtype=r.dtype, device=device)  # the fake mode below
-            attach(f, r, from_batch=True)
+            attach(f, r, from_batch=from_batch)
             return f
 
         return tree_map(fake_like, real)
@@ -155,6 +163,7 @@ def unanswered_read_error(exc: BaseException, values: InputValues) -> ValueError
     what = values.unanswered[-1] if values.unanswered else str(exc)
     return ValueError(
         f"the model reads the values of a tensor ({what}) that has none under fake tensors: its code branches "
-        f"on the batch. Make the inputs the factory returns real tensors on the CPU (not on `device`, which is "
-        f"meta), with the values of a training batch (e.g. its attention mask): the collector follows their "
-        f"values through the ops that do not touch the weights")
+        f"on data. The collector follows the values of the batch and of the routing it assumes for "
+        f"mixture-of-experts layers, through the ops that do not touch the weights: make the inputs the factory "
+        f"returns real tensors on the CPU (not on `device`, which is meta), with the values of a training batch "
+        f"(e.g. its attention mask), or make the shape independent of the data")
