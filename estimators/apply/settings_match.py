@@ -39,7 +39,7 @@ def match_model_settings(model: nn.Module, metadata: Mapping[str, Any] | None) -
     recorded = dict((metadata or {}).get("model_settings") or {})
     if recorded.get("use_cache") is not True:  # stats before issue 27 may have collected a factory's cache
         for config in switch_off_kv_cache(model):
-            log.info("apply_plan: set %s use_cache = False, as the stats were collected and "
+            log.info("apply_plan: set %s use_cache = False, as sacplan collects the step and "
                      "gradient_checkpointing_enable does (a recomputed layer would update the cache again)",
                      type(config).__name__)
     if metadata is None:

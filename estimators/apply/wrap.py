@@ -70,24 +70,21 @@ def apply_plan(model: nn.Module, plan: Any, *, stats: Any = None, example_inputs
     plans = [_module_plan(i, pm, fqns[i], ops, hint) for i, pm in enumerate(planned)]
     for mp in plans:
         _wrap(by_fqn[mp.fqn], mp)
-    log.info("%s", applied_line(model, doc, fqns))
+    log.info("%s", _applied_line(model, doc, fqns))
     if example_inputs is not None and plans:  # an empty plan (the step fits as it is) applies as a no-op
         check_plan(model, example_inputs, loss_fn=loss_fn, compile_backend=compile_backend)
     return model
 
 
-def applied_line(model: nn.Module, doc: Mapping, fqns: list[str]) -> str:
+def _applied_line(model: nn.Module, doc: Mapping, fqns: list[str]) -> str:
     """What ``apply_plan`` wrapped, in one line: the modules, the recompute, the budget and the planned peak."""
     budget, peak, recompute = doc.get("memory_budget_gib"), doc.get("peak_bytes"), doc.get("recompute_ms")
-    figures = ", ".join(x for x in (
-        f"recompute {recompute:.3g} ms" if isinstance(recompute, (int, float)) else "",
-        f"budget {budget:.4g} GiB" if isinstance(budget, (int, float)) else "",
-        f"planned peak {peak / 2**30:.4g} GiB" if isinstance(peak, (int, float)) else "") if x)
-    if not fqns:
-        return f"apply_plan: {type(model).__name__}: the plan checkpoints nothing (no-op){'; ' if figures else ''}" \
-               f"{figures}"
-    names = ", ".join(fqns[:8]) + (f", ... ({len(fqns) - 8} more)" if len(fqns) > 8 else "")
-    return f"apply_plan: {type(model).__name__}: checkpointed {len(fqns)} modules ({names}); {figures}"
+    figures = [f"recompute {recompute:.3g} ms" if isinstance(recompute, (int, float)) else "",
+               f"budget {budget:.4g} GiB" if isinstance(budget, (int, float)) else "",
+               f"planned peak {peak / 2**30:.4g} GiB" if isinstance(peak, (int, float)) else ""]
+    what = (f"checkpointed {len(fqns)} modules ({', '.join(fqns[:8])}{', ...' if len(fqns) > 8 else ''})" if fqns
+            else "the plan checkpoints nothing (no-op)")
+    return "; ".join([f"apply_plan: {type(model).__name__}: {what}", ", ".join(f for f in figures if f)]).rstrip("; ")
 
 
 def remove_plan(model: nn.Module) -> nn.Module:
