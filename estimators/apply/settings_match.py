@@ -15,26 +15,35 @@ from typing import Any
 from torch import nn
 
 from estimators.apply.policy import PlanMismatchError
-from estimators.common import DTYPE_NAMES, experts_implementation, model_dtype_name, model_settings_of
+from estimators.common import (BATCH_VALUES_TAG, DTYPE_NAMES, UNKNOWN_VALUES_TAG, experts_implementation,
+                               model_dtype_name, model_settings_of, switch_off_kv_cache)
 
-__all__ = ["experts_mismatch", "match_model_settings", "match_compile_backend"]
+__all__ = ["experts_mismatch", "match_compile_backend", "match_model_settings", "NO_STATS_CAUSE"]
 
 log = logging.getLogger(__name__)
 
+NO_STATS_CAUSE = ("apply_plan was called without stats=, so the model's op-deciding settings (attn_implementation, "
+                  "dtype, the collected batch's path) were not matched to the stats' and the eager ops are held to "
+                  "the plan's op_names only; fix: apply_plan(model, plan, stats=stats), which also names the cause")
 
-def match_model_settings(model: nn.Module, metadata: Mapping[str, Any]) -> str:
+
+def match_model_settings(model: nn.Module, metadata: Mapping[str, Any] | None) -> str:
     """Make ``model`` run as the stats' model did, or refuse; returns the likely cause of a later mismatch.
 
-    The returned text (empty when nothing is suspect) is what a
+    ``metadata`` is the stats' (None: ``apply_plan`` got no stats). The
+    returned text (empty when nothing is suspect) is what a
     :class:`PlanMismatchError` says about the cause, e.g. stats collected
-    for a CUDA target running on the CPU.
+    for a CUDA target running on the CPU. Every Hugging Face config in the
+    module tree counts (a wrapped model's too).
     """
-    recorded = dict(metadata.get("model_settings") or {})
-    config = getattr(model, "config", None)
-    if recorded.get("use_cache") is False and getattr(config, "use_cache", None):
-        config.use_cache = False
-        log.info("apply_plan: set %s.config.use_cache = False, as the stats were collected (and training runs)",
-                 type(model).__name__)
+    recorded = dict((metadata or {}).get("model_settings") or {})
+    if recorded.get("use_cache") is not True:  # stats before issue 27 may have collected a factory's cache
+        for config in switch_off_kv_cache(model):
+            log.info("apply_plan: set %s use_cache = False, as sacplan collects the step and "
+                     "gradient_checkpointing_enable does (a recomputed layer would update the cache again)",
+                     type(config).__name__)
+    if metadata is None:
+        return NO_STATS_CAUSE
     current = model_settings_of(model)
     experts = experts_mismatch(model, recorded)
     if experts is not None:
@@ -86,6 +95,22 @@ def _hint(model: nn.Module, metadata: Mapping[str, Any]) -> str:
     if metadata.get("device") and metadata.get("device") != here:
         return (f"the stats were collected on {metadata['device']} and this model runs on {here}; fix: collect "
                 f"on the device the model trains on")
+    return _batch_values_hint(tags)
+
+
+def _batch_values_hint(tags: Mapping[str, str]) -> str:
+    """The cause of a mismatch in model code that branches on the batch's values, from the stats' tags."""
+    if tags.get(UNKNOWN_VALUES_TAG):
+        return (f"the model's code branches on the batch's values ({tags[UNKNOWN_VALUES_TAG]}) but the stats were "
+                f"collected from a batch without values (made on meta), so they follow the path of a traced run, "
+                f"not this batch's; fix: make the factory's inputs real tensors on the CPU, with the values of a "
+                f"training batch (or --attention-mask ones|padded:F with --hf-config), and collect again")
+    if tags.get(BATCH_VALUES_TAG):
+        return (f"the model's code branches on the batch's values (the collection read {tags[BATCH_VALUES_TAG]}) "
+                f"and this batch takes another path than the collected one (e.g. an attention mask with padding "
+                f"where the collected one had none, or the reverse); fix: collect with a batch like the training "
+                f"batches (--attention-mask ones|padded:F, or a factory returning such a batch), or train on "
+                f"batches like the collected one")
     return ""
 
 

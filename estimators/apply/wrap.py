@@ -16,6 +16,7 @@ likely cause and its fix; with ``compile_backend`` the sequence
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any
@@ -25,6 +26,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
 
 from estimators.apply.alignment import StatsOps
+from estimators.apply.buffer_guard import guarded_recompute
 from estimators.apply.dry_check import check_plan
 from estimators.apply.policy import PLAN_MARK, ModulePlan, PlanMismatchError, RngReplay, aot_tracing
 from estimators.apply.settings_match import match_compile_backend, match_model_settings
@@ -33,6 +35,7 @@ from estimators.common import autocast_name, module_fqns
 __all__ = ["apply_plan", "remove_plan", "PlanMismatchError"]
 
 _USABLE = ("optimal", "feasible")
+log = logging.getLogger(__name__)
 
 
 def apply_plan(model: nn.Module, plan: Any, *, stats: Any = None, example_inputs: Any = None,
@@ -62,7 +65,7 @@ def apply_plan(model: nn.Module, plan: Any, *, stats: Any = None, example_inputs
     if status not in _USABLE:
         raise ValueError(f"plan status is {status!r}: only {' or '.join(_USABLE)} plans can be applied")
     sdoc = stats.model_dump() if hasattr(stats, "model_dump") else stats
-    hint = match_model_settings(model, (sdoc or {}).get("metadata") or {})
+    hint = match_model_settings(model, None if sdoc is None else (sdoc.get("metadata") or {}))
     recorded = ((sdoc or {}).get("metadata") or {}).get("model_settings") or {}
     hint = match_compile_backend(recorded, compile_backend) or hint
     ops = _stats_ops(sdoc)
@@ -77,9 +80,21 @@ def apply_plan(model: nn.Module, plan: Any, *, stats: Any = None, example_inputs
             mp.autocast = (recorded.get("autocast"),)
         mp.traced_stats = "compile_backend" in recorded
         _wrap(by_fqn[mp.fqn], mp)
-    if example_inputs is not None and plans:  # an empty plan (the budget fits already) changes nothing to check
+    log.info("%s", _applied_line(model, doc, fqns))
+    if example_inputs is not None and plans:  # an empty plan (the step fits as it is) applies as a no-op
         check_plan(model, example_inputs, loss_fn=loss_fn, compile_backend=compile_backend)
     return model
+
+
+def _applied_line(model: nn.Module, doc: Mapping, fqns: list[str]) -> str:
+    """What ``apply_plan`` wrapped, in one line: the modules, the recompute, the budget and the planned peak."""
+    budget, peak, recompute = doc.get("memory_budget_gib"), doc.get("peak_bytes"), doc.get("recompute_ms")
+    figures = [f"recompute {recompute:.3g} ms" if isinstance(recompute, (int, float)) else "",
+               f"budget {budget:.4g} GiB" if isinstance(budget, (int, float)) else "",
+               f"planned peak {peak / 2**30:.4g} GiB" if isinstance(peak, (int, float)) else ""]
+    what = (f"checkpointed {len(fqns)} modules ({', '.join(fqns[:8])}{', ...' if len(fqns) > 8 else ''})" if fqns
+            else "the plan checkpoints nothing (no-op)")
+    return "; ".join([f"apply_plan: {type(model).__name__}: {what}", ", ".join(f for f in figures if f)]).rstrip("; ")
 
 
 def remove_plan(model: nn.Module) -> nn.Module:
@@ -163,10 +178,12 @@ def _check_autocast(mp: ModulePlan) -> None:
             f"{' with --autocast ' + running if running else ' without --autocast'}")
 
 
-def _contexts(mp: ModulePlan, compiled: bool) -> Any:
+def _contexts(mp: ModulePlan, compiled: bool, module: nn.Module) -> Any:
     pair = create_selective_checkpoint_contexts(mp.new_call(compiled), allow_cache_entry_mutation=True)
     if compiled and not aot_tracing():  # compile's eager backend runs checkpoint without preserve_rng_state
         return RngReplay(*pair).contexts()
+    if not compiled:  # the recomputation leaves the buffers as the forward left them (BatchNorm's statistics)
+        return pair[0], guarded_recompute(module, pair[1])
     return pair
 
 
@@ -182,7 +199,7 @@ def _wrap(module: nn.Module, mp: ModulePlan) -> None:
         if mp.autocast is not None and not compiled:
             _check_autocast(mp)
         out = checkpoint(inner, *args, use_reentrant=False, preserve_rng_state=True,
-                         context_fn=partial(_contexts, mp, compiled), **kwargs)
+                         context_fn=partial(_contexts, mp, compiled, module), **kwargs)
         if not compiled and mp.recording is None and mp.last_call is not None:
             missing = mp.last_call.missing_op()
             if missing is not None:

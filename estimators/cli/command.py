@@ -36,6 +36,10 @@ def register(subparsers: Any) -> None:
                      help="a function returning (model, inputs) or (model, inputs, loss_fn); see the README")
     src.add_argument("--hf-config", metavar="CONFIG.json",
                      help="a Hugging Face config file: AutoModelForCausalLM.from_config, random weights, on meta")
+    p.add_argument("--attention-mask", metavar="MASK", default="none",
+                   help="with --hf-config, the batch's attention mask as a tokenizer makes it: none (no mask), ones "
+                   "(all ones: no padding) or padded:F (the last F of each row's tokens are padding, 0 < F < 1); "
+                   "model code that branches on the mask follows it (default none)")
     p.add_argument("--batch", type=_positive, default=1, help="batch size (default 1)")
     p.add_argument("--seq", type=_positive, default=512, help="sequence length (default 512)")
     p.add_argument("--dtype", choices=_DTYPES, default="fp32", help="parameter/activation dtype (default fp32)")

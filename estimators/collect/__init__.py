@@ -18,7 +18,8 @@ from estimators.collect.cost_model import BenchmarkCostModel, RooflineCostModel,
 from estimators.collect.devices import (CPU_CHECKPOINT_OVERHEAD_US, DEVICES, DeviceSpec, cuda_device_entry,
                                         device_names, device_spec)
 from estimators.collect.emulation import attention_kernel
-from estimators.collect.models import DTYPES, BuiltModel, build_from_factory, build_from_hf_config, load_factory
+from estimators.collect.models import (ATTENTION_MASKS, DTYPES, BuiltModel, attention_mask_batch, build_from_factory,
+                                      build_from_hf_config, load_factory, parse_attention_mask)
 from estimators.collect.moe import MoeRouting, TopKRecorder, parse_moe_routing
 from estimators.collect.overhead import measure_checkpoint_overhead
 from estimators.collect.session import COLLECTOR_VERSION, CollectRequest, CollectResult, run_collection, target_spec
@@ -26,9 +27,10 @@ from estimators.collect.step_errors import explain_step_error
 from estimators.collect.timeline import BACKWARD, FORWARD, OPTIMIZER, TimelineRecorder
 
 __all__ = [
-    "BACKWARD", "COLLECTOR_VERSION", "CPU_CHECKPOINT_OVERHEAD_US", "DEVICES", "DTYPES", "FORWARD", "LEFT_OUT_TAG",
-    "OPTIMIZER", "OPTIMIZERS", "BenchmarkCostModel", "BuiltModel", "CollectRequest", "CollectResult", "DeviceSpec",
-    "MoeRouting", "RooflineCostModel", "TimelineRecorder", "TopKRecorder", "attention_kernel", "build_from_factory",
-    "build_from_hf_config", "collect_stats", "cuda_device_entry", "device_names", "device_spec", "elapsed_ms",
-    "explain_step_error", "load_factory", "measure_checkpoint_overhead", "parse_moe_routing", "run_collection", "target_spec",
+    "ATTENTION_MASKS", "BACKWARD", "COLLECTOR_VERSION", "CPU_CHECKPOINT_OVERHEAD_US", "DEVICES", "DTYPES", "FORWARD",
+    "LEFT_OUT_TAG", "OPTIMIZER", "OPTIMIZERS", "BenchmarkCostModel", "BuiltModel", "CollectRequest", "CollectResult",
+    "DeviceSpec", "MoeRouting", "RooflineCostModel", "TimelineRecorder", "TopKRecorder", "attention_kernel",
+    "attention_mask_batch", "build_from_factory", "build_from_hf_config", "collect_stats", "cuda_device_entry",
+    "device_names", "device_spec", "elapsed_ms", "explain_step_error", "load_factory", "measure_checkpoint_overhead",
+    "parse_attention_mask", "parse_moe_routing", "run_collection", "target_spec",
 ]

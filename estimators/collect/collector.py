@@ -14,6 +14,12 @@ watch it:
 * a :class:`TimelineRecorder` keeps the instants of most live memory (the
   stats' ``timeline``), with a module's later calls (:mod:`estimators.collect.repeat_calls`).
 
+Beneath them, :class:`~estimators.collect.input_values.InputValues` follows
+the batch's values through the forward (inputs made on the CPU keep them),
+so model code that branches on the batch takes the real batch's path; the
+reads it answered are tagged ``batch_values_read``. The step runs with every
+Hugging Face ``use_cache`` off, as training and ``apply_plan`` run it.
+
 The op lists skip exactly ``torch.utils.checkpoint.SAC_IGNORED_OPS``, so they
 are the sequence a selective-checkpoint policy function sees when the module
 runs under ``torch.utils.checkpoint``: :func:`estimators.apply_plan` matches
@@ -24,7 +30,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import ExitStack, nullcontext
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -39,18 +44,21 @@ from estimators.collect.fake_step import (FakeConverter, fake_loss_fn, fakeify, 
 from estimators.collect.emulation import attention_emulation
 from estimators.collect.fsdp import (ShardedStep, fake_process_group, is_collective_op, meta_copy, record_sharding,
                                     run_collective)
+from estimators.collect.input_values import InputValues, tag_batch_values, unanswered_read_error
 from estimators.collect.models import hf_fake_as_real
 from estimators.collect.module_hooks import ModuleHooks
 from estimators.collect.moe import MoeRouting, RoutingMode, one_hot_as_on_device
 from estimators.collect.overhead import fill_checkpoint_overheads
 from estimators.collect.recompute_life import RecomputeLife
+from estimators.collect.records import ModuleRecord, OpRecord
 from estimators.collect.settings_record import with_model_settings
 from estimators.collect.step_loop import (check_step_options, describe_loop, is_cached_cast, optimizer_name,
                                           scalar_stand_in, scratch_ops, scratch_records)
 from estimators.collect.timeline import BACKWARD, FORWARD, OPTIMIZER, TimelineRecorder
-from estimators.common import (ACT, BUFFER, GRAD, INPUT, OPT, PARAM, SAC_IGNORED_OPS, TEMP, FsdpSetup,
-                               StorageBook, TrainingLoop, default_units, is_inplace_op, is_random_op, is_view_op,
-                               make_optimizer, module_fqns, op_name, shard_model, storages_of, tensors_in, unit_fqns)
+from estimators.common import (ACT, BUFFER, GRAD, INPUT, OPT, PARAM, SAC_IGNORED_OPS, TEMP, FsdpSetup, StorageBook,
+                               TrainingLoop, default_units, is_inplace_op, is_random_op, is_view_op, make_optimizer,
+                               module_fqns, op_name, shard_model, storages_of, switch_off_kv_cache, tensors_in,
+                               unit_fqns)
 from planner import Stats, StatsMetadata
 
 __all__ = ["collect_stats", "OPTIMIZERS"]
@@ -59,60 +67,16 @@ OPTIMIZERS = ("adamw", "adam", "sgd", "none")  # the built-in names; any dotted 
 Progress = Callable[[str, int, int], None]
 
 
-@dataclass
-class _Op:
-    name: str
-    runtime_ms: float
-    output_bytes: int
-    out_serials: frozenset[int]
-    view_like: bool
-    random: bool
-    inplace: bool
-    mutated_serial: int | None
-    fresh: bool = True  # every output storage is new (False: an alias op such as _unsafe_view, or in-place)
-    cached_cast: bool = False  # autocast's cast of a parameter, which its cache holds until autocast exits
-    new_storages: tuple[tuple[int, int], ...] = ()  # (serial, bytes) of the storages it made
-
-
-@dataclass
-class _Mod:
-    fqn: str
-    parent: str | None
-    is_leaf: bool
-    ops: list[int] = field(default_factory=list)  # indices into the global op list
-    act_before: int = 0
-    act_after: int = 0
-    input_bytes: int = 0
-    activation_inputs: tuple[tuple[int, int], ...] = ()  # (serial, bytes) of its inputs made in the forward
-    keyword_inputs_seen: bool = False
-    output_bytes: int = 0
-    fw_ms: float = 0.0
-    bw_ms: float = 0.0
-    temp_start: int = 0
-    temp_peak: int = 0
-    act_at_peak: int | None = None  # live activations when the backward peak was reached
-    grad_total: int | None = None
-    bw_state: str = "none"  # none -> open -> closed
-    done_fw: bool = False
-    ran_inside: tuple[str, ...] = ()  # fqns of the modules running when its first call began
-    call: tuple | None = None  # its first call's arguments (tensors as TensorSpecs), when asked for
-    recompute_stop: int = 0  # its ops recorded when autograd last saved a tensor in its forward
-    calls: int = 0  # forward calls in the step (a shared layer is called once per use)
-    out_serials: frozenset[int] = frozenset()  # its first call's output storages
-    # per later call: its inputs made in the forward ({serial: bytes}) and its output storages
-    later_calls: list[tuple[dict[int, int], frozenset[int]]] = field(default_factory=list)
-
-
 class _Collector(TorchDispatchMode):
-    def __init__(self, book: StorageBook, cost: Callable[..., float], mods: dict[nn.Module, _Mod]):
+    def __init__(self, book: StorageBook, cost: Callable[..., float], mods: dict[nn.Module, ModuleRecord]):
         super().__init__()
         self.book = book
         self.cost = cost
         self.mods = mods
         self.phase = ACT
-        self.ops: list[_Op] = []
-        self.fw_stack: list[_Mod] = []
-        self.bw_open: list[_Mod] = []
+        self.ops: list[OpRecord] = []
+        self.fw_stack: list[ModuleRecord] = []
+        self.bw_open: list[ModuleRecord] = []
         self.saved: set[int] = set()
         self.life = RecomputeLife()  # forward storages' lives, each module's first unpack
         self.sharded: ShardedStep | None = None  # set for an FSDP2 step: its hook windows
@@ -171,7 +135,7 @@ class _Collector(TorchDispatchMode):
         inplace = is_inplace_op(func) and not view
         idx = len(self.ops)
         self.ops.append(
-            _Op(op_name(func), ms, 0 if view or inplace else out_bytes, frozenset(serials), view,
+            OpRecord(op_name(func), ms, 0 if view or inplace else out_bytes, frozenset(serials), view,
                 is_random_op(func, args, kwargs), inplace, mutated, fresh, cast, made)
         )
         for m in self.fw_stack:
@@ -222,7 +186,11 @@ def collect_stats(
 
     The model may live on any device, ``meta`` included; its parameters and
     buffers are replaced by fake tensors on ``device`` (cast to ``dtype`` if
-    given) for the duration of the call and restored afterwards.
+    given) for the duration of the call and restored afterwards. ``inputs``
+    (and the tensors ``loss_fn`` captures) made with real values, on the CPU,
+    lend them to their fakes: model code that branches on the batch takes
+    its path (:mod:`estimators.collect.input_values`); inputs on ``meta``
+    have no values.
     ``optimizer``: a name of ``OPTIMIZERS`` (torch's classes at their
     defaults), a dotted class path built with ``optimizer_kwargs``, or
     ``optimizer_fn(params)`` (given fake parameters); ``optimizer_foreach``
@@ -262,10 +230,13 @@ def collect_stats(
     for mod, fqn in fqns.items():
         for name, child in mod.named_children():
             parents.setdefault(fqns[child], fqn)
-    mods = {mod: _Mod(fqn, parents.get(fqn), not any(True for _ in mod.children())) for mod, fqn in fqns.items()}
+    mods = {mod: ModuleRecord(fqn, parents.get(fqn), not any(True for _ in mod.children())) for mod, fqn in fqns.items()}
     step = _Step(step_model, mods, cost_model, round_bytes_to, progress, measure_checkpoint_overhead)
     step.compile_backend = compile_backend
     with ExitStack() as stack:
+        for m in {id(model): model, id(step_model): step_model}.values():
+            for config in switch_off_kv_cache(m):  # as training (and apply_plan) runs it; given back after
+                stack.callback(setattr, config, "use_cache", True)
         if fsdp is not None:
             step.shard(fsdp, units, stack.enter_context(fake_process_group(fsdp.world_size, device.type)))
         emulation = attention_emulation(emulate_cuda_attention)
@@ -291,13 +262,14 @@ def collect_stats(
 class _Step:
     """The fake training step of one collection: the model made fake (and sharded), run, turned into stats."""
 
-    def __init__(self, model: nn.Module, mods: dict[nn.Module, _Mod], cost_model: Callable[..., float],
+    def __init__(self, model: nn.Module, mods: dict[nn.Module, ModuleRecord], cost_model: Callable[..., float],
                  round_bytes_to: int, progress: Progress | None, capture_calls: bool):
         self.model, self.mods, self.progress = model, mods, progress
         self.fake = FakeTensorMode(allow_non_fake_inputs=False)
         self.book = StorageBook(round_bytes_to)
         self.col = _Collector(self.book, cost_model, mods)
         self.hooks = ModuleHooks(self.col, self.book, mods, progress, capture_calls=capture_calls)
+        self.values = InputValues()
         self.setup: FsdpSetup | None = None
         self.units: list[str] = []
         self.mesh: Any = None
@@ -324,7 +296,7 @@ class _Step:
             else:
                 restores.append(fakeify(model, convert))
             params = [p for p in model.parameters() if p.requires_grad]
-            fake_in = convert.tree(inputs)
+            fake_in = convert.tree(inputs, keep_values=True)
             fake_loss, restore_loss = fake_loss_fn(loss_fn, convert)
             restores.append(restore_loss)
             if self.compile_backend is not None:
@@ -337,10 +309,11 @@ class _Step:
             for p in params:
                 p.register_post_accumulate_grad_hook(lambda q: book.recategorize_all(storages_of(q.grad), GRAD))
             routing = RoutingMode(moe_routing or MoeRouting())
-            with fake, routing, col, col.sharded or nullcontext():
+            with fake, self.values, routing, col, col.sharded or nullcontext():
                 opt_bytes = self._training_step(fake_in, fake_loss, loss_fn, emulation, training, device, params)
             stats = build_stats(model, self.mods, col, hooks, opt_bytes, book, metadata)
             stats.metadata.model_settings.update(routing.settings(model))
+            tag_batch_values(stats, self.values)
             if col.autocast_seen and "autocast" not in stats.metadata.model_settings:  # turned on inside the model
                 stats.metadata.model_settings["autocast"] = col.autocast_seen
         finally:
@@ -381,18 +354,28 @@ class _Step:
         traced = traced_ops if self.compile_backend is not None else nullcontext
         col.phase = ACT
         col.timeline.enter(FORWARD)
-        with (torch.autograd.graph.saved_tensors_hooks(col.pack, col.life.unpack_hook(col)), emulation,
-              hf_fake_as_real(model), one_hot_as_on_device(), loop.autocast_context(device.type), traced()):
-            output, loss = forward_and_loss(model, fake_in, fake_loss, loss_fn)
-            unmatched: list[torch.Tensor] = []  # zero gradients held to the backward's end
-            if self.zero_gradients:
-                loss = with_zero_gradients(loss, output, self.zero_gradients, unmatched)
-        del output  # as a training loop does: `loss = model(**batch).loss; loss.backward()`
-        col.phase = TEMP
-        col.timeline.enter(BACKWARD)
-        with traced():
-            (loss if scaler is None else scaler.scale(loss)).backward()
-        del loss, unmatched
+        self.values.active = True  # the batch's (and an assumed MoE routing's) values, forward and backward
+        try:
+            with (torch.autograd.graph.saved_tensors_hooks(col.pack, col.life.unpack_hook(col)), emulation,
+                  hf_fake_as_real(model, self.values), one_hot_as_on_device(), loop.autocast_context(device.type),
+                  traced()):
+                output, loss = forward_and_loss(model, fake_in, fake_loss, loss_fn)
+                unmatched: list[torch.Tensor] = []  # zero gradients held to the backward's end
+                if self.zero_gradients:
+                    loss = with_zero_gradients(loss, output, self.zero_gradients, unmatched)
+            del output  # as a training loop does: `loss = model(**batch).loss; loss.backward()`
+            col.phase = TEMP
+            col.timeline.enter(BACKWARD)
+            with traced():
+                (loss if scaler is None else scaler.scale(loss)).backward()
+            del loss, unmatched
+        except Exception as exc:
+            clear = unanswered_read_error(exc, self.values)
+            if clear is None:
+                raise
+            raise clear from None
+        finally:
+            self.values.active = False
         if col.sharded is not None:
             col.sharded.book_grads(params)
         for m in hooks.mods.values():

@@ -11,6 +11,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode, is_fake
 from torch.utils._pytree import tree_flatten, tree_map
 
+from estimators.collect.input_values import attach
 from estimators.common import StorageBook, call_model, default_loss, storages_of, tensors_in
 
 __all__ = ["fakeify", "FakeConverter", "fake_loss_fn", "unconverted_tensor_error", "forward_and_loss",
@@ -27,7 +28,8 @@ class FakeConverter:
         self.fake, self.device, self.dtype = fake, device, dtype
         self.memo: dict[int, torch.Tensor] = {}
 
-    def tensor(self, x: torch.Tensor) -> torch.Tensor:
+    def tensor(self, x: torch.Tensor, *, keep_value: bool = False) -> torch.Tensor:
+        """The fake of ``x``; with ``keep_value``, a real ``x`` (not meta) lends it its values (a copy)."""
         if is_fake(x):
             return x
         if id(x) not in self.memo:
@@ -35,10 +37,13 @@ class FakeConverter:
             with self.fake:
                 f = torch.empty_strided(x.shape, x.stride(), dtype=want, device=self.device)
             self.memo[id(x)] = f.requires_grad_(x.requires_grad)
+            if keep_value and x.device.type != "meta":
+                attach(f, x.detach().to("cpu", want, copy=True), from_batch=True)
         return self.memo[id(x)]
 
-    def tree(self, tree: Any) -> Any:
-        return tree_map(lambda x: self.tensor(x) if isinstance(x, torch.Tensor) else x, tree)
+    def tree(self, tree: Any, *, keep_values: bool = False) -> Any:
+        """``tree`` with its tensors made fake; ``keep_values``: the batch's values kept (see ``input_values``)."""
+        return tree_map(lambda x: self.tensor(x, keep_value=keep_values) if isinstance(x, torch.Tensor) else x, tree)
 
 
 def fakeify(module: nn.Module, convert: FakeConverter):
@@ -79,11 +84,12 @@ def fake_loss_fn(loss_fn: Callable[[Any], torch.Tensor] | None, convert: FakeCon
         return loss_fn, fakeify(loss_fn, convert)
     if isinstance(loss_fn, functools.partial):
         inner, restore = fake_loss_fn(loss_fn.func, convert)
-        return functools.partial(inner, *convert.tree(loss_fn.args), **convert.tree(loss_fn.keywords)), restore
+        return functools.partial(inner, *convert.tree(loss_fn.args, keep_values=True),
+                                 **convert.tree(loss_fn.keywords, keep_values=True)), restore
     cells = [c for c in (getattr(loss_fn, "__closure__", None) or ()) if _holds_tensors(c)]
     saved = [(c, c.cell_contents) for c in cells]
     for c in cells:
-        c.cell_contents = convert.tree(c.cell_contents)
+        c.cell_contents = convert.tree(c.cell_contents, keep_values=True)  # labels: loss code may read them
     modules = [fakeify(c.cell_contents, convert) for c in (getattr(loss_fn, "__closure__", None) or ())
                if isinstance(_contents(c), nn.Module)]  # a captured loss module: its buffers
 

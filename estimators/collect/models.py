@@ -2,12 +2,15 @@
 
 Factory contract: a function taking any of the keyword arguments
 ``batch_size``, ``seq_len``, ``dtype`` (a ``torch.dtype``) and ``device`` (a
-``torch.device``; ``meta`` is fine and recommended for big models) and
+``torch.device``, ``meta`` during collection: build the model there) and
 returning ``(model, inputs)``, ``(model, inputs, loss_fn)`` or ``(model,
-inputs, loss_fn, optimizer_fn)``. ``inputs`` is a
-tensor, a tuple of positional arguments or a dict of keyword arguments;
-``loss_fn(output)`` returns the scalar loss (default: ``output.loss`` if
-present, else the sum of the first floating-point output; None too).
+inputs, loss_fn, optimizer_fn)``. ``inputs`` is a tensor, a tuple of
+positional arguments or a dict of keyword arguments, made on the CPU with the
+values of a training batch (an attention mask as the tokenizer makes it):
+model code that branches on them follows their values
+(:mod:`estimators.collect.input_values`); inputs made on ``device`` have no
+values. ``loss_fn(output)`` returns the scalar loss (default: ``output.loss``
+if present, else the sum of the first floating-point output; None too).
 ``optimizer_fn(params)`` builds the optimizer as training does (it is called
 on the collector's fake parameters: return a new optimizer, never one built
 beforehand); it replaces ``--optimizer``. Only the arguments the factory
@@ -28,7 +31,10 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["BuiltModel", "DTYPES", "load_factory", "build_from_factory", "build_from_hf_config"]
+from estimators.collect.input_values import InputValues, has_value
+
+__all__ = ["ATTENTION_MASKS", "BuiltModel", "DTYPES", "attention_mask_batch", "build_from_factory",
+           "build_from_hf_config", "load_factory", "parse_attention_mask"]
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -93,15 +99,20 @@ def _flat(inputs: Any) -> list[Any]:
 
 
 def build_from_hf_config(
-    config: str | Path | dict, *, batch_size: int, seq_len: int, dtype: torch.dtype, device: torch.device
+    config: str | Path | dict, *, batch_size: int, seq_len: int, dtype: torch.dtype, device: torch.device,
+    attention_mask: str = "none",
 ) -> BuiltModel:
-    """A causal LM from a Hugging Face config (file, hub id or dict), random weights, built on ``meta``.
+    """A causal LM from a Hugging Face config (file, hub id or dict), random weights, built on ``device`` (``meta``).
 
     No weights are downloaded: a hub id (``Org/Name``, where no file of that
     name exists) fetches the config alone, through ``AutoConfig`` (its cache,
     ``HF_HUB_OFFLINE``, ``HF_TOKEN`` as usual). Inputs are ``input_ids`` and
-    ``labels`` of shape (batch_size, seq_len), so the model computes its own loss.
+    ``labels`` of shape (batch_size, seq_len), made on the CPU with real
+    values, so the model computes its own loss; ``attention_mask`` adds a mask
+    as a tokenizer makes it (:func:`attention_mask_batch`: ``none``, ``ones``
+    or ``padded:F``).
     """
+    mask_kind, pad_fraction = parse_attention_mask(attention_mask)
     from transformers import AutoModelForCausalLM
 
     doc = _config_document(config)
@@ -124,12 +135,54 @@ def build_from_hf_config(
             raise ValueError(problem) from None
     model.train()
     vocab = int(getattr(cfg, "vocab_size", 32000))
-    with torch.device(device):
-        ids = torch.randint(0, vocab, (batch_size, seq_len))
+    ids = torch.randint(0, vocab, (batch_size, seq_len))  # on the CPU: real values, which the collector follows
+    pad = getattr(cfg, "pad_token_id", None)
+    inputs = attention_mask_batch(ids, mask_kind, pad_fraction, pad if isinstance(pad, int) and pad >= 0 else 0)
+    if mask_kind != "none":
+        notes["attention_mask"] = attention_mask
     name = f"{model_type}-{type(model).__name__}"
     if isinstance(config, (str, Path)):
         name = str(config).rsplit("/", 1)[-1] if _is_hub_id(config) else Path(config).stem
-    return BuiltModel(model, {"input_ids": ids, "labels": ids}, None, name, [batch_size, seq_len], notes)
+    return BuiltModel(model, inputs, None, name, [batch_size, seq_len], notes)
+
+
+ATTENTION_MASKS = ("none", "ones", "padded:F")
+
+
+def parse_attention_mask(text: str) -> tuple[str, float]:
+    """``none``, ``ones`` or ``padded:F`` (0 < F < 1) as (kind, padded fraction); ValueError naming the option."""
+    kind, sep, rest = str(text).partition(":")
+    if kind in ("none", "ones") and not sep:
+        return kind, 0.0
+    if kind == "padded" and sep:
+        try:
+            fraction = float(rest)
+        except ValueError:
+            fraction = -1.0
+        if 0.0 < fraction < 1.0:
+            return kind, fraction
+    raise ValueError(f"--attention-mask must be none, ones or padded:F with 0 < F < 1 (the padded fraction of each "
+                     f"row), got {text!r}")
+
+
+def attention_mask_batch(ids: torch.Tensor, kind: str, pad_fraction: float, pad_id: int) -> dict[str, torch.Tensor]:
+    """A batch as a tokenizer and a data collator make it: ``input_ids``, ``labels`` and the attention mask.
+
+    ``none``: no mask; ``ones``: a mask of ones (no padding); ``padded``:
+    the last ``round(F * seq)`` tokens of each row are padding (mask 0, the
+    pad id, label -100), at least one token and one real token per row.
+    """
+    if kind == "none":
+        return {"input_ids": ids, "labels": ids}
+    mask = torch.ones_like(ids)
+    labels = ids  # one tensor, as without a mask
+    if kind == "padded":
+        seq = ids.shape[-1]
+        padded = min(max(1, round(pad_fraction * seq)), seq - 1)
+        mask[..., seq - padded:] = 0
+        ids = ids.masked_fill(mask == 0, pad_id)
+        labels = ids.masked_fill(mask == 0, -100)
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
 # Org/Name, as the hub spells ids (huggingface_hub's rules, less their length limit); a path that exists is a file
@@ -223,7 +276,7 @@ def _pad_token_problem(cfg: Any, doc: dict, model_type: str) -> str | None:
     return None
 
 
-def hf_fake_as_real(model: nn.Module) -> Any:
+def hf_fake_as_real(model: nn.Module, values: InputValues | None = None) -> Any:
     """A context under which a Hugging Face model takes the same mask path on fake tensors as on real ones.
 
     ``transformers.masking_utils`` treats any fake tensor as tracing and then
@@ -232,13 +285,20 @@ def hf_fake_as_real(model: nn.Module) -> Any:
     tensors it passes ``is_causal=True`` and ``enable_gqa`` instead. The op
     sequences then differ and a plan made from fake stats would not apply.
 
-    So under fakes: the scalar offset check is answered as for real tensors,
-    and position ids are taken to hold one sequence per row (no packing: the
-    values are unknown), which is what an unpacked real run finds. A padding
-    mask still counts as tracing. What remains different: the real run's
-    packing check reads a value (``select``, ``eq``, ``all``,
-    ``_local_scalar_dense`` in the base model's own ops, outside the decoder
-    layers), so only the root and base-model op lists differ by those ops.
+    So under fakes: a fake tensor with a value (the batch's attention mask,
+    and what derives from it: :mod:`estimators.collect.input_values`) is not
+    tracing, and its values decide as in the real run (an all-ones mask is
+    dropped, a padded one kept); so is the scalar offset check. Position ids
+    the model makes itself are taken to hold one sequence per row (no
+    packing), which is what an unpacked real run finds; position ids from
+    the batch are read. A padding mask without values (made on ``meta``)
+    still counts as tracing. What remains different: the real run's packing
+    check on the model's own position ids reads a value (``select``, ``eq``,
+    ``all``, ``_local_scalar_dense`` in the base model's own ops, outside
+    the decoder layers), so only the root and base-model op lists differ by
+    those ops. Any Hugging Face module in the tree switches this on, whatever
+    the root is (a wrapper, a Lightning-style module, a custom head).
+    A mask without values that the model asks about is noted in ``values.unknown``.
     """
     from contextlib import ExitStack, nullcontext
     from unittest import mock
@@ -251,8 +311,10 @@ def hf_fake_as_real(model: nn.Module) -> Any:
     original = mu.is_tracing
 
     def is_tracing(tensor: Any = None) -> bool:
-        if isinstance(tensor, torch.Tensor) and is_fake(tensor) and tensor.numel() <= 1:
+        if isinstance(tensor, torch.Tensor) and is_fake(tensor) and (tensor.numel() <= 1 or has_value(tensor)):
             return original(None)
+        if values is not None and isinstance(tensor, torch.Tensor) and is_fake(tensor):
+            values.unknown.append("transformers is_tracing")
         return original(tensor) if tensor is not None else original()
 
     stack = ExitStack()
@@ -261,7 +323,7 @@ def hf_fake_as_real(model: nn.Module) -> Any:
     if find_packed is not None:
 
         def unpacked(position_ids: torch.Tensor) -> Any:
-            if not is_fake(position_ids):
+            if not is_fake(position_ids) or has_value(position_ids, from_batch=True):
                 return find_packed(position_ids)
             with mock.patch.object(mu, "is_tracing", lambda tensor=None: True):
                 find_packed(position_ids)  # the same ops as a real run, up to reading the values
@@ -274,8 +336,8 @@ def hf_fake_as_real(model: nn.Module) -> Any:
 def _masking_utils(model: nn.Module) -> Any:
     import sys
 
-    # any class of the model's: fully_shard subclasses it (FSDPLlamaForCausalLM, in torch's module)
-    hf = any(c.__module__.startswith("transformers.") for c in type(model).__mro__)
+    # any class of any module's: a wrapper holds the HF model; fully_shard subclasses it (FSDPLlamaForCausalLM)
+    hf = any(c.__module__.startswith("transformers.") for m in model.modules() for c in type(m).__mro__)
     if not hf or "transformers.masking_utils" not in sys.modules:
         return None
     return sys.modules["transformers.masking_utils"]

@@ -13,13 +13,14 @@ The collector therefore *assumes* the routing, and says which in the stats:
 * ``worst``: expert 0 gets every token (leaving one choice to each other
   expert), the others share the rest evenly.
 
-How: the indices ``aten.topk`` returns under fake tensors get *shadow values*
-(a small real tensor with the assumed routing). Any op whose tensor arguments
-all have shadows runs on the shadows too, so the routing's integer tensors
-(one-hot masks, ``nonzero``, sorted expert ids) carry values; a
-data-dependent op (``nonzero``, ``_local_scalar_dense``) over shadowed
-arguments returns a fake tensor shaped like the real answer, or the real
-scalar. Only routing tensors get values; activations stay fake.
+How: the indices ``aten.topk`` returns under fake tensors get values (a
+small real tensor with the assumed routing), which
+:class:`~estimators.collect.input_values.InputValues` follows as it follows
+the batch's: any op whose tensor arguments all have values runs on them too,
+so the routing's integer tensors (one-hot masks, ``nonzero``, sorted expert
+ids) carry values; a data-dependent op (``nonzero``, ``_local_scalar_dense``)
+over them returns a fake tensor shaped like the real answer, or the real
+scalar. Only routing tensors get values here; activations stay fake.
 
 ``aten._grouped_mm``'s fake kernel checks the CUDA kernel's bf16-only rule,
 while the CPU kernel (and Hugging Face's default experts on CPU) runs any
@@ -33,24 +34,17 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
-from torch.utils._pytree import tree_map
-from torch.utils.weak import WeakIdKeyDictionary
 
-from estimators.common import experts_implementation, tensors_in
+from estimators.collect.input_values import attach
+from estimators.common import experts_implementation
 
-__all__ = ["MoeRouting", "parse_moe_routing", "RoutingMode", "DataDependentOpError",
-           "one_hot_as_on_device", "TopKRecorder"]
+__all__ = ["MoeRouting", "parse_moe_routing", "RoutingMode", "one_hot_as_on_device", "TopKRecorder"]
 
 ROUTING_KINDS = ("balanced", "capacity", "worst")
 aten = torch.ops.aten
 _GROUPED_MM = aten._grouped_mm.default  # layout: allow-private (ATen's own name for the op)
 _SHADOW_LIMIT = 1 << 22  # elements: routing tensors are tokens x top-k (x experts) at most
-
-
-class DataDependentOpError(RuntimeError):
-    """An op needs tensor values a fake run does not have, outside the routing the collector assumes."""
 
 
 @dataclass(frozen=True)
@@ -133,37 +127,20 @@ def _grouped_mm_shape(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | Non
 
 
 class RoutingMode(TorchDispatchMode):
-    """Between the collector and FakeTensorMode: routing values for data-dependent ops, fp32 ``grouped_mm``."""
+    """Above the batch's values: the assumed routing as the values of topk's indices; fp32 ``grouped_mm``."""
 
     def __init__(self, routing: MoeRouting):
         super().__init__()
         self.routing = routing
-        self.shadows = WeakIdKeyDictionary()
         self.routers_seen = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is _GROUPED_MM and args[0].dtype != torch.bfloat16:
             return self._grouped_mm(*args, **kwargs)
-        flat = tensors_in((args, kwargs))
-        shadowed = bool(flat) and all(x in self.shadows for x in flat)
-        dynamic = torch.Tag.dynamic_output_shape in func.tags or torch.Tag.data_dependent_output in func.tags
-        if dynamic and shadowed:
-            return self._from_shadows(func, args, kwargs)
-        try:
-            out = func(*args, **kwargs)
-        except (DynamicOutputShapeException, DataDependentOutputException) as exc:
-            raise DataDependentOpError(
-                f"{func.overloadpacket} needs tensor values that a fake run does not have: sacplan assumes values "
-                f"only for MoE routing (the indices of aten.topk and what is computed from them alone); "
-                f"make the shape independent of the data, or collect a variant that is (e.g. another "
-                f"experts_implementation)") from exc
+        out = func(*args, **kwargs)
         if func is aten.topk.default:
             self._shadow_topk(args, kwargs, out)
-        elif (shadowed or (not flat and _small_integers(out))) and torch.Tag.nondeterministic_seeded not in func.tags:
-            self._propagate(func, args, kwargs, out)  # routing tensors, and the aranges they meet
-        elif torch.Tag.inplace in func.tags and flat and flat[0] in self.shadows:
-            del self.shadows[flat[0]]  # written with values the shadows do not know
         return out
 
     def settings(self, model: torch.nn.Module) -> dict[str, Any]:
@@ -189,42 +166,8 @@ class RoutingMode(TorchDispatchMode):
         experts, tokens = x.size(-1), x.numel() // max(1, x.size(-1))
         with _disable_current_modes():
             indices = self.routing.expert_indices(tokens, k, experts).view(out[1].shape)
-        self.shadows[out[1]] = indices
+        attach(out[1], indices, from_batch=False)
         self.routers_seen += 1
-
-    def _real(self, tree: Any) -> Any:
-        return tree_map(lambda x: self.shadows[x] if isinstance(x, torch.Tensor) else _cpu(x), tree)
-
-    def _run_real(self, func, args, kwargs) -> Any:
-        with _disable_current_modes():  # the shadows are real tensors: no fake mode, no collector
-            return func(*self._real(args), **self._real(kwargs))
-
-    def _propagate(self, func, args, kwargs, out) -> None:
-        outs = tensors_in(out)
-        if not outs or sum(t.numel() for t in outs) > _SHADOW_LIMIT:
-            return
-        real = self._run_real(func, args, kwargs)
-        for fake_t, real_t in zip(outs, tensors_in(real)):
-            if tuple(fake_t.shape) == tuple(real_t.shape):
-                self.shadows[fake_t] = real_t
-
-    def _from_shadows(self, func, args, kwargs) -> Any:
-        real = self._run_real(func, args, kwargs)
-        if not isinstance(real, torch.Tensor):
-            return real  # a scalar (`_local_scalar_dense`): the routing's own value
-        device = tensors_in(args)[0].device
-        fake_out = torch.empty_strided(real.shape, real.stride(), dtype=real.dtype, device=device)
-        self.shadows[fake_out] = real
-        return fake_out
-
-
-def _small_integers(out: Any) -> bool:
-    return (isinstance(out, torch.Tensor) and not out.is_floating_point() and not out.is_complex()
-            and out.numel() <= _SHADOW_LIMIT)
-
-
-def _cpu(x: Any) -> Any:
-    return torch.device("cpu") if isinstance(x, torch.device) else x
 
 
 # Devices whose one_hot kernel checks the class range on the host (aminmax, then two reads);
@@ -239,7 +182,7 @@ def one_hot_as_on_device() -> Any:
     ``arange`` (it cannot read the values); on a real CPU tensor it checks the
     class range (``aminmax`` and two reads), then scatters into zeros. A plan
     matches ops by position, so the collector must see the real sequence;
-    under :class:`RoutingMode` the routing's values answer the reads.
+    the routing's values (:class:`RoutingMode`) answer the reads.
     """
     from unittest import mock
 

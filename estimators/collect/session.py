@@ -47,6 +47,7 @@ class CollectRequest:
     benchmark: bool = False
     checkpoint_overhead_us_per_op: float | None = None
     moe_routing: str = "balanced"
+    attention_mask: str = "none"  # --hf-config only: none, ones or padded:F
     name: str | None = None
     fsdp_world_size: int | None = None
     fsdp_wrap: list[str] | None = None
@@ -176,11 +177,15 @@ def _build(req: CollectRequest, device: torch.device, progress: Any) -> BuiltMod
 def _build_model(req: CollectRequest, device: torch.device) -> BuiltModel:
     dtype = DTYPES[req.dtype]
     if req.model:
+        if req.attention_mask != "none":
+            raise ValueError(f"--attention-mask {req.attention_mask} builds the batch of --hf-config; a --model "
+                             f"factory returns its own batch (with the attention mask the tokenizer makes)")
         factory = load_factory(req.model)
         return build_from_factory(factory, batch_size=req.batch, seq_len=req.seq, dtype=dtype, device=device)
     if req.hf_config is None:
         raise ValueError("give a model: --model FILE.py:FACTORY or --hf-config CONFIG.json")
-    return build_from_hf_config(req.hf_config, batch_size=req.batch, seq_len=req.seq, dtype=dtype, device=device)
+    return build_from_hf_config(req.hf_config, batch_size=req.batch, seq_len=req.seq, dtype=dtype, device=device,
+                                attention_mask=req.attention_mask)
 
 
 def run_collection(req: CollectRequest, *, progress: Any = None) -> CollectResult:

@@ -9,10 +9,12 @@ names; ``model_settings``: the op-deciding settings of a model; ``fsdp_units``: 
 FSDP2. Nothing here imports another subpackage of ``estimators``.
 """
 
-from estimators.common.aten_ops import SAC_IGNORED_OPS, is_inplace_op, is_random_op, is_view_op, op_name
+from estimators.common.aten_ops import (SAC_IGNORED_OPS, is_inplace_op, is_random_op, is_view_op, op_name,
+                                       written_tensors)
 from estimators.common.fsdp_units import MIXED_PRECISION, FsdpSetup, default_units, shard_model, unit_fqns
-from estimators.common.model_settings import (CONFIG_SETTINGS, DTYPE_NAMES, experts_implementation, model_dtype_name,
-                                              model_settings_of)
+from estimators.common.model_settings import (BATCH_VALUES_TAG, CONFIG_SETTINGS, DTYPE_NAMES, UNKNOWN_VALUES_TAG,
+                                              experts_implementation, model_config, model_configs, model_dtype_name,
+                                              model_settings_of, switch_off_kv_cache)
 from estimators.common.module_names import module_fqns
 from estimators.common.storage_book import (ACT, BUFFER, CATEGORIES, COMM, GRAD, INPUT, OPT, PARAM, TEMP, StorageBook,
                                             follow_storage_resizes, storages_of, tensors_in)
@@ -20,10 +22,11 @@ from estimators.common.training_loop import AUTOCAST_DTYPES, TrainingLoop, autoc
 from estimators.common.training_step import OPTIMIZER_NAMES, call_model, default_loss, make_optimizer, optimizer_class
 
 __all__ = [
-    "ACT", "AUTOCAST_DTYPES", "BUFFER", "CATEGORIES", "COMM", "CONFIG_SETTINGS", "DTYPE_NAMES", "GRAD", "INPUT",
-    "MIXED_PRECISION", "OPT", "OPTIMIZER_NAMES", "PARAM", "SAC_IGNORED_OPS", "TEMP", "FsdpSetup", "StorageBook",
-    "TrainingLoop", "autocast_name", "call_model", "default_loss", "default_units", "experts_implementation",
-    "follow_storage_resizes", "is_inplace_op", "is_random_op", "is_view_op", "make_optimizer", "model_dtype_name",
-    "model_settings_of", "module_fqns", "op_name", "optimizer_class", "shard_model", "storages_of", "tensors_in",
-    "unit_fqns",
+    "ACT", "AUTOCAST_DTYPES", "BATCH_VALUES_TAG", "BUFFER", "CATEGORIES", "COMM", "CONFIG_SETTINGS", "DTYPE_NAMES",
+    "GRAD", "INPUT", "MIXED_PRECISION", "OPT", "OPTIMIZER_NAMES", "PARAM", "SAC_IGNORED_OPS", "TEMP",
+    "UNKNOWN_VALUES_TAG", "FsdpSetup", "StorageBook", "TrainingLoop", "autocast_name", "call_model", "default_loss",
+    "default_units", "experts_implementation", "follow_storage_resizes", "is_inplace_op", "is_random_op",
+    "is_view_op", "make_optimizer", "model_config", "model_configs", "model_dtype_name", "model_settings_of",
+    "module_fqns", "op_name", "optimizer_class", "shard_model", "storages_of", "switch_off_kv_cache", "tensors_in",
+    "unit_fqns", "written_tensors",
 ]

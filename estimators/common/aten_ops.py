@@ -11,7 +11,7 @@ try:  # the ops the selective-checkpoint dispatch modes pass through without ask
 except ImportError:  # older torch: the same set, spelled out
     SAC_IGNORED_OPS = {torch.ops.aten.detach.default, torch.ops.prim.device.default}
 
-__all__ = ["SAC_IGNORED_OPS", "op_name", "is_view_op", "is_inplace_op", "is_random_op"]
+__all__ = ["SAC_IGNORED_OPS", "op_name", "is_view_op", "is_inplace_op", "is_random_op", "written_tensors"]
 
 
 def op_name(func: Any) -> str:
@@ -45,3 +45,15 @@ def is_random_op(func: Any, args: tuple, kwargs: dict) -> bool:
             p = kwargs.get("dropout_p", args[i] if i < len(args) else a.default_value)
             return bool(p)
     return torch.Tag.nondeterministic_seeded in func.tags
+
+
+def written_tensors(func: Any, args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    """The tensors the ATen op ``func`` writes (in place or through ``out=``), in schema order."""
+    from torch.utils._pytree import tree_flatten
+
+    out = []
+    for i, a in enumerate(_schema(func).arguments):
+        if a.alias_info is not None and a.alias_info.is_write:
+            x = kwargs[a.name] if a.name in kwargs else args[i] if i < len(args) else None
+            out += [t for t in tree_flatten(x)[0] if isinstance(t, torch.Tensor)]
+    return out

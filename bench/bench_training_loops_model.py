@@ -1,0 +1,114 @@
+"""Training loops, masks, wrappers and BatchNorm (issue 27, items 3-5): every case at every budget, for real.
+
+    python bench/bench_training_loops_model.py                 # every case; prints the markdown table
+    python bench/bench_training_loops_model.py --only bert_ones --only batchnorm_convnet
+    python bench/bench_training_loops_model.py --write         # also writes its subsection of bench/RESULTS.md
+
+The cases and what is run are in ``bench/training_loop_cases_model.py``: each
+model is collected from its real batch, planned at the smallest feasible
+budget and at 50%, 75% and 90% of the predicted no-checkpointing peak,
+applied, and trained for 3 real AdamW steps on one thread; the unplanned run
+is the reference for the peaks and the model state. A row holds when the
+real peak is within the budget at every step, the steady state (steps 2 and
+3) within 1% of the plan's peak, and parameters, gradients and buffers are
+``torch.equal`` to the unplanned run's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+
+from bench._machine import describe_machine  # noqa: E402
+from bench.training_loop_cases_model import BUDGETS, CASES, Row, run_case  # noqa: E402
+
+SECTION = "### Training loops: masks, wrappers, BatchNorm"
+# What the rows that do not hold have in common, as diagnosed (issue 27b's report); the memory model's, not the masks'.
+GAPS = ("Every such row has the model state bit-identical and the steady state within 1%: the real peak is above "
+        "the plan's by less than 1%, at the tightest budgets or where the plan leaves under 0.01% of headroom. "
+        "Diagnosed on batchnorm_convnet at min: the memory model counts a checkpointed module's recomputation "
+        "as bringing back the activations the unplanned step holds at its backward, but the recomputation of "
+        "blocks.1 also holds the output of an op autograd does not save (the residual add, 524,288 B, recomputed "
+        "although its only consumer, the final relu, is saved) while the relu runs: the real peak in blocks.1's "
+        "backward is the model's value there (4,489,084 B) plus exactly that tensor, 5,013,372 B, above the "
+        "plan's peak elsewhere (4,994,684 B). A gap of the memory model (recompute transients), not of the "
+        "masks or the buffers (the same bytes without the buffer guard).")
+PARENT = "## Training loops"
+
+
+def table(rows: list[Row]) -> str:
+    """One line per case and budget: the budget, the plan's peak, the real peaks, the verdicts."""
+    out = ["| case | budget | status | modules | budget B | predicted B | real B (steps 1-3) | steady real/predicted "
+           "| real <= budget | state equal | holds |",
+           "|---|---|---|---:|---:|---:|---|---:|---|---|---|"]
+    for r in rows:
+        if not r.peaks:
+            out.append(f"| {r.case} | {r.budget} | {r.status} | | {r.budget_bytes} | | | | | | |")
+            continue
+        ratio = r.steady_ratio
+        within = "yes" if max(r.peaks) <= r.budget_bytes else f"no (+{max(r.peaks) - r.budget_bytes} B)"
+        state = "yes" if r.state_equal else f"no: {', '.join(r.differing[:3])}"
+        holds = "reference" if r.status == "baseline" else ("yes" if r.holds else "no")
+        out.append(f"| {r.case} | {r.budget} | {r.status} | {r.modules} | {r.budget_bytes} | {r.predicted_bytes} | "
+                   f"{', '.join(map(str, r.peaks))} | {ratio:.4f} | {within if r.status != 'baseline' else ''} | "
+                   f"{state} | {holds} |")
+    return "\n".join(out)
+
+
+def write_section(text: str) -> None:
+    """Replace (or add, under ``## Training loops``) this bench's subsection of bench/RESULTS.md."""
+    path = REPO / "bench" / "RESULTS.md"
+    doc = path.read_text()
+    if SECTION in doc:
+        start = doc.index(SECTION)
+        nxt = [i for i in (doc.find("\n## ", start + 1), doc.find("\n### ", start + 1)) if i != -1]
+        end = min(nxt) + 1 if nxt else len(doc)
+        doc = doc[:start] + text + "\n" + doc[end:]
+    elif PARENT + "\n" in doc:
+        start = doc.index(PARENT + "\n") + len(PARENT) + 1
+        nxt = doc.find("\n## ", start)
+        end = nxt + 1 if nxt != -1 else len(doc)
+        doc = doc[:end].rstrip("\n") + "\n\n" + text + "\n" + doc[end:]
+    else:
+        doc = doc.rstrip("\n") + f"\n\n{PARENT}\n\n" + text + "\n"
+    path.write_text(doc)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", action="append", choices=sorted(CASES), help="one case (repeatable)")
+    parser.add_argument("--steps", type=int, default=3, help="real steps per run (default 3)")
+    parser.add_argument("--write", action="store_true", help="write the subsection of bench/RESULTS.md")
+    args = parser.parse_args(argv)
+    machine = describe_machine("one thread (torch.set_num_threads(1))")
+    torch.set_num_threads(1)
+    rows: list[Row] = []
+    t0 = time.perf_counter()
+    for name in args.only or list(CASES):
+        t = time.perf_counter()
+        rows += run_case(name, BUDGETS, steps=args.steps)
+        print(f"{name}: {time.perf_counter() - t:.0f} s", file=sys.stderr)
+    held = [r for r in rows if r.status != "baseline" and r.peaks]
+    summary = (f"{sum(r.holds for r in held)} of {len(held)} planned runs hold (real peak <= budget at every step, "
+               f"steady state within 1% of the prediction, parameters, gradients and buffers torch.equal to the "
+               f"unplanned run after {args.steps} steps); "
+               f"{sum(1 for r in rows if r.status not in ('baseline', 'optimal', 'feasible'))} budgets without a plan.")
+    failing = [f"{r.case} at {r.budget}" for r in held if not r.holds]
+    text = (f"{SECTION}\n\n`python bench/bench_training_loops_model.py` ({time.perf_counter() - t0:.0f} s). "
+            f"Machine: {machine}\n\n{summary}\n\n{table(rows)}\n\n"
+            + (f"Not holding: {'; '.join(failing)}. {GAPS}\n" if failing else ""))
+    print(text)
+    if args.write:
+        write_section(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
