@@ -38,7 +38,8 @@ from torch.utils.weak import WeakTensorKeyDictionary
 
 from estimators.common import BATCH_VALUES_TAG, UNKNOWN_VALUES_TAG, op_name, written_tensors
 
-__all__ = ["InputValues", "tag_batch_values", "FACTORY_VALUE_ELEMENTS", "VALUE_ELEMENTS", "attach", "has_value", "unanswered_read_error",
+__all__ = ["InputValues", "tag_batch_values",
+           "FACTORY_VALUE_ELEMENTS", "VALUE_ELEMENTS", "attach", "has_value", "unanswered_read_error",
            "value_of"]
 
 # Values followed per op output, at most: a mask expanded to (batch, 1, seq, seq) fits at seq 8192 (bool).
