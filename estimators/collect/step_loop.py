@@ -18,7 +18,6 @@ import torch
 from torch._subclasses.fake_tensor import DataDependentOutputException
 
 from estimators.collect.fake_step import COMPILE_BACKENDS
-from estimators.collect.moe import DataDependentOpError
 from estimators.common import OPTIMIZER_NAMES, TrainingLoop, optimizer_class
 from planner import StatsMetadata
 
@@ -87,7 +86,7 @@ def scalar_stand_in(local_scalar_dense: Any, t: torch.Tensor) -> bool | int | fl
     """
     try:
         return local_scalar_dense(t)
-    except (DataDependentOutputException, DataDependentOpError):  # fake mode's refusal, or the MoE routing's
+    except DataDependentOutputException:  # fake mode's refusal (the MoE routing's values go through input_values)
         pass
     if t.dtype == torch.bool:
         return False
