@@ -62,12 +62,13 @@ def table(rows: list[Row]) -> str:
     return "\n".join(out)
 
 
-def write_section(text: str) -> None:
-    """Replace (or add, under ``## Training loops``) this bench's subsection of bench/RESULTS.md."""
+def write_section(text: str, section: str = SECTION) -> None:
+    """Replace (or add, under ``## Training loops``) a subsection of bench/RESULTS.md: ``text`` starts with its
+    heading, ``section``."""
     path = REPO / "bench" / "RESULTS.md"
     doc = path.read_text()
-    if SECTION in doc:
-        start = doc.index(SECTION)
+    if section in doc:
+        start = doc.index(section)
         nxt = [i for i in (doc.find("\n## ", start + 1), doc.find("\n### ", start + 1)) if i != -1]
         end = min(nxt) + 1 if nxt else len(doc)
         doc = doc[:start] + text + "\n" + doc[end:]
