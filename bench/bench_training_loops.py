@@ -220,7 +220,9 @@ def main(argv: list[str] | None = None) -> int:
             f"dropout 0.1), CPU, {STEPS} real optimizer steps per plan beside the same steps unplanned. Plans "
             f"at 50/75/90% of the predicted no-checkpointing peak and at the smallest feasible budget. "
             f"Held (real peak <= budget at every step, steady state within 1% of predicted, parameters, buffers "
-            f"and gradients torch.equal to the unplanned run): **{held} of {len(planned)} plans**.", "",
+            f"and gradients torch.equal to the unplanned run): **{held} of {len(planned)} plans**. Two more runners "
+            f"follow, one table each: masks, wrappers and BatchNorm (`bench/bench_training_loops_model.py`), the "
+            f"Hugging Face Trainer (`bench/bench_trainer.py`); run with `--write` after this one.", "",
             *table(rows)]
     print("\n".join(text))
     if not args.no_write:

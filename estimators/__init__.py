@@ -44,6 +44,7 @@ _WHERE = {
     # measuring
     "StepMeasure": "estimators.measure",
     "measure_steps": "estimators.measure",
+    "track_live_storages": "estimators.measure",
     "FsdpStepMeasure": "estimators.measure",
     "measure_fsdp_steps": "estimators.measure",
     "run_ranks": "estimators.measure",

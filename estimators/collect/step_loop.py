@@ -86,7 +86,7 @@ def scalar_stand_in(local_scalar_dense: Any, t: torch.Tensor) -> bool | int | fl
     """
     try:
         return local_scalar_dense(t)
-    except DataDependentOutputException:  # fake mode's refusal
+    except DataDependentOutputException:  # fake mode's refusal (the MoE routing's values go through input_values)
         pass
     if t.dtype == torch.bool:
         return False

@@ -9,7 +9,8 @@ after), ``optimizer.step()``, ``optimizer.zero_grad(set_to_none=True)``.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +21,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from estimators.common import (ACT, BUFFER, GRAD, INPUT, OPT, PARAM, TEMP, StorageBook, TrainingLoop, call_model,
                                default_loss, follow_storage_resizes, storages_of, tensors_in)
 
-__all__ = ["StepMeasure", "measure_steps", "PHASES", "FORWARD", "BACKWARD", "OPTIMIZER"]
+__all__ = ["StepMeasure", "measure_steps", "track_live_storages", "LiveStorages", "PHASES", "FORWARD", "BACKWARD",
+           "OPTIMIZER"]
 
 FORWARD, BACKWARD, OPTIMIZER = "forward", "backward", "optimizer"
 PHASES = (FORWARD, BACKWARD, OPTIMIZER)
@@ -55,7 +57,7 @@ class StepMeasure:
     peak_micro_batch: int | None = None
 
 
-class _LiveStorages(TorchDispatchMode):
+class LiveStorages(TorchDispatchMode):
     """Books every storage an op returns, once, and follows the peak of everything booked.
 
     A compiled model runs compiled under it: dynamo runs a frame eagerly while any dispatch mode that does not
@@ -83,9 +85,11 @@ class _LiveStorages(TorchDispatchMode):
         book.on_alloc.append(self._on_alloc)
 
     def live_bytes(self) -> int:
+        """The bytes of every booked storage still alive."""
         return sum(self.book.live.values())
 
     def restart_peak(self) -> None:
+        """Start a new peak from what is live now (a step's start)."""
         self.peak_bytes, self.peak_phase, self.peak_live = self.live_bytes(), self.phase, dict(self.book.live)
         self.peak_micro_batch = self.micro_batch
 
@@ -113,7 +117,7 @@ def _book_existing(book: StorageBook, model: nn.Module, inputs: Any, optimizer: 
 
 
 def _one_step(model: nn.Module, inputs: Any, loss_fn: Callable[[Any], torch.Tensor],
-              optimizer: torch.optim.Optimizer, tracker: _LiveStorages | None, loop: TrainingLoop,
+              optimizer: torch.optim.Optimizer, tracker: LiveStorages | None, loop: TrainingLoop,
               scaler: Any) -> tuple[float, dict[str, float]]:
     """Run one optimizer step (every micro-batch); return the last micro-batch's loss and the CPU seconds per phase."""
     seconds = dict.fromkeys(PHASES, 0.0)
@@ -188,7 +192,7 @@ def measure_steps(model: nn.Module, inputs: Any, loss_fn: Callable[[Any], torch.
     loop = loop or TrainingLoop()
     scaler = loop.grad_scaler_for(next((p.device.type for p in model.parameters()), "cpu"))
     book = StorageBook() if track_memory else None
-    tracker = _LiveStorages(book) if book is not None else None
+    tracker = LiveStorages(book) if book is not None else None
     handles = [p.register_post_accumulate_grad_hook(_grad_booker(book)) for p in model.parameters()
                if book is not None and p.requires_grad]
     out: list[StepMeasure] = []
@@ -219,3 +223,24 @@ def _grad_booker(book: StorageBook) -> Callable[[torch.Tensor], None]:
         book.recategorize_all(storages_of(p.grad), GRAD)  # a DTensor's: its shard
 
     return book_grad
+
+
+@contextmanager
+def track_live_storages(model: nn.Module) -> Iterator[LiveStorages]:
+    """Follow live memory, counted as :func:`measure_steps` counts it, while the block runs a training loop that is
+    not ours (a ``transformers.Trainer``, a Lightning ``Trainer``).
+
+    ``model``'s parameters and buffers are booked at the start; every storage an aten op returns inside the block
+    (batches the data loader collates, activations, gradients, the optimizer's state) from then on until it is
+    freed. The tracker yielded has ``peak_bytes`` (since the start or the last ``restart_peak()``) and
+    ``live_bytes()``: call ``restart_peak()`` at a step's start and read ``peak_bytes`` at its end (a
+    ``TrainerCallback``'s ``on_step_begin`` and ``on_step_end``). Its ``phase`` stays ``forward`` unless the
+    caller sets it, so ``peak_phase`` says nothing here.
+    """
+    book = StorageBook()
+    tracker = LiveStorages(book)
+    book.add_tensors(model.parameters(), PARAM)
+    book.add_tensors(model.buffers(), BUFFER)
+    tracker.restart_peak()
+    with tracker, follow_storage_resizes(book, lambda: _PHASE_CATEGORY[tracker.phase]):
+        yield tracker
