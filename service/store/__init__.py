@@ -12,7 +12,7 @@ from service.lazy import exports
 
 __all__ = [
     # ids
-    "ID_LENGTH", "ID_PATTERN", "new_id", "is_id", "EXAMPLE_IDS",
+    "ID_LENGTH", "ID_PATTERN", "new_id", "is_id", "shown_id", "EXAMPLE_IDS",
     # models
     "Base", "StatsRecord", "StatsTag", "PlanRecord", "SweepRecord", "SolveClaim", "AuthFailure", "utcnow",
     # db
@@ -25,6 +25,8 @@ __all__ = [
     "store_stats_body", "prepare_body_job", "stats_id_of",
     # sweeps
     "keep_sweep", "get_sweep",
+    # ranges
+    "column_bounds", "check_in_range",
 ]
 
-__getattr__ = exports(__name__, ("ids", "models", "db", "plans", "stats", "sweeps"), __all__)
+__getattr__ = exports(__name__, ("ids", "models", "db", "plans", "stats", "sweeps", "ranges"), __all__)

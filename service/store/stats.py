@@ -24,8 +24,9 @@ from planner import baseline_peak_bytes, compute_ms
 from service.errors import InvalidInput, NotFound, PayloadTooLarge
 from service.schemas import StatsSource
 from service.store.db import write_gate
-from service.store.ids import is_id
+from service.store.ids import is_id, shown_id
 from service.store.models import StatsRecord, StatsTag
+from service.store.ranges import check_in_range
 from service.text import check_storable
 from service.transport import UploadLimits, check_upload
 
@@ -37,7 +38,7 @@ def get_stats(session: Session, project: str, stats_id: str) -> StatsRecord:
     """The project's stats upload ``stats_id``; another project's id, or no id at all, is as absent as a missing one."""
     row = session.get(StatsRecord, stats_id) if is_id(stats_id) else None
     if row is None or row.project != project:
-        raise NotFound(f"stats_id {stats_id} does not exist")
+        raise NotFound(f"stats_id {shown_id(stats_id)} does not exist")
     return row
 
 
@@ -49,7 +50,7 @@ def stats_document(factory: sessionmaker[Session], stats_id: str) -> tuple[str, 
             .where(StatsRecord.id == stats_id)
         ).first()
     if row is None:
-        raise NotFound(f"stats_id {stats_id} does not exist")
+        raise NotFound(f"stats_id {shown_id(stats_id)} does not exist")
     return row.document, {"baseline_peak_bytes": row.baseline_peak_bytes, "compute_ms": row.compute_ms}
 
 
@@ -81,13 +82,26 @@ def stats_row_fields(doc: dict[str, Any], *, loc: Sequence[str] = (),
     for key, value in stats.metadata.tags.items():
         check_storable(key, [*loc, "metadata", "tags", key])
         check_storable(value, [*loc, "metadata", "tags", key])
+    figures = {
+        "module_count": len(stats.modules), "op_count": sum(len(m.ops or ()) for m in stats.modules),
+        "baseline_peak_bytes": baseline_peak_bytes(stats), "compute_ms": compute_ms(stats),
+    }
+    for name, value in figures.items():  # sums of bounded fields can still pass what a column holds
+        check_in_range(StatsRecord, name, value, what=_DERIVED[name], loc=[*loc, "modules"])
     return {
         "content_hash": planner.stats_hash(stats), "model_name": stats.metadata.model_name,
-        "source_format": "v1" if doc.get("format") else "torch", "module_count": len(stats.modules),
-        "op_count": sum(len(m.ops or ()) for m in stats.modules),
-        "baseline_peak_bytes": baseline_peak_bytes(stats), "compute_ms": compute_ms(stats),
+        "source_format": "v1" if doc.get("format") else "torch", **figures,
         "document": stats.canonical_json(), "tags": dict(stats.metadata.tags),
     }
+
+
+_DERIVED = {
+    "module_count": "the stats' modules",
+    "op_count": "the ops of all the stats' modules",
+    "baseline_peak_bytes": "the step's peak memory without checkpointing: parameters, gradients, optimizer "
+                           "state and activations live at once, summed over the modules",
+    "compute_ms": "the step's forward + backward time: the root's fw_ms + bw_ms",
+}
 
 
 def _record(project: str, fields: dict[str, Any]) -> StatsRecord:
