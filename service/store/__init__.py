@@ -22,7 +22,7 @@ __all__ = [
     "CachedPlan", "plan_json", "plan_cache_key", "get_plan", "find_plans", "store_plans",
     # stats
     "get_stats", "stats_document", "new_stats_record", "stats_row_fields", "keep_stats", "store_stats",
-    "store_stats_body", "prepare_body_job", "stats_id_of",
+    "store_stats_body", "prepare_body_job", "store_request_body", "prepare_request_job", "stats_id_of",
     # sweeps
     "keep_sweep", "get_sweep",
     # ranges

@@ -12,11 +12,11 @@ from service.lazy import exports
 
 __all__ = [
     # limits
-    "UploadLimits", "check_upload", "check_time_limit", "document_limits",
+    "UploadLimits", "check_upload", "check_time_limit", "document_limits", "MIN_TIME_LIMIT_S",
     # middleware
-    "BodySizeLimit", "replay_body",
+    "BodySizeLimit", "replay_body", "arrived_at",
     # large_body
-    "DeferredBodyRoute", "deferred_body", "LARGE_BODY_BYTES",
+    "DeferredBodyRoute", "deferred_body_route", "deferred_body", "LARGE_BODY_BYTES",
     # framing
     "StrictFramingConnection", "ambiguous_framing",
     # server
