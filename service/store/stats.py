@@ -23,7 +23,7 @@ from starlette.concurrency import run_in_threadpool
 
 import planner
 from planner import baseline_peak_bytes, compute_ms
-from service.errors import InvalidInput, NotFound, PayloadTooLarge
+from service.errors import InvalidInput, NotFound, PayloadTooLarge, RenderMemoryExceeded
 from service.schemas import StatsSource
 from service.store.db import write_gate
 from service.store.ids import is_id, shown_id
@@ -173,7 +173,7 @@ async def store_stats_body(factory: sessionmaker[Session], run_in_process: Calla
     CPU for a document of tens of MB, which in a thread of this process held the GIL for up to a second at
     a time and stalled the event loop (``/healthz`` and cached reads included). Only the columns come back.
     """
-    outcome = _raise_unless_ok(await run_in_process(prepare_body_job, body, limits), body)
+    outcome = _raise_unless_ok(await _in_process(run_in_process, prepare_body_job, body, limits), body)
     return await run_in_threadpool(_keep, factory, project, _record(project, outcome[1]))
 
 
@@ -188,12 +188,24 @@ async def store_request_body(factory: sessionmaker[Session], run_in_process: Cal
     columns come back. Errors are those of the small path, in its order: the request's fields (422), its
     ``time_limit_s``, then the stats (413, 422 under ``body.stats``).
     """
-    outcome = _raise_unless_ok(await run_in_process(prepare_request_job, body, model, limits, max_time_limit_s), body)
+    outcome = _raise_unless_ok(await _in_process(run_in_process, prepare_request_job, body, model, limits,
+                                                 max_time_limit_s), body)
     fields, columns = outcome[1], outcome[2]
     if columns is not None:
         row, _ = await run_in_threadpool(_keep, factory, project, _record(project, columns))
         fields = {**fields, "stats_id": row.id}
     return model.model_validate(fields)
+
+
+async def _in_process(run_in_process: Callable[..., Awaitable[Any]], job: Callable[..., tuple], body: bytes,
+                      *args: Any) -> tuple:
+    """``job(body, *args)`` in a render process; 413 when validating the body needs more than its memory cap."""
+    try:
+        return await run_in_process(job, body, *args)
+    except RenderMemoryExceeded as exc:
+        message = (f"the request body ({len(body)} bytes) needs more memory to read and validate than this service "
+                   f"allows per request: {exc.message}")
+        raise PayloadTooLarge(message, errors=[{"loc": ["body"], "msg": message, "input": len(body)}]) from None
 
 
 def _raise_unless_ok(outcome: tuple, body: bytes) -> tuple:
