@@ -45,7 +45,9 @@ class Renderer:
         self.memory_cap_bytes = memory_cap_bytes
         self.idle_memory_bytes = idle_memory_bytes
         self.peak_rss_bytes = 0  # the largest render process seen while a job ran
-        self._over_cap: int | None = None  # the RSS at which this pool's process was killed, if one was
+        self._killed: dict[int, int] = {}  # job id -> the RSS at which its process was killed for memory
+        self._jobs = 0
+        self._running: Any = None
         self._watcher: asyncio.Task | None = None
         self.capacity = workers + queue_size
         self.retry_after_s = retry_after_s
@@ -56,9 +58,12 @@ class Renderer:
 
     def _pool(self) -> ProcessPoolExecutor:
         if self._executor is None:
-            self._executor = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
+            context = multiprocessing.get_context("spawn")
+            # which job each process runs (pid, job id), so that a kill for memory blames the job that grew
+            self._running = context.Array("q", 2 * self.workers, lock=False)
+            self._executor = ProcessPoolExecutor(self.workers, mp_context=context,
                                                  max_tasks_per_child=_JOBS_PER_PROCESS, initializer=_set_up,
-                                                 initargs=(os.getpid(),))
+                                                 initargs=(os.getpid(), self._running, context.Value("i", 0)))
         return self._executor
 
     def shutdown(self) -> None:
@@ -72,22 +77,28 @@ class Renderer:
         if self.in_flight >= self.capacity:
             raise SolverBusy(self.retry_after_s, queue="render")
         self.in_flight += 1
-        executor = self._pool()
-        if self.memory_cap_bytes and (self._watcher is None or self._watcher.done()):
-            self._watcher = asyncio.ensure_future(self._watch())
         try:
-            return await asyncio.get_running_loop().run_in_executor(executor, fn, *args)
-        except BrokenProcessPool:
-            if self._executor is executor:
-                self._executor = None
-            over, self._over_cap = self._over_cap, None
-            if over is not None:
-                raise RenderMemoryExceeded(self.memory_cap_bytes // 2**20, over) from None
-            raise SolverFailed("a render process died (out of memory?); retry") from None
+            for _ in range(3):  # a job lost only because another job's process was killed is run again
+                self._jobs += 1
+                job = self._jobs
+                executor = self._pool()
+                if self.memory_cap_bytes and (self._watcher is None or self._watcher.done()):
+                    self._watcher = asyncio.ensure_future(self._watch())
+                try:
+                    return await asyncio.get_running_loop().run_in_executor(executor, _tracked, job, fn, args)
+                except BrokenProcessPool:
+                    if self._executor is executor:
+                        self._executor = None
+                    if job in self._killed:
+                        raise RenderMemoryExceeded(self.memory_cap_bytes // 2**20, self._killed[job]) from None
+                    if not getattr(executor, "_killed_for_memory", False):
+                        raise SolverFailed("a render process died (out of memory?); retry") from None
+            raise SolverFailed("render processes kept being killed for memory; retry")
         finally:
             self.in_flight -= 1
             if self.in_flight == 0:
-                self._retire_if_holding(executor)
+                self._killed.clear()
+                self._retire_if_holding(self._executor)
 
     @staticmethod
     def _rss(pid: int) -> int:
@@ -107,13 +118,17 @@ class Renderer:
                 rss = self._rss(pid)
                 self.peak_rss_bytes = max(self.peak_rss_bytes, rss)
                 if rss > self.memory_cap_bytes:
-                    self._over_cap = rss
+                    running = self._running
+                    slots = range(0, len(running), 2) if running is not None else ()
+                    job = next((running[k + 1] for k in slots if running[k] == pid), -1)
+                    self._killed[job] = rss
+                    self._executor._killed_for_memory = True  # type: ignore[union-attr]
                     _kill(pid)
             await asyncio.sleep(_WATCH_S)
 
-    def _retire_if_holding(self, executor: ProcessPoolExecutor) -> None:
+    def _retire_if_holding(self, executor: ProcessPoolExecutor | None) -> None:
         """Let the pool go (a new one is made for the next job) when a process holds more than the idle cap."""
-        if not self.idle_memory_bytes or executor is not self._executor:
+        if not self.idle_memory_bytes or executor is None:
             return
         if any(self._rss(pid) > self.idle_memory_bytes for pid in self._pids(executor)):
             self._executor = None
@@ -143,12 +158,29 @@ def _kill(pid: int) -> None:
 # --- run in the render processes -----------------------------------------------------------------
 
 
-def _set_up(service_pid: int) -> None:
+_slot: tuple[Any, int] | None = None  # this process's (pid, job id) slot in the pool's shared array
+
+
+def _set_up(service_pid: int, running: Any, started: Any) -> None:
+    global _slot
     # A Ctrl-C reaches the whole process group: the service stops its render processes itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with started.get_lock():  # processes replaced after their jobs take the slots in turn
+        k = started.value % (len(running) // 2)
+        started.value += 1
+    _slot = (running, 2 * k)
+    running[2 * k] = os.getpid()
     from service.solving.lifeline import die_with_parent
 
     die_with_parent(service_pid)  # a killed service leaves no render process behind
+
+
+def _tracked(job: int, fn, args: tuple) -> Any:
+    """``fn(*args)``, this process's slot saying it runs ``job`` meanwhile."""
+    if _slot is not None:
+        running, k = _slot
+        running[k], running[k + 1] = os.getpid(), job
+    return fn(*args)
 
 
 def _stale(stats_id: Any, exc: Exception) -> dict[str, Any]:

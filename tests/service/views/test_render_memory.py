@@ -77,3 +77,19 @@ def test_an_upload_needing_more_than_the_cap_is_413_and_stores_nothing(make_clie
     assert count_rows()["stats"] == 0
     small = client.post("/v1/stats", json=json.loads(L4_PATH.read_text()))
     assert small.status_code == 201  # the service goes on
+
+
+def test_jobs_waiting_behind_a_killed_one_run_on_a_fresh_process():
+    # One process: the job past the cap is stopped; the two queued behind it (lost with its pool) run again.
+    renderer = Renderer(1, 4, 1, 0, memory_cap_bytes=300 * MIB)
+
+    async def main():
+        jobs = [renderer.run(solver_jobs.grow, 600, 5.0), renderer.run(solver_jobs.pid), renderer.run(solver_jobs.pid)]
+        return await asyncio.gather(*jobs, return_exceptions=True)
+
+    try:
+        stopped, *others = asyncio.run(main())
+    finally:
+        renderer.shutdown()
+    assert isinstance(stopped, RenderMemoryExceeded)
+    assert all(isinstance(pid, int) for pid in others), others
