@@ -46,6 +46,7 @@ class Renderer:
         self.idle_memory_bytes = idle_memory_bytes
         self.peak_rss_bytes = 0  # the largest render process seen while a job ran
         self._killed: dict[int, int] = {}  # job id -> the RSS at which its process was killed for memory
+        self._killed_pools: set[int] = set()  # ids of the pools broken by such a kill (cleared when idle)
         self._jobs = 0
         self._running: Any = None
         self._watcher: asyncio.Task | None = None
@@ -91,13 +92,14 @@ class Renderer:
                         self._executor = None
                     if job in self._killed:
                         raise RenderMemoryExceeded(self.memory_cap_bytes // 2**20, self._killed[job]) from None
-                    if not getattr(executor, "_killed_for_memory", False):
+                    if id(executor) not in self._killed_pools:
                         raise SolverFailed("a render process died (out of memory?); retry") from None
             raise SolverFailed("render processes kept being killed for memory; retry")
         finally:
             self.in_flight -= 1
             if self.in_flight == 0:
                 self._killed.clear()
+                self._killed_pools.clear()
                 self._retire_if_holding(self._executor)
 
     @staticmethod
@@ -122,7 +124,7 @@ class Renderer:
                     slots = range(0, len(running), 2) if running is not None else ()
                     job = next((running[k + 1] for k in slots if running[k] == pid), -1)
                     self._killed[job] = rss
-                    self._executor._killed_for_memory = True  # type: ignore[union-attr]
+                    self._killed_pools.add(id(self._executor))
                     _kill(pid)
             await asyncio.sleep(_WATCH_S)
 
