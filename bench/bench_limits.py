@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 import sys
 import tempfile
 import threading
@@ -156,13 +158,123 @@ def run(args) -> list[str]:
                 f"(without its solver and render processes): {after_mib:.0f} MiB."]
 
 
+LARGE_SECTION = "## Service limits: large bodies"
+
+
+class PeakTreeRss:
+    """The largest sum of RSS over the server process and all its descendants (solver and render processes)."""
+
+    def __init__(self, server_pid: int):
+        self.server = psutil.Process(server_pid)
+        self.peak_bytes = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _watch(self) -> None:
+        while not self._stop.is_set():
+            total = 0
+            for p in [self.server, *self.server.children(recursive=True)]:
+                try:
+                    total += p.memory_info().rss
+                except psutil.Error:
+                    pass
+            self.peak_bytes = max(self.peak_bytes, total)
+            time.sleep(0.02)
+
+    def __enter__(self) -> PeakTreeRss:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _body_of_size(source: dict, mib: float, tag: str) -> bytes:
+    """A synthetic PyTorch-format document of about ``mib`` MiB; ``tag`` makes its content (its hash) its own."""
+    layers = max(2, int(mib * 1428 / 28))  # 1428 blocks: 28 MiB
+    doc = make_layers(source, layers)
+    doc["model"] = f"{doc.get('model', 'synthetic')} {tag}"
+    return json.dumps(doc).encode()
+
+
+def run_large_bodies(args) -> list[str]:
+    """Peak RSS across the server's processes and the slowest /healthz: one and 8 concurrent 64 MiB uploads, and
+    a 29 MB inline plan with time_limit_s=3 (63 MiB: the largest synthetic body under the 64 MiB limit)."""
+    source = json.loads(L4.read_text())
+    uploads = [_body_of_size(source, 63, f"upload {k}") for k in range(8)]  # under the 64 MiB body limit
+    inline = _body_of_size(source, 27.7, "inline")  # ~29 MB
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {"PYTHONPATH": args.tree} if args.tree else {}
+    lines = []
+    with tempfile.TemporaryDirectory() as tmp:
+        proc = start_server(Path(tmp) / "data", port, 1, settings=env)
+        try:
+            def one(c: httpx.Client, body: bytes, path: str = "/v1/stats") -> httpx.Response:
+                return c.post(path, content=body, headers={"content-type": "application/json"})
+
+            with httpx.Client(base_url=url, timeout=900) as c:
+                base_mib = sum(p.memory_info().rss for p in [psutil.Process(proc.pid),
+                                                             *psutil.Process(proc.pid).children(True)]) / MIB
+                with PeakTreeRss(proc.pid) as rss:
+                    slowest, spent, r = slowest_healthz_during(url, lambda: one(c, uploads[0]))
+                lines.append(f"| one upload ({len(uploads[0]) / MIB:.0f} MiB) | {spent:.1f} | {r.status_code} | "
+                             f"{rss.peak_bytes / MIB:.0f} | {slowest * 1000:.0f} | {_said(r)} |")
+
+                def concurrent():
+                    with ThreadPoolExecutor(8) as pool:
+                        return list(pool.map(lambda b: one(httpx.Client(base_url=url, timeout=900), b), uploads))
+
+                with PeakTreeRss(proc.pid) as rss:
+                    slowest, spent, answers = slowest_healthz_during(url, concurrent)
+                codes = ", ".join(f"{n}x {code}" for code, n in sorted(Counter(a.status_code for a in answers).items()))
+                lines.append(f"| 8 concurrent uploads ({len(uploads[0]) / MIB:.0f} MiB each) | {spent:.1f} | {codes} | "
+                             f"{rss.peak_bytes / MIB:.0f} | {slowest * 1000:.0f} | "
+                             f"{'; '.join(sorted({_said(a) for a in answers}))} |")
+                request = b'{"memory_budget_gib": 100, "time_limit_s": 3, "stats": ' + inline + b"}"
+                with PeakTreeRss(proc.pid) as rss:
+                    slowest, spent, r = slowest_healthz_during(url, lambda: one(c, request, "/v1/plans"))
+                lines.append(f"| inline plan ({len(request) / 1e6:.0f} MB), time_limit_s=3 | {spent:.2f} | "
+                             f"{r.status_code} | {rss.peak_bytes / MIB:.0f} | {slowest * 1000:.0f} | {_said(r)} |")
+        finally:
+            proc.send_signal(2)
+            proc.wait(timeout=60)
+    return ["| request | answered in s | HTTP | peak RSS, all server processes, MiB | slowest /healthz ms | said |",
+            "|---|---:|---|---:|---:|---|", *lines, "",
+            f"The server's processes held {base_mib:.0f} MiB together when it had started (before the first upload)."]
+
+
+def _said(r: httpx.Response) -> str:
+    try:
+        body = r.json()
+    except ValueError:
+        return r.text[:80]
+    if "status" in body:
+        return f"status {body['status']}"
+    return (body.get("detail") or "")[:110].replace("|", "/") if r.status_code >= 400 else "stored"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=1428, help="blocks of the synthetic model (1428: ~20,000 modules)")
     parser.add_argument("--memory-mb", type=int, default=2048, help="SACPLAN_SOLVER_MEMORY_MB of the server")
     parser.add_argument("--write", action="store_true", help="write the table into bench/RESULTS.md")
     parser.add_argument("--upload-only", action="store_true", help="only the upload row (not written)")
+    parser.add_argument("--large-bodies", action="store_true",
+                        help="peak RSS across the server's processes for one and 8 concurrent 64 MiB uploads, and a "
+                             "29 MB inline plan (section 'Service limits: large bodies')")
+    parser.add_argument("--tree", help="serve from this checkout instead (PYTHONPATH), e.g. the tree before a change")
     args = parser.parse_args()
+    if args.large_bodies:
+        text = "\n".join([LARGE_SECTION, "", f"A real `sacplan serve` (1 worker, default settings, SQLite in a temp "
+                          f"dir) on 127.0.0.1; machine: {machine()}. Command: `python bench/bench_limits.py "
+                          f"--large-bodies`. `/healthz` asked every 50 ms throughout; RSS of the server and all its "
+                          f"processes summed, sampled every 20 ms.", "", *run_large_bodies(args)])
+        print(text)
+        if args.write:
+            write_results(text, LARGE_SECTION)
+        return
     lines = run(args)
     if args.upload_only:
         print("\n".join(lines))

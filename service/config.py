@@ -73,6 +73,14 @@ class Settings(BaseSettings):
     render_workers: int = Field(1, ge=1, le=16, description="Processes rendering charts and large stats "
                                                             "read-backs, and validating uploads over 1 MiB.")
     render_queue_size: int = Field(4, ge=0, description="Renders waiting beyond the running ones; then 503.")
+    render_memory_mb: int = Field(
+        1024, ge=256, description="Memory cap of a render process (resident, MiB): a job passing it is stopped, its "
+                                  "process replaced; an upload or inline stats needing more get 413.")
+    render_idle_memory_mb: int = Field(
+        384, ge=128, description="Render processes holding more than this (MiB) after a job are replaced.")
+    body_memory_mb: int = Field(
+        256, ge=1, description="Request bodies over 1 MiB that one service process holds at once (MiB, by "
+                               "Content-Length or as they stream in): past it, 503 with Retry-After.")
     chart_cache_entries: int = Field(64, ge=0, description="Chart PNGs kept in memory per process.")
     sqlite_busy_timeout_ms: int = Field(10_000, ge=0)
     plan_response_cache_entries: int = Field(

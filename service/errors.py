@@ -8,7 +8,7 @@ from planner import PLANNER_VERSION
 
 __all__ = [
     "ServiceError", "NotFound", "InvalidInput", "Unauthorized", "SolverBusy", "SolverFailed", "PayloadTooLarge",
-    "StoredStatsInvalid", "ProjectBusy", "TooManyAuthFailures",
+    "StoredStatsInvalid", "ProjectBusy", "TooManyAuthFailures", "RenderMemoryExceeded",
 ]
 
 
@@ -96,3 +96,15 @@ class TooManyAuthFailures(ServiceError):
             f"(SACPLAN_AUTH_FAILURES_PER_WINDOW); retry in {retry_after_s} s",
             headers={"Retry-After": str(retry_after_s)},
         )
+
+
+class RenderMemoryExceeded(ServiceError):
+    """A render job passed the render processes' memory cap and was stopped: 413 for a body too large to
+    validate within it (the store says so), 503 for anything else."""
+
+    status_code = 503
+
+    def __init__(self, cap_mb: int, rss_bytes: int):
+        self.cap_mb = cap_mb
+        super().__init__(f"the job needed more than the {cap_mb} MiB a render process may use "
+                         f"(SACPLAN_RENDER_MEMORY_MB; it reached {rss_bytes / 2**20:.0f} MiB) and was stopped")

@@ -94,7 +94,8 @@ def create_app(settings: Settings | None = None, *, solver: SolverPool | None = 
     app.state.auth_failures = AuthThrottle(app.state.session_factory, settings.auth_failures_per_window,
                                            settings.auth_failure_window_s, sync_s=settings.auth_failure_sync_s)
     app.state.renderer = Renderer(settings.render_workers, settings.render_queue_size, settings.retry_after_s,
-                                  settings.chart_cache_entries)
+                                  settings.chart_cache_entries, memory_cap_bytes=settings.render_memory_mb * 2**20,
+                                  idle_memory_bytes=settings.render_idle_memory_mb * 2**20)
     install_error_handlers(app)
     install_openapi(app, settings)
     install_docs(app)
@@ -105,6 +106,7 @@ def create_app(settings: Settings | None = None, *, solver: SolverPool | None = 
     # Starlette runs the last added middleware first: the body limit holds for the fast path too.
     app.add_middleware(PlanFastPath, settings=settings, engine=engine, cache=app.state.plan_responses,
                        throttle=app.state.auth_failures)
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes, held_bytes=settings.body_memory_mb * 2**20,
+                       retry_after_s=settings.retry_after_s)
     app.add_middleware(RequestMetrics)  # outermost: counts every answer, the fast path's and 413s too
     return app

@@ -19,7 +19,7 @@ __all__ = [
     # pool
     "SolverPool", "SolverStopped",
     # process
-    "solve_job",
+    "solve_job", "rss_bytes",
     # lifeline
     "die_with_parent",
 ]

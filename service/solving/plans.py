@@ -103,6 +103,9 @@ async def _run_job(factory: sessionmaker[Session], pool: SolverPool, project: st
     document, row_figures = await run_in_threadpool(stats_document, factory, stats_id)
     solver_options = {**fields, "time_limit_s": max(deadline - time.monotonic(), 1e-3)}
     try:
+        if time.monotonic() >= deadline:  # spent before a solve could start (reading a slow or large request)
+            raise SolverStopped("time_limit", "time_limit_s passed before the solve could start: reading the "
+                                              "request took it all", [])
         out = await pool.run(solve_job, document, budgets_gib, solver_options, project=project, deadline=deadline)
     except SolverStopped as stopped:
         metrics.SOLVES_FINISHED.labels(stopped.reason).inc()

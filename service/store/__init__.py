@@ -12,7 +12,7 @@ from service.lazy import exports
 
 __all__ = [
     # ids
-    "ID_LENGTH", "ID_PATTERN", "new_id", "is_id", "EXAMPLE_IDS",
+    "ID_LENGTH", "ID_PATTERN", "new_id", "is_id", "shown_id", "EXAMPLE_IDS",
     # models
     "Base", "StatsRecord", "StatsTag", "PlanRecord", "SweepRecord", "SolveClaim", "AuthFailure", "utcnow",
     # db
@@ -22,9 +22,11 @@ __all__ = [
     "CachedPlan", "plan_json", "plan_cache_key", "get_plan", "find_plans", "store_plans",
     # stats
     "get_stats", "stats_document", "new_stats_record", "stats_row_fields", "keep_stats", "store_stats",
-    "store_stats_body", "prepare_body_job", "stats_id_of",
+    "store_stats_body", "prepare_body_job", "store_request_body", "prepare_request_job", "stats_id_of",
     # sweeps
     "keep_sweep", "get_sweep",
+    # ranges
+    "column_bounds", "check_in_range",
 ]
 
-__getattr__ = exports(__name__, ("ids", "models", "db", "plans", "stats", "sweeps"), __all__)
+__getattr__ = exports(__name__, ("ids", "models", "db", "plans", "stats", "sweeps", "ranges"), __all__)

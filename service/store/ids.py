@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import uuid
 
-__all__ = ["ID_LENGTH", "ID_PATTERN", "new_id", "is_id", "EXAMPLE_IDS"]
+__all__ = ["ID_LENGTH", "ID_PATTERN", "new_id", "is_id", "shown_id", "EXAMPLE_IDS"]
 
 ID_LENGTH = 36
 ID_PATTERN = "^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$"
@@ -34,3 +34,13 @@ def new_id() -> str:
 def is_id(value: object) -> bool:
     """Whether ``value`` is an id in canonical form (anything else names no row)."""
     return isinstance(value, str) and len(value) == ID_LENGTH and _ID.fullmatch(value) is not None
+
+
+def shown_id(value: str) -> str:
+    """``value`` as an answer may repeat it: as it is up to an id's length, else only how long it was.
+
+    A client's 100k-character "id" echoed in a 404 turned the service into an amplifier of whatever it sent.
+    """
+    if len(value) <= ID_LENGTH:
+        return value
+    return f"({len(value)} characters, longer than any id)"

@@ -22,8 +22,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from planner import PLANNER_VERSION
 from service.errors import NotFound
 from service.store.db import insert_or_get, write_gate
-from service.store.ids import is_id
+from service.store.ids import is_id, shown_id
 from service.store.models import PlanRecord, StatsRecord
+from service.store.ranges import check_in_range
 from service.times import as_utc, iso_utc
 
 __all__ = ["CachedPlan", "plan_json", "plan_cache_key", "get_plan", "find_plans", "store_plans"]
@@ -73,7 +74,7 @@ def get_plan(session: Session, project: str, plan_id: str) -> PlanRecord:
         select(PlanRecord).join(StatsRecord).where(PlanRecord.id == plan_id, StatsRecord.project == project)
     ).scalar_one_or_none() if is_id(plan_id) else None
     if row is None:
-        raise NotFound(f"plan id {plan_id} does not exist")
+        raise NotFound(f"plan id {shown_id(plan_id)} does not exist")
     return row
 
 
@@ -84,7 +85,7 @@ def find_plans(session: Session, project: str, stats_id: str, fields: dict[str, 
         select(StatsRecord.content_hash).where(StatsRecord.id == stats_id, StatsRecord.project == project)
     ).scalar_one_or_none() if is_id(stats_id) else None
     if content_hash is None:
-        raise NotFound(f"stats_id {stats_id} does not exist")
+        raise NotFound(f"stats_id {shown_id(stats_id)} does not exist")
     keys = [plan_cache_key(content_hash, b, fields) for b in budgets_gib]
     rows = session.execute(
         select(PlanRecord).where(PlanRecord.stats_id == stats_id, PlanRecord.cache_key.in_(keys))
@@ -104,6 +105,10 @@ def store_plans(factory: sessionmaker[Session], stats_id: str,
             if plan["status"] == "error" or not keep:
                 out[key] = CachedPlan(None, stats_id, None, request, json.dumps(plan), cached=False)
                 continue
+            # A feasible plan's peak is within its budget (at most 1e9 GiB) and an infeasible one has none:
+            # this holds by construction, checked so that a change to either is a 422, not a 500.
+            for name in ("peak_bytes", "recompute_ms", "memory_budget_gib", "world_size", "solve_seconds"):
+                check_in_range(PlanRecord, name, plan.get(name), what="of the plan", loc=["body"])
             row = PlanRecord(
                 stats_id=stats_id, cache_key=key, planner_version=plan["planner_version"], request=request,
                 memory_budget_gib=plan["memory_budget_gib"], world_size=plan["world_size"], status=plan["status"],
@@ -114,7 +119,7 @@ def store_plans(factory: sessionmaker[Session], stats_id: str,
             try:
                 stored, inserted = insert_or_get(session, row, same_key)
             except NoResultFound:  # the stats were deleted while we solved
-                raise NotFound(f"stats_id {stats_id} does not exist") from None
+                raise NotFound(f"stats_id {shown_id(stats_id)} does not exist") from None
             out[key] = CachedPlan.of(stored, cached=not inserted)
         session.commit()
     return out

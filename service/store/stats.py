@@ -8,11 +8,13 @@ upload) and the same stored row.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from fastapi import HTTPException
+from pydantic import ValidationError
 from fastapi.exceptions import RequestValidationError
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
@@ -21,23 +23,24 @@ from starlette.concurrency import run_in_threadpool
 
 import planner
 from planner import baseline_peak_bytes, compute_ms
-from service.errors import InvalidInput, NotFound, PayloadTooLarge
+from service.errors import InvalidInput, NotFound, PayloadTooLarge, RenderMemoryExceeded
 from service.schemas import StatsSource
 from service.store.db import write_gate
-from service.store.ids import is_id
+from service.store.ids import is_id, shown_id
 from service.store.models import StatsRecord, StatsTag
+from service.store.ranges import check_in_range
 from service.text import check_storable
-from service.transport import UploadLimits, check_upload
+from service.transport import UploadLimits, check_time_limit, check_upload
 
 __all__ = ["get_stats", "stats_document", "new_stats_record", "stats_row_fields", "keep_stats", "store_stats",
-           "store_stats_body", "prepare_body_job", "stats_id_of"]
+           "store_stats_body", "prepare_body_job", "store_request_body", "prepare_request_job", "stats_id_of"]
 
 
 def get_stats(session: Session, project: str, stats_id: str) -> StatsRecord:
     """The project's stats upload ``stats_id``; another project's id, or no id at all, is as absent as a missing one."""
     row = session.get(StatsRecord, stats_id) if is_id(stats_id) else None
     if row is None or row.project != project:
-        raise NotFound(f"stats_id {stats_id} does not exist")
+        raise NotFound(f"stats_id {shown_id(stats_id)} does not exist")
     return row
 
 
@@ -49,7 +52,7 @@ def stats_document(factory: sessionmaker[Session], stats_id: str) -> tuple[str, 
             .where(StatsRecord.id == stats_id)
         ).first()
     if row is None:
-        raise NotFound(f"stats_id {stats_id} does not exist")
+        raise NotFound(f"stats_id {shown_id(stats_id)} does not exist")
     return row.document, {"baseline_peak_bytes": row.baseline_peak_bytes, "compute_ms": row.compute_ms}
 
 
@@ -68,26 +71,49 @@ def stats_row_fields(doc: dict[str, Any], *, loc: Sequence[str] = (),
 
     Raises as :func:`new_stats_record` does.
     """
+    return _row_fields([doc], loc, limits)
+
+
+def _row_fields(holder: list[dict[str, Any]], loc: Sequence[str], limits: UploadLimits | None) -> dict[str, Any]:
+    """:func:`stats_row_fields` of the one document in ``holder``: taken out, and let go once validated when
+    nobody else holds it (a worker's decoded body is a few times the body's size)."""
+    doc = holder.pop()
     if limits is not None:
         check_upload(doc, limits, loc)
+    source_format = "v1" if doc.get("format") else "torch"
     try:
         stats = planner.parse_stats(doc)
     except planner.StatsError as exc:
         where = f" ({'.'.join(loc)})" if loc else ""
         errors = [{**e, "loc": [*loc, *e.get("loc", ())]} for e in exc.errors]
         raise InvalidInput(f"invalid stats{where}: {exc}", errors=errors) from None
+    del doc
     # The columns the document's text goes to as such (the document itself is stored as escaped JSON).
     check_storable(stats.metadata.model_name, [*loc, "metadata", "model_name"])
     for key, value in stats.metadata.tags.items():
         check_storable(key, [*loc, "metadata", "tags", key])
         check_storable(value, [*loc, "metadata", "tags", key])
-    return {
-        "content_hash": planner.stats_hash(stats), "model_name": stats.metadata.model_name,
-        "source_format": "v1" if doc.get("format") else "torch", "module_count": len(stats.modules),
-        "op_count": sum(len(m.ops or ()) for m in stats.modules),
+    figures = {
+        "module_count": len(stats.modules), "op_count": sum(len(m.ops or ()) for m in stats.modules),
         "baseline_peak_bytes": baseline_peak_bytes(stats), "compute_ms": compute_ms(stats),
-        "document": stats.canonical_json(), "tags": dict(stats.metadata.tags),
     }
+    for name, value in figures.items():  # sums of bounded fields can still pass what a column holds
+        check_in_range(StatsRecord, name, value, what=_DERIVED[name], loc=[*loc, "modules"])
+    document = stats.canonical_json()  # once: planner.stats_hash(stats) is the SHA-256 of this same text
+    return {
+        "content_hash": hashlib.sha256(document.encode()).hexdigest(), "model_name": stats.metadata.model_name,
+        "source_format": source_format, **figures,
+        "document": document, "tags": dict(stats.metadata.tags),
+    }
+
+
+_DERIVED = {
+    "module_count": "the stats' modules",
+    "op_count": "the ops of all the stats' modules",
+    "baseline_peak_bytes": "the step's peak memory without checkpointing: parameters, gradients, optimizer "
+                           "state and activations live at once, summed over the modules",
+    "compute_ms": "the step's forward + backward time: the root's fw_ms + bw_ms",
+}
 
 
 def _record(project: str, fields: dict[str, Any]) -> StatsRecord:
@@ -147,7 +173,43 @@ async def store_stats_body(factory: sessionmaker[Session], run_in_process: Calla
     CPU for a document of tens of MB, which in a thread of this process held the GIL for up to a second at
     a time and stalled the event loop (``/healthz`` and cached reads included). Only the columns come back.
     """
-    outcome = await run_in_process(prepare_body_job, body, limits)
+    outcome = _raise_unless_ok(await _in_process(run_in_process, prepare_body_job, body, limits), body)
+    return await run_in_threadpool(_keep, factory, project, _record(project, outcome[1]))
+
+
+async def store_request_body(factory: sessionmaker[Session], run_in_process: Callable[..., Awaitable[Any]],
+                             project: str, body: bytes, model: type[StatsSource], *, limits: UploadLimits,
+                             max_time_limit_s: float) -> StatsSource:
+    """A plan or sweep request (``model``) too large to read in the service process, as the route would have
+    had it, with its inline ``stats`` stored (as :func:`stats_id_of` would) and named by ``stats_id``.
+
+    The request is parsed and validated, its time limit checked and its stats validated in another process
+    (:func:`prepare_request_job`), as an upload over a MiB is: only the request's other fields and the stats'
+    columns come back. Errors are those of the small path, in its order: the request's fields (422), its
+    ``time_limit_s``, then the stats (413, 422 under ``body.stats``).
+    """
+    outcome = _raise_unless_ok(await _in_process(run_in_process, prepare_request_job, body, model, limits,
+                                                 max_time_limit_s), body)
+    fields, columns = outcome[1], outcome[2]
+    if columns is not None:
+        row, _ = await run_in_threadpool(_keep, factory, project, _record(project, columns))
+        fields = {**fields, "stats_id": row.id}
+    return model.model_validate(fields)
+
+
+async def _in_process(run_in_process: Callable[..., Awaitable[Any]], job: Callable[..., tuple], body: bytes,
+                      *args: Any) -> tuple:
+    """``job(body, *args)`` in a render process; 413 when validating the body needs more than its memory cap."""
+    try:
+        return await run_in_process(job, body, *args)
+    except RenderMemoryExceeded as exc:
+        message = (f"the request body ({len(body)} bytes) needs more memory to read and validate than this service "
+                   f"allows per request: {exc.message}")
+        raise PayloadTooLarge(message, errors=[{"loc": ["body"], "msg": message, "input": len(body)}]) from None
+
+
+def _raise_unless_ok(outcome: tuple, body: bytes) -> tuple:
+    """A worker's ``("ok", ...)``, or its account of what is wrong raised as the small path would."""
     kind = outcome[0]
     if kind == "json_invalid":  # as FastAPI words a body it cannot parse, so the same handler explains it
         _, message, position = outcome
@@ -158,15 +220,17 @@ async def store_stats_body(factory: sessionmaker[Session], run_in_process: Calla
     if kind == "not_object":  # the value itself (over a MiB) is not sent back: an empty one of its JSON type
         raise RequestValidationError([{"type": "dict_type", "loc": ("body",), "msg": "Input should be a valid "
                                        "dictionary", "input": outcome[1]}])
+    if kind == "request_invalid":
+        raise RequestValidationError(outcome[1])
     if kind == "too_large":
         raise PayloadTooLarge(outcome[1], errors=outcome[2])
     if kind == "invalid":
         raise InvalidInput(outcome[1], errors=outcome[2])
-    return await run_in_threadpool(_keep, factory, project, _record(project, outcome[1]))
+    return outcome
 
 
-def prepare_body_job(body: bytes, limits: UploadLimits) -> tuple:
-    """In a render process: ``("ok", columns)`` for a valid stats document, else what is wrong with it."""
+def _parse(body: bytes) -> tuple:
+    """``("ok", [doc])`` (in a list, so the validation can let it go), or what is wrong with the body."""
     try:
         doc = json.loads(body)
     except json.JSONDecodeError as exc:
@@ -175,12 +239,56 @@ def prepare_body_job(body: bytes, limits: UploadLimits) -> tuple:
         return "unreadable", exc
     if not isinstance(doc, dict):
         return "not_object", type(doc)()
+    return "ok", [doc]
+
+
+def _columns(holder: list[dict[str, Any]], limits: UploadLimits, loc: Sequence[str] = ()) -> tuple:
+    """``("ok", columns)`` of the stats document in ``holder``, else what is wrong with it."""
     try:
-        return "ok", stats_row_fields(doc, limits=limits)
+        return "ok", _row_fields(holder, loc, limits)
     except PayloadTooLarge as exc:
         return "too_large", exc.message, exc.errors
     except InvalidInput as exc:
         return "invalid", exc.message, exc.errors
+
+
+def prepare_body_job(body: bytes, limits: UploadLimits) -> tuple:
+    """In a render process: ``("ok", columns)`` for a valid stats document, else what is wrong with it."""
+    parsed = _parse(body)
+    return _columns(parsed[1], limits) if parsed[0] == "ok" else parsed
+
+
+def prepare_request_job(body: bytes, model: type[StatsSource], limits: UploadLimits,
+                        max_time_limit_s: float) -> tuple:
+    """In a render process: ``("ok", fields, columns)`` for a valid plan or sweep request ``model`` (its fields
+    but ``stats``, and the columns of its inline stats, or None), else what is wrong with it."""
+    parsed = _parse(body)
+    if parsed[0] != "ok":
+        return parsed
+    doc = parsed[1].pop()
+    stats = doc.pop("stats", None)
+    try:  # the request's own fields, the stats standing in as any object (they are validated as stats below)
+        request = model.model_validate({**doc, "stats": {}} if isinstance(stats, dict) else
+                                       {**doc, **({} if stats is None else {"stats": stats})})
+    except ValidationError as exc:
+        return "request_invalid", [_request_error(e) for e in exc.errors(include_url=False, include_context=False)]
+    fields = request.model_dump(mode="json", exclude_unset=True, exclude={"stats"})
+    try:
+        check_time_limit(request.time_limit_s, max_time_limit_s)
+    except InvalidInput as exc:
+        return "invalid", exc.message, exc.errors
+    if stats is None:
+        return "ok", fields, None
+    holder, stats = [stats], None  # only the holder has the stats now
+    outcome = _columns(holder, limits, loc=("body", "stats"))
+    return (outcome[0], fields, outcome[1]) if outcome[0] == "ok" else outcome
+
+
+def _request_error(error: dict[str, Any]) -> dict[str, Any]:
+    value = error.get("input")
+    if isinstance(value, (dict, list, str)) and len(value) > 64:  # a large body's part is not sent back whole
+        value = value[:64] if isinstance(value, (list, str)) else type(value)()
+    return {"type": error["type"], "loc": ("body", *error["loc"]), "msg": error["msg"], "input": value}
 
 
 def _keep(factory: sessionmaker[Session], project: str, row: StatsRecord) -> tuple[StatsRecord, bool]:

@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from service.errors import NotFound
 from service.store.db import insert_or_get, write_gate
-from service.store.ids import is_id
+from service.store.ids import is_id, shown_id
 from service.store.models import PlanRecord, StatsRecord, SweepRecord
 from service.store.plans import CachedPlan
 from service.store.stats import get_stats
@@ -42,7 +42,7 @@ def get_sweep(session: Session, project: str, sweep_id: str) -> tuple[SweepRecor
         select(SweepRecord).join(StatsRecord).where(SweepRecord.id == sweep_id, StatsRecord.project == project)
     ).scalar_one_or_none() if is_id(sweep_id) else None
     if row is None:
-        raise NotFound(f"sweep id {sweep_id} does not exist")
+        raise NotFound(f"sweep id {shown_id(sweep_id)} does not exist")
     stats = get_stats(session, project, row.stats_id)
     found = {r.id: r for r in session.execute(select(PlanRecord).where(PlanRecord.id.in_(row.plan_ids))).scalars()}
     return row, stats, [CachedPlan.of(found[i], cached=True) for i in row.plan_ids]

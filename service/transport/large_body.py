@@ -11,13 +11,14 @@ its body instead when the body is over ``LARGE_BODY_BYTES``, and the bytes from
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 from fastapi import Request, Response
 from fastapi.routing import APIRoute
 
-__all__ = ["DeferredBodyRoute", "deferred_body", "LARGE_BODY_BYTES"]
+__all__ = ["DeferredBodyRoute", "deferred_body_route", "deferred_body", "LARGE_BODY_BYTES"]
 
 # Past this a body is parsed and validated in a worker process: ~0.2 s of CPU per MiB for stats, and the
 # process hop (the bytes out, the columns back) costs a few ms.
@@ -25,24 +26,35 @@ LARGE_BODY_BYTES = 1 << 20
 
 
 class _DeferredJSONRequest(Request):
+    placeholder: dict[str, Any] = {}
+
     async def json(self) -> Any:
         body = await self.body()
         if len(body) <= LARGE_BODY_BYTES:
             return await super().json()
         self.state.deferred_body = body
-        return {}
+        return json.loads(json.dumps(self.placeholder))  # a fresh copy: the route may not change the class's
 
 
-class DeferredBodyRoute(APIRoute):
-    """A route whose JSON body, when over ``LARGE_BODY_BYTES``, reaches it through :func:`deferred_body`."""
+def deferred_body_route(placeholder: dict[str, Any]) -> type[APIRoute]:
+    """A route class whose JSON body, when over ``LARGE_BODY_BYTES``, reaches the route through
+    :func:`deferred_body`, and its body parameter is ``placeholder``."""
+    request_class = type("DeferredJSONRequest", (_DeferredJSONRequest,), {"placeholder": placeholder})
 
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        handler = super().get_route_handler()
+    class Route(APIRoute):
+        def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+            handler = super().get_route_handler()
 
-        async def deferring_handler(request: Request) -> Response:
-            return await handler(_DeferredJSONRequest(request.scope, request.receive))
+            async def deferring_handler(request: Request) -> Response:
+                return await handler(request_class(request.scope, request.receive))
 
-        return deferring_handler
+            return deferring_handler
+
+    return Route
+
+
+DeferredBodyRoute = deferred_body_route({})
+DeferredBodyRoute.__doc__ = "A route whose JSON body, when over ``LARGE_BODY_BYTES``, reaches it through :func:`deferred_body`."
 
 
 def deferred_body(request: Request) -> bytes | None:

@@ -10,14 +10,23 @@ from typing import Any
 from service.config import Settings
 from service.errors import InvalidInput, PayloadTooLarge
 
-__all__ = ["check_time_limit", "document_limits", "UploadLimits", "check_upload"]
+__all__ = ["MIN_TIME_LIMIT_S", "check_time_limit", "document_limits", "UploadLimits", "check_upload"]
+
+# Less than a solve can use: handing a job to a solver process and reading its answer back alone takes longer.
+# Below it a request was solved anyway (the solver's own floor) and stored as if the limit had been met.
+MIN_TIME_LIMIT_S = 0.01
 
 
 def check_time_limit(time_limit_s: float, max_time_limit_s: float) -> None:
-    """Refuse (422, naming the field) a ``time_limit_s`` above the service's ``max_time_limit_s``."""
+    """Refuse (422, naming the field) a ``time_limit_s`` outside ``MIN_TIME_LIMIT_S`` .. ``max_time_limit_s``."""
     if time_limit_s > max_time_limit_s:
         message = f"time_limit_s {time_limit_s} is above this service's maximum {max_time_limit_s}"
-        raise InvalidInput(message, errors=[{"loc": ["body", "time_limit_s"], "msg": message, "input": time_limit_s}])
+    elif time_limit_s < MIN_TIME_LIMIT_S:
+        message = (f"time_limit_s {time_limit_s} is below this service's minimum {MIN_TIME_LIMIT_S}: "
+                   f"less than any solve can use")
+    else:
+        return
+    raise InvalidInput(message, errors=[{"loc": ["body", "time_limit_s"], "msg": message, "input": time_limit_s}])
 
 
 def document_limits(schema: dict[str, Any], settings: Settings) -> None:
@@ -27,6 +36,8 @@ def document_limits(schema: dict[str, Any], settings: Settings) -> None:
         field = schemas.get(name, {}).get("properties", {}).get("time_limit_s")
         if field is not None:
             field["maximum"] = settings.max_time_limit_s
+            field.pop("exclusiveMinimum", None)
+            field["minimum"] = MIN_TIME_LIMIT_S
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""Transport hygiene for ``sacplan serve``: deadlines for unfinished requests, proxy trust, secret-free logs.
+"""Transport hygiene for ``sacplan serve``: deadlines for unfinished requests, unambiguous framing, proxy trust,
+secret-free logs.
 
 uvicorn bounds only the idle time between two requests (``timeout_keep_alive``),
 and any byte a client sends cancels even that: a client trickling a byte now
@@ -7,7 +8,8 @@ its memory) for ever. :class:`DeadlineH11Protocol` gives each request a
 deadline for its headers (from the connection, or from the previous answer)
 and one for its body (from its headers); past either the client gets
 ``408`` and the connection is closed. Work the service does after the request
-has arrived is never cut short here.
+has arrived is never cut short here. Its h11 connection refuses requests
+whose framing is ambiguous (``framing.py``: 400 and the connection closed).
 
 It also turns Nagle's algorithm off on every accepted TCP socket. asyncio does
 that only when the listener says ``IPPROTO_TCP``, and the listener uvicorn
@@ -30,9 +32,11 @@ import socket
 from typing import Any
 
 import h11
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn import Config
+from uvicorn.protocols.http.h11_impl import DEFAULT_MAX_INCOMPLETE_EVENT_SIZE, H11Protocol
 
 from service.config import Settings, get_settings
+from service.transport.framing import StrictFramingConnection
 
 __all__ = ["DeadlineH11Protocol", "RedactSecrets", "uvicorn_options", "install_log_redaction"]
 
@@ -45,8 +49,10 @@ _REQUEST_TIMEOUT = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; 
 class DeadlineH11Protocol(H11Protocol):
     """uvicorn's h11 protocol with a deadline for each request's headers and one for its body."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, config: Config, *args: Any, **kwargs: Any) -> None:
+        super().__init__(config, *args, **kwargs)
+        self.conn = StrictFramingConnection(  # as uvicorn makes its own
+            h11.SERVER, config.h11_max_incomplete_event_size or DEFAULT_MAX_INCOMPLETE_EVENT_SIZE)
         settings = get_settings()
         self.header_timeout_s = settings.header_timeout_s
         self.body_timeout_s = settings.body_timeout_s
@@ -71,6 +77,10 @@ class DeadlineH11Protocol(H11Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._expect(None)
         super().connection_lost(exc)
+
+    def send_400_response(self, msg: str) -> None:
+        # uvicorn's answer to every malformed request; for ambiguous framing, what was ambiguous
+        super().send_400_response(getattr(self.conn, "framing_problem", None) or msg)
 
     def _follow_request(self) -> None:
         """Move the deadline along with the request h11 is reading."""

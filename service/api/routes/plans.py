@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
-import time
-
-from fastapi import APIRouter, Response, status
+from fastapi import APIRouter, Request, Response, status
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 from service.api.deps import IdPath, ProjectDep, RendererDep, SessionFactoryDep, SettingsDep, SolverDep
+from service.api.inline import arrival_and_body
 from service.api.responses import NOT_FOUND, PLAN_FROM_CACHE, PNG, RENDER_BUSY, SOLVE_ERRORS, STALE_STATS
 from service.schemas import PlanOut, PlanRequest
 from service.solving import plans_for
 from service.store import CachedPlan, get_plan, get_stats, plan_json
 from service.times import iso_utc
+from service.transport import deferred_body_route
 from service.views import plan_chart_job, raise_if_stale
 
-router = APIRouter(prefix="/v1/plans", tags=["plans"])
+# A body over a MiB (inline stats) is parsed and validated in a render process, as an upload is; the route sees
+# the placeholder, and reads the request itself through service.api.deps.request_body.
+router = APIRouter(prefix="/v1/plans", tags=["plans"], route_class=deferred_body_route({"stats_id": "deferred", "memory_budget_gib": 1.0}))
 
 
 def plan_response(plan: CachedPlan) -> Response:
@@ -30,13 +32,15 @@ def plan_response(plan: CachedPlan) -> Response:
 @router.post("", response_model=PlanOut, status_code=status.HTTP_201_CREATED,
              responses={**PLAN_FROM_CACHE, **SOLVE_ERRORS})
 async def create_plan(
-    body: PlanRequest, project: ProjectDep, settings: SettingsDep, factory: SessionFactoryDep, solver: SolverDep
+    body: PlanRequest, project: ProjectDep, settings: SettingsDep, factory: SessionFactoryDep, solver: SolverDep,
+    renderer: RendererDep, request: Request,
 ) -> Response:
     """Plan one budget: solved now and stored (201), or from the cache (200, ``cached: true``, no solve).
 
     Name the stats by ``stats_id``, or send them inline as ``stats`` (stored as ``POST /v1/stats`` would).
     """
-    started = time.monotonic()  # time_limit_s counts from here: storing inline stats and reading them included
+    # time_limit_s counts from the request's arrival: reading, validating and storing inline stats included
+    started, body = await arrival_and_body(request, body, factory, renderer, settings, project)
     _, [plan] = await plans_for(factory, solver, settings, project, body, [body.memory_budget_gib], started=started)
     return plan_response(plan)
 

@@ -2,32 +2,35 @@
 
 from __future__ import annotations
 
-import time
-
-from fastapi import APIRouter, Response, status
+from fastapi import APIRouter, Request, Response, status
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 from service.api.deps import IdPath, ProjectDep, RendererDep, SessionDep, SessionFactoryDep, SettingsDep, SolverDep
+from service.api.inline import arrival_and_body
 from service.api.responses import NOT_FOUND, PNG, RENDER_BUSY, SOLVE_ERRORS, SWEEP_FROM_CACHE
 from service.schemas import SweepOut, SweepRequest
 from service.solving import plans_for
 from service.store import CachedPlan, StatsRecord, SweepRecord, get_stats, get_sweep, keep_sweep
 from service.times import iso_utc
+from service.transport import deferred_body_route
 from service.views import sweep_chart_job, sweep_out, sweep_point
 
-router = APIRouter(prefix="/v1/sweeps", tags=["sweeps"])
+# A body over a MiB (inline stats) is parsed and validated in a render process, as an upload is; the route sees
+# the placeholder, and reads the request itself through service.api.deps.request_body.
+router = APIRouter(prefix="/v1/sweeps", tags=["sweeps"], route_class=deferred_body_route({"stats_id": "deferred", "budgets_gib": [1.0]}))
 
 
 @router.post("", response_model=SweepOut, status_code=status.HTTP_201_CREATED,
              responses={**SWEEP_FROM_CACHE, **SOLVE_ERRORS})
 async def create_sweep(
     body: SweepRequest, project: ProjectDep, settings: SettingsDep, factory: SessionFactoryDep, solver: SolverDep,
-    response: Response,
+    renderer: RendererDep, request: Request, response: Response,
 ) -> SweepOut:
     """Plans at each budget (missing ones solved in one job), stored as a new sweep (201) or the same as
     before (200); the curve is also a chart."""
-    started = time.monotonic()  # one time_limit_s for the whole sweep, from here
+    # one time_limit_s for the whole sweep, from the request's arrival (inline stats read off the event loop)
+    started, body = await arrival_and_body(request, body, factory, renderer, settings, project)
     budgets = body.budgets()
     stats_id, plans = await plans_for(factory, solver, settings, project, body, budgets, started=started)
     points = [sweep_point(p) for p in plans]

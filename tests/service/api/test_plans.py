@@ -122,12 +122,13 @@ def test_planner_rejection_is_422_and_stores_nothing(client, example_id, count_r
 
 @pytest.mark.parametrize("unknown", [new_id(), "999", "abc", "x" * 200, new_id().upper()])
 def test_unknown_and_malformed_ids_are_404_alike(client, example_id, unknown):
-    expected = {"detail": f"stats_id {unknown} does not exist"}
+    shown = unknown if len(unknown) <= 36 else f"({len(unknown)} characters, longer than any id)"  # never echoed
+    expected = {"detail": f"stats_id {shown} does not exist"}
     r = _plan(client, unknown, 4.5)
     assert (r.status_code, r.json()) == (404, expected)
     for path in (f"/v1/plans/{unknown}", f"/v1/plans/{unknown}/chart.png"):
         r = client.get(path)
-        assert (r.status_code, r.json()) == (404, {"detail": f"plan id {unknown} does not exist"})
+        assert (r.status_code, r.json()) == (404, {"detail": f"plan id {shown} does not exist"})
 
 
 def test_chart_is_a_png(client, example_id, assert_png):
