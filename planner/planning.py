@@ -300,7 +300,7 @@ def _planned_module(prob: Problem, fqn: str, decision) -> PlannedModule:
         discarded_bytes=discardable_bytes(m) - saved_bytes,
         saved_bytes=saved_bytes,
         # summed from the save list itself (not total - saved: that leaves float noise where nothing is recomputed)
-        recompute_ms=math.fsum([op.runtime_ms for op, s in zip(m.recompute_ops, save) if not s] + [overhead])
+        recompute_ms=math.fsum([ms for ms, s in zip(m.recompute_runtimes_ms, save) if not s] + [overhead])
         * m.calls,
         checkpoint_overhead_ms=overhead,
         save=save,

@@ -38,8 +38,8 @@ import numpy as np
 __all__ = ["GroupRelaxation", "group_relaxation"]
 
 # Residues the cycle may have (a divisor of the lattice step is taken past it: a weaker bound, still valid).
-_MAX_RESIDUES = 2**15
-_MAX_PAIRS = 4e7  # (residue, deviation) relaxations over all rounds
+_MAX_RESIDUES = 2**21
+_MAX_PAIRS = 1e8  # (residue, deviation) relaxations over all rounds
 
 
 @dataclass
@@ -99,10 +99,11 @@ class GroupRelaxation:
 
 
 def group_relaxation(d: np.ndarray, rc: np.ndarray, n: int, need: np.ndarray, lower: np.ndarray, lam: float,
-                     a: int, pi: np.ndarray) -> GroupRelaxation | None:
+                     a: int, pi: np.ndarray, upper: float = math.inf) -> GroupRelaxation | None:
     """The group bound per target (``lower``: the LP bound per target, with ``lam``, ``a`` and ``pi`` of it).
 
-    None when it does not apply (nothing on the line but ``a``, or too much work).
+    Bounds at or past ``upper`` (a known multiset's cost) are only said to be at least it: paths costing more
+    are not followed. None when it does not apply (nothing on the line but ``a``, or too much work).
     """
     d = np.asarray(d, dtype=np.int64)
     u = int(np.gcd.reduce(d)) if len(d) else 0
@@ -114,7 +115,10 @@ def group_relaxation(d: np.ndarray, rc: np.ndarray, n: int, need: np.ndarray, lo
         return None
     modulus = _divisor_at_most(lattice, _MAX_RESIDUES)
     step = lam * u
-    room = step * modulus  # no deviations and the worst excess: every useful path costs less
+    # no deviations and the worst excess: every useful path costs less; nor does one past the known cost
+    room = min(step * modulus, upper - float(np.min(lower)))
+    if not room > 0:
+        return None
     delta = (d // u - d[a] // u) % modulus
     start = int(n * (int(d[a] // u) % modulus) % modulus)
     use = np.flatnonzero((delta != 0) & (pi < room))
@@ -132,6 +136,7 @@ def group_relaxation(d: np.ndarray, rc: np.ndarray, n: int, need: np.ndarray, lo
     x = np.ceil(np.asarray(need, dtype=np.float64) / u)  # the target in units, rounded up: sums are multiples
     t = np.mod(x, modulus).astype(np.int64)
     bound = np.asarray(lower, dtype=np.float64) + h[t] + lam * (x * u - need) - 2 * n * tie
+    bound = np.minimum(bound, np.asarray(lower, dtype=np.float64) + room)  # paths past the room: at least that
     return GroupRelaxation(bound, lam, u, modulus, start, delta, dist, rounds, zero)
 
 
@@ -172,25 +177,33 @@ def _paths(step: np.ndarray, pen: np.ndarray, point: np.ndarray, start: int, mod
     rounds = []
     changed = np.array([start], dtype=np.int64)
     work = 0
+    by_cost = np.argsort(pen, kind="stable")
+    step, pen, point = step[by_cost], pen[by_cost], point[by_cost]
     for _ in range(n):
         if len(changed) == 0 or len(step) == 0:
             break
         work += len(changed) * len(step)
         if work > _MAX_PAIRS:
             return None, None
-        to = ((changed[:, None] + step[None, :]) % modulus).ravel()
-        cost = (dist[changed][:, None] + pen[None, :]).ravel()
-        ok = (cost < room) & (cost < dist[to] - tie)
-        to, cost, col = to[ok], cost[ok], np.flatnonzero(ok) % len(step)
-        if len(to) == 0:
+        new = dist.copy()
+        used = np.full(modulus, -1, dtype=np.int64)
+        here = dist[changed]
+        limit = room - float(here.min())
+        for j in range(len(step)):  # one pass per deviation: its targets are distinct, no sort needed
+            if pen[j] >= limit:
+                break  # cheapest first: every later one costs more from every residue
+            to = changed + step[j]
+            to[to >= modulus] -= modulus
+            cost = here + pen[j]
+            better = (cost < new[to] - tie) & (cost < room)
+            if better.any():
+                new[to[better]] = cost[better]
+                used[to[better]] = point[j]
+        changed = np.flatnonzero(used >= 0)
+        if len(changed) == 0:
             break
-        order = np.lexsort((cost, to))
-        to, cost, col = to[order], cost[order], col[order]
-        first = np.concatenate([[True], to[1:] != to[:-1]])
-        to, cost, col = to[first], cost[first], col[first]
-        dist[to] = cost
-        rounds.append((to, point[col]))
-        changed = to
+        dist = new
+        rounds.append((changed, used[changed]))
     return dist, rounds
 
 

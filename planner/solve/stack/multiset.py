@@ -180,12 +180,16 @@ def min_cost_counts(d: np.ndarray, rc: np.ndarray, n: int, need: np.ndarray, cos
     pi = np.maximum(base - base[a], 0.0)
     lower = cost + n * base[a] + lam * need  # a valid bound per target
     floor = float(np.min(lower))
-    group = group_relaxation(d, rc, n, need, lower, lam, a, pi)
+    rounded = _rounded_solution(d, rc, n, need, cost, a, b)  # a real multiset: it bounds what is worth searching
+    known = min(upper, rounded.value if rounded is not None else math.inf)
+    group = group_relaxation(d, rc, n, need, lower, lam, a, pi, upper=known)
     if group is not None:  # the lattice's own bound, often met by a plan from it
         floor = max(floor, float(np.min(group.bound)))
         if not floor < upper:
             return None, upper
         sol = _group_solution(group, d, rc, n, need, cost)
+        if rounded is not None and (sol is None or rounded.value < sol.value):
+            sol = rounded
         tol = 1e-12 * (1.0 + abs(floor))
         if sol is not None and sol.value < upper and sol.value <= floor + rel_gap * abs(sol.value) + tol:
             return sol, sol.value if sol.value <= floor + tol else floor
@@ -202,6 +206,23 @@ def min_cost_counts(d: np.ndarray, rc: np.ndarray, n: int, need: np.ndarray, cos
         if cap >= upper or guess - floor > max_gap * abs(floor):
             return None, cap
         guess = floor + 2.0 * (guess - floor)
+
+
+def _rounded_solution(d, rc, n, need, cost, a, b) -> CountSolution | None:
+    """The cheapest multiset of the two hull vertices only (the LP's counts rounded up), over every target."""
+    w = int(d[b]) - int(d[a])
+    if w <= 0:
+        return None
+    kb = np.maximum(np.ceil((need - n * float(d[a])) / w), 0.0)
+    value = np.where(kb <= n, cost + kb * float(rc[b]) + (n - kb) * float(rc[a]), np.inf)
+    e = int(np.argmin(value))
+    if not math.isfinite(value[e]):
+        return None
+    k = int(kb[e])
+    counts = {p: c for p, c in ((a, n - k), (b, k)) if c > 0}
+    if sum(int(d[p]) * c for p, c in counts.items()) < need[e]:
+        return None  # float rounding of the count: leave it to the search
+    return CountSolution(math.fsum([float(rc[p]) * c for p, c in counts.items()] + [float(cost[e])]), e, counts)
 
 
 def _group_solution(group: GroupRelaxation, d, rc, n, need, cost, tries: int = 3) -> CountSolution | None:
