@@ -40,6 +40,7 @@ __all__ = ["GroupRelaxation", "group_relaxation"]
 # Residues the cycle may have (a divisor of the lattice step is taken past it: a weaker bound, still valid).
 _MAX_RESIDUES = 2**21
 _MAX_PAIRS = 1e8  # (residue, deviation) relaxations over all rounds
+_CHUNK = 2**14  # (residue, deviation) pairs formed at once
 
 
 @dataclass
@@ -77,8 +78,8 @@ class GroupRelaxation:
     def counts(self, d: np.ndarray, n: int, need: float) -> dict[int, int] | None:
         """A multiset (point -> count) meeting ``need`` from the best path for it, zero-penalty points filling up."""
         x = math.ceil(need / self.unit)
-        r = np.arange(self.modulus)
-        end = int(np.argmin(self.dist + self.lam * self.unit * np.mod(r - x, self.modulus)))
+        r = np.flatnonzero(np.isfinite(self.dist))
+        end = int(r[np.argmin(self.dist[r] + self.lam * self.unit * np.mod(r - x, self.modulus))])
         devs = self.path(end)
         if devs is None or len(devs) > n:
             return None
@@ -130,14 +131,26 @@ def group_relaxation(d: np.ndarray, rc: np.ndarray, n: int, need: np.ndarray, lo
     dist, rounds = _paths(delta[use], pi[use], use, start, modulus, n, room, tie)
     if dist is None:
         return None
-    # h[t] = min over r of dist[r] + step ((r - t) mod G): a suffix minimum over two turns of the cycle
-    g = np.concatenate([dist, dist]) + step * np.arange(2 * modulus)
-    h = np.minimum.accumulate(g[::-1])[::-1][:modulus] - step * np.arange(modulus)
     x = np.ceil(np.asarray(need, dtype=np.float64) / u)  # the target in units, rounded up: sums are multiples
     t = np.mod(x, modulus).astype(np.int64)
-    bound = np.asarray(lower, dtype=np.float64) + h[t] + lam * (x * u - need) - 2 * n * tie
+    bound = np.asarray(lower, dtype=np.float64) + _excess(dist, step, modulus, t) + lam * (x * u - need) - 2 * n * tie
     bound = np.minimum(bound, np.asarray(lower, dtype=np.float64) + room)  # paths past the room: at least that
     return GroupRelaxation(bound, lam, u, modulus, start, delta, dist, rounds, zero)
+
+
+def _excess(dist: np.ndarray, step: float, modulus: int, t: np.ndarray) -> np.ndarray:
+    """Per target residue t: min over residues r of dist[r] + step ((r - t) mod modulus).
+
+    Over the reached residues only: those at or past t by a suffix minimum of dist[r] + step r, those before
+    it (one turn of the cycle further) by the least of them all.
+    """
+    r = np.flatnonzero(np.isfinite(dist))
+    if len(r) == 0:
+        return np.full(len(t), np.inf)
+    g = dist[r] + step * r
+    suffix = np.concatenate([np.minimum.accumulate(g[::-1])[::-1], [np.inf]])
+    after = suffix[np.searchsorted(r, t, side="left")]
+    return np.minimum(after, float(g.min()) + step * modulus) - step * t
 
 
 def _divisor_at_most(k: int, limit: int) -> int:
@@ -185,25 +198,32 @@ def _paths(step: np.ndarray, pen: np.ndarray, point: np.ndarray, start: int, mod
         work += len(changed) * len(step)
         if work > _MAX_PAIRS:
             return None, None
-        new = dist.copy()
-        used = np.full(modulus, -1, dtype=np.int64)
-        here = dist[changed]
+        here = dist[changed]  # this round extends the paths of the last one: their values as they were
         limit = room - float(here.min())
-        for j in range(len(step)):  # one pass per deviation: its targets are distinct, no sort needed
-            if pen[j] >= limit:
-                break  # cheapest first: every later one costs more from every residue
-            to = changed + step[j]
+        hit, by = [], []
+        last = int(np.searchsorted(pen, limit, side="left"))  # every later deviation costs more than the room
+        width = max(1, _CHUNK // len(changed))
+        for j0 in range(0, last, width):  # a block of deviations at a time, cheapest first
+            js = np.arange(j0, min(j0 + width, last))
+            to = changed[:, None] + step[js][None, :]
             to[to >= modulus] -= modulus
-            cost = here + pen[j]
-            better = (cost < new[to] - tie) & (cost < room)
-            if better.any():
-                new[to[better]] = cost[better]
-                used[to[better]] = point[j]
-        changed = np.flatnonzero(used >= 0)
-        if len(changed) == 0:
+            cost = here[:, None] + pen[js][None, :]
+            ok = (cost < dist[to] - tie) & (cost < room)
+            if not ok.any():
+                continue
+            to, cost, col = to[ok], cost[ok], np.nonzero(ok)[1]
+            order = np.lexsort((cost, to))  # the cheapest of the block per residue
+            to, cost, col = to[order], cost[order], col[order]
+            first = np.concatenate([[True], to[1:] != to[:-1]])
+            to, cost, col = to[first], cost[first], col[first]
+            better = cost < dist[to] - tie
+            dist[to[better]] = cost[better]
+            hit.append(to[better]), by.append(point[js[col[better]]])
+        if not hit:
             break
-        dist = new
-        rounds.append((changed, used[changed]))
+        to, used = np.concatenate(hit)[::-1], np.concatenate(by)[::-1]
+        changed, last = np.unique(to, return_index=True)  # a residue's last improvement is its value
+        rounds.append((changed, used[last]))
     return dist, rounds
 
 
