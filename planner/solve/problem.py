@@ -235,10 +235,8 @@ def prepare(
             cands.append(cand)
     cand_post = np.array([c.post_pos for c in cands], dtype=np.int64)
     node_key = np.searchsorted(cand_post, model.keys, side="left")
-    prob = Problem(stats, model, cands, node_key, _chains(stats, [c.fqn for c in cands]), unit)
-    prob._key_cache.update((c.fqn, c.ops_key) for c in cands)
-    prob._classes.update(class_cache)
-    return prob
+    return Problem(stats, model, cands, node_key, _chains(stats, [c.fqn for c in cands]), unit,
+                   _key_cache={c.fqn: c.ops_key for c in cands}, _classes=class_cache)
 
 
 def ops_key(m: ModuleStats) -> tuple:

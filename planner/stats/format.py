@@ -143,19 +143,16 @@ class ModuleStats(_Strict):
         else the runtime less ``saved_op_overhead_ms``, at least 0; views keep theirs)."""
         if self.ops is None or (self.recompute_op_count is None and not self.saved_op_overhead_ms):
             return self.ops
-        key = self._recompute_key()
-        if self._recompute_cache is None or self._recompute_cache[0] != key:
-            self._recompute_cache = (key, [op if op.view_like else op.model_copy(update={"runtime_ms": ms})
-                                           for op, ms in zip(self.ops, self.recompute_runtimes_ms)])
+        if self._recompute_cache is None or self._recompute_cache[0] is not (ms := self.recompute_runtimes_ms):
+            self._recompute_cache = (ms, [op if op.view_like else op.model_copy(update={"runtime_ms": t})
+                                          for op, t in zip(self.ops, ms)])
         return self._recompute_cache[1]
 
     @property
     def recompute_runtimes_ms(self) -> list[float]:
         """The ``runtime_ms`` of each of :attr:`recompute_ops`, without copying the ops."""
         ops = self.ops or []
-        if self.recompute_op_count is None and not self.saved_op_overhead_ms:
-            return [op.runtime_ms for op in ops]
-        key = self._recompute_key()
+        key = (id(self.ops), len(ops), self.recompute_op_count, self.saved_op_overhead_ms)
         if self._runtimes_cache is None or self._runtimes_cache[0] != key:
             stop = len(ops) if self.recompute_op_count is None else self.recompute_op_count
             less = self.saved_op_overhead_ms or 0.0
@@ -163,9 +160,6 @@ class ModuleStats(_Strict):
                                           max(0.0, (op.runtime_ms if i < stop else 0.0) - less)
                                           for i, op in enumerate(ops)])
         return self._runtimes_cache[1]
-
-    def _recompute_key(self) -> tuple:
-        return (id(self.ops), len(self.ops or ()), self.recompute_op_count, self.saved_op_overhead_ms)
 
 
 def _none(counts: dict) -> bool:
@@ -254,13 +248,10 @@ class Stats(_Strict):
     # Derived lookups; cheap and not part of the document.
     def module(self, fqn: str) -> ModuleStats:
         """The module with this fqn (KeyError if absent)."""
-        return self._by_fqn()[fqn]
-
-    def _by_fqn(self) -> dict[str, ModuleStats]:
         private = self.__pydantic_private__  # read directly: a private attribute's lookup is slow in a hot path
-        if private.get("_index") is None:
-            private["_index"] = {m.fqn: m for m in self.modules}
-        return private["_index"]
+        if (index := private.get("_index")) is None:
+            index = private["_index"] = {m.fqn: m for m in self.modules}
+        return index[fqn]
 
     @property
     def root(self) -> ModuleStats:

@@ -100,11 +100,12 @@ class GroupRelaxation:
 
 
 def group_relaxation(d: np.ndarray, rc: np.ndarray, n: int, need: np.ndarray, lower: np.ndarray, lam: float,
-                     a: int, pi: np.ndarray, upper: float = math.inf) -> GroupRelaxation | None:
+                     a: int, pi: np.ndarray, upper: float = math.inf, cache: dict | None = None) -> GroupRelaxation | None:
     """The group bound per target (``lower``: the LP bound per target, with ``lam``, ``a`` and ``pi`` of it).
 
     Bounds at or past ``upper`` (a known multiset's cost) are only said to be at least it: paths costing more
-    are not followed. None when it does not apply (nothing on the line but ``a``, or too much work).
+    are not followed. None when it does not apply (nothing on the line but ``a``, or too much work). ``cache``:
+    the paths of earlier calls (a sweep's budgets on one segment of the hull share them: only the targets move).
     """
     d = np.asarray(d, dtype=np.int64)
     u = int(np.gcd.reduce(d)) if len(d) else 0
@@ -128,9 +129,16 @@ def group_relaxation(d: np.ndarray, rc: np.ndarray, n: int, need: np.ndarray, lo
     use = _cheapest_per_step(use, delta, pi, d, typical, tie)
     # improvements below ``tie`` are ignored (shorter paths, whose points leave the rest room), so every
     # distance may be high by n ties: the bound takes them off
-    dist, rounds = _paths(delta[use], pi[use], use, start, modulus, n, room, tie)
-    if dist is None:
-        return None
+    key = (hash(d.tobytes()), hash(np.asarray(rc).tobytes()), n, a, lam)
+    hit = None if cache is None else cache.get(key)
+    if hit is not None and hit[0] >= room:  # followed further before: exact wherever this room needs it
+        dist, rounds = hit[1], hit[2]
+    else:
+        dist, rounds = _paths(delta[use], pi[use], use, start, modulus, n, room, tie)
+        if dist is None:
+            return None
+        if cache is not None:
+            cache[key] = (room, dist, rounds)
     x = np.ceil(np.asarray(need, dtype=np.float64) / u)  # the target in units, rounded up: sums are multiples
     t = np.mod(x, modulus).astype(np.int64)
     bound = np.asarray(lower, dtype=np.float64) + _excess(dist, step, modulus, t) + lam * (x * u - need) - 2 * n * tie

@@ -128,7 +128,8 @@ class _Front:
 
 def min_cost_counts(d: np.ndarray, rc: np.ndarray, n: int, need: np.ndarray, cost: np.ndarray, upper: float,
                     *, first_gap: float = 1e-5, max_gap: float = math.inf, rel_gap: float = 0.0,
-                    work_limit: float = 2e7, deadline: float = math.inf) -> tuple[CountSolution | None, float]:
+                    work_limit: float = 2e7, deadline: float = math.inf,
+                    cache: dict | None = None) -> tuple[CountSolution | None, float]:
     """The cheapest (target, multiset) pair costing less than ``upper``, and a proven lower bound.
 
     Returns ``(solution, lower)``: the optimum and its own value, or
@@ -144,6 +145,12 @@ def min_cost_counts(d: np.ndarray, rc: np.ndarray, n: int, need: np.ndarray, cos
     ``upper``. Raises :class:`CountWorkLimit` when the enumeration outgrows
     ``work_limit`` label extensions or a round would start after ``deadline``
     (``time.perf_counter()``).
+
+    First the group relaxation (:mod:`planner.solve.stack.group`) lifts the
+    LP bound to what landing on the discard lattice costs, and often comes
+    with a multiset meeting it: returned at once when within ``rel_gap``
+    (relative) of it, the bound returned beside it (with ``rel_gap`` 0, only
+    an optimum). ``cache``: its paths, shared by calls on one frontier.
     """
     cost = np.asarray(cost, dtype=np.float64)
     # a point another beats on both discard and recompute is never needed
@@ -152,7 +159,7 @@ def min_cost_counts(d: np.ndarray, rc: np.ndarray, n: int, need: np.ndarray, cos
     if len(useful) < len(d):
         sol, lower = min_cost_counts(np.asarray(d)[useful], np.asarray(rc)[useful], n, need, cost, upper,
                                      first_gap=first_gap, max_gap=max_gap, rel_gap=rel_gap, work_limit=work_limit,
-                                     deadline=deadline)
+                                     deadline=deadline, cache=cache)
         if sol is not None:
             sol = CountSolution(sol.value, sol.target, {int(useful[p]): c for p, c in sol.counts.items()})
         return sol, lower
@@ -182,7 +189,7 @@ def min_cost_counts(d: np.ndarray, rc: np.ndarray, n: int, need: np.ndarray, cos
     floor = float(np.min(lower))
     rounded = _rounded_solution(d, rc, n, need, cost, a, b)  # a real multiset: it bounds what is worth searching
     known = min(upper, rounded.value if rounded is not None else math.inf)
-    group = group_relaxation(d, rc, n, need, lower, lam, a, pi, upper=known)
+    group = group_relaxation(d, rc, n, need, lower, lam, a, pi, upper=known, cache=cache)
     if group is not None:  # the lattice's own bound, often met by a plan from it
         floor = max(floor, float(np.min(group.bound)))
         if not floor < upper:

@@ -60,6 +60,7 @@ class Stack:
     # (planner.solve.stack.ordered.BlockTypes, or False when it does not apply)
     other_options: dict[int, tuple] = field(default_factory=dict)
     ordered_options: object = None
+    group_paths: dict = field(default_factory=dict)  # the count search's group relaxation, shared by budgets
 
 
 @dataclass(frozen=True)
@@ -139,7 +140,7 @@ def solve_stack(fr: Frontiers, stack: Stack, keyneed: np.ndarray, upper: float, 
         limit = min(upper, best[0] if best else math.inf)
         try:
             sol, bound = min_cost_counts(d, rc, g.n, x, c, limit, max_gap=max_gap, rel_gap=rel_gap,
-                                         work_limit=work_limit, deadline=deadline)
+                                         work_limit=work_limit, deadline=deadline, cache=stack.group_paths)
         except CountWorkLimit:
             return None
         if sol is None and bound < limit:
