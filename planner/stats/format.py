@@ -143,7 +143,7 @@ class ModuleStats(_Strict):
         else the runtime less ``saved_op_overhead_ms``, at least 0; views keep theirs)."""
         if self.ops is None or (self.recompute_op_count is None and not self.saved_op_overhead_ms):
             return self.ops
-        if self._recompute_cache is None or self._recompute_cache[0] is not (ms := self.recompute_runtimes_ms):
+        if (ms := self.recompute_runtimes_ms) is not (self._recompute_cache or (None,))[0]:  # priced anew
             self._recompute_cache = (ms, [op if op.view_like else op.model_copy(update={"runtime_ms": t})
                                           for op, t in zip(self.ops, ms)])
         return self._recompute_cache[1]
