@@ -191,22 +191,15 @@ def min_cost_counts(d: np.ndarray, rc: np.ndarray, n: int, need: np.ndarray, cos
     known = min(upper, rounded.value if rounded is not None else math.inf)
     group = group_relaxation(d, rc, n, need, lower, lam, a, pi, upper=known, cache=cache)
     if group is not None:  # the lattice's own bound, often met by a plan from it
-        proven = float(np.min(group.bound))
-        if not proven < upper:
+        floor = max(floor, float(np.min(group.bound)))
+        if not floor < upper:
             return None, upper
         sol = _group_solution(group, d, rc, n, need, cost)
         if rounded is not None and (sol is None or rounded.value < sol.value):
             sol = rounded
-        tol = 1e-12 * (1.0 + abs(proven))
-        if sol is not None and sol.value < upper and sol.value <= proven + rel_gap * abs(sol.value) + tol:
-            return sol, sol.value if sol.value <= proven + tol else proven
-    # the guesses start from the LP bound still: from the group's they would overshoot the optimum by more
-    return _guesses(d, rc, n, need, cost, lower, pi, lam, a, b, floor, upper, first_gap, max_gap, work_limit,
-                    deadline)
-
-
-def _guesses(d, rc, n, need, cost, lower, pi, lam, a, b, floor, upper, first_gap, max_gap, work_limit, deadline):
-    """Searches below growing guesses above ``floor`` until one holds a multiset (module docstring)."""
+        tol = 1e-12 * (1.0 + abs(floor))
+        if sol is not None and sol.value < upper and sol.value <= floor + rel_gap * abs(sol.value) + tol:
+            return sol, sol.value if sol.value <= floor + tol else floor
     guess = floor + first_gap * max(abs(floor), 1e-9)
     spent = 0.0
     while True:
