@@ -2,6 +2,9 @@
 
     python bench/bench_budget_range.py            # ~5 min on 2 cores; rewrites its section of bench/RESULTS.md
     python bench/bench_budget_range.py --quick    # 11 budgets per input, no certification; prints only
+    python bench/bench_budget_range.py --collected [--stats-dir DIR] [--checks SECONDS]
+        # collected Llama-3 8B/70B/405B stats (bench/collected_llama.py), 41 budgets each, a 41-point sweep,
+        # and with --checks our MILP at 5 budgets per input; rewrites its own section of bench/RESULTS.md
 
 bench_planner.py compares with PyTorch at a few budgets per input. This one
 asks whether every budget a user might pick is planned fast and proven
@@ -56,6 +59,7 @@ from planner.solve.problem import key_needs, prepare  # noqa: E402
 GIB = 2**30
 SOURCE = Path("../shared/reference/torch_format_transformer_L12.json")
 SECTION = "## Planner: every budget of deep models"
+COLLECTED_SECTION = "## Planner: every budget of collected Llama-3 stats"
 LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 2048,
          "intermediate_size": 5632, "num_attention_heads": 16, "num_key_value_heads": 4, "num_hidden_layers": 48,
          "vocab_size": 32000, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "hidden_act": "silu",
@@ -76,9 +80,9 @@ def collect_llama(log) -> tuple[planner.Stats, float]:
         return planner.load_stats(out), seconds
 
 
-def budget_range(stats: planner.Stats, n: int) -> tuple[list[float], float, float]:
-    low = planner.plan(stats, 1e-6).min_feasible_budget_gib
-    base = planner.plan(stats, 1e6).baseline_peak_bytes / GIB
+def budget_range(stats: planner.Stats, n: int, **options) -> tuple[list[float], float, float]:
+    low = planner.plan(stats, 1e-6, **options).min_feasible_budget_gib
+    base = planner.plan(stats, 1e6, **options).baseline_peak_bytes / GIB
     return [low + (base - low) * i / (n - 1) for i in range(n)], low, base
 
 
@@ -198,8 +202,17 @@ def dp_without_stack(stats: planner.Stats, budget_gib: float) -> tuple[planner.P
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="11 budgets per input, no certification, no write")
+    ap.add_argument("--collected", action="store_true", help="the collected Llama-3 inputs instead")
+    ap.add_argument("--stats-dir", type=Path, default=None, help="where collected stats are kept and reused "
+                    "(default: a temporary folder)")
+    ap.add_argument("--checks", type=float, default=0.0, help="with --collected: our MILP at 5 budgets per input, "
+                    "this many seconds each (0: none)")
+    ap.add_argument("--only", default="", help="with --collected: comma-separated input files to run (e.g. 405b-ws.json)")
     args = ap.parse_args(argv)
     log = lambda s: print(s, flush=True)  # noqa: E731
+    if args.collected:
+        from bench.bench_collected_range import run_collected_bench
+        return run_collected_bench(args, log)
     started = time.time()
     head = machine()
     n = 11 if args.quick else 41

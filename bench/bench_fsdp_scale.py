@@ -40,6 +40,8 @@ MODELS = {
            "num_attention_heads": 32, "num_key_value_heads": 8},
     "70b": {**_COMMON, "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
             "num_attention_heads": 64, "num_key_value_heads": 8},
+    "405b": {**_COMMON, "hidden_size": 16384, "intermediate_size": 53248, "num_hidden_layers": 126,
+             "num_attention_heads": 128, "num_key_value_heads": 8},
 }
 TARGET = "H100-SXM"
 

@@ -102,9 +102,12 @@ class _Items:
     total_ms: float
 
 
-def _knapsack_items(ops: Sequence[OpStats], fsr: bool) -> _Items:
-    """The groups with trivial decisions fixed, the free groups (big first), and the always-saved bytes/ms."""
-    groups = op_groups(ops, fsr)
+def _knapsack_items(ops: Sequence[OpStats], fsr: bool, groups: OpGroups | None = None) -> _Items:
+    """The groups with trivial decisions fixed, the free groups (big first), and the always-saved bytes/ms.
+
+    ``groups``: the ops' groups when the caller has them (settled or not: settling is idempotent)."""
+    if groups is None:
+        groups = op_groups(ops, fsr)
     always = groups.fixed == SAVE
     base_bytes = int(groups.group_bytes[always].sum())
     base_ms = float(groups.group_ms[always].sum())
@@ -153,7 +156,7 @@ def _merge(k: _Items, sign: int, max_points: int | None, keep_above: float | Non
 
 def module_frontier(
     op_stats: Any, force_store_random: bool | None = None, *, max_points: int | None = None,
-    max_items: int | None = None,
+    max_items: int | None = None, groups: OpGroups | None = None,
 ) -> Frontier:
     """The exact memory/recompute trade-off frontier of one module's ops.
 
@@ -161,10 +164,11 @@ def module_frontier(
     PyTorch ``SACStats`` object or dict. Every valid decision is dominated by
     (or equal to) a point of the result. Raises :class:`FrontierTooLarge` when
     the list grows past ``max_points``, or at once when there are more than
-    ``max_items`` free op groups to decide.
+    ``max_items`` free op groups to decide. ``groups``: the ops' groups, when
+    the caller has them already.
     """
     ops, fsr = as_op_list(op_stats, force_store_random)
-    k = _knapsack_items(ops, fsr)
+    k = _knapsack_items(ops, fsr, groups)
     if max_items is not None and len(k.items) > max_items:
         raise FrontierTooLarge(f"{len(k.items)} free op groups exceed {max_items}")
     w, v, steps = _merge(k, +1, max_points)
@@ -175,7 +179,7 @@ def module_frontier(
 
 def capped_frontier(
     op_stats: Any, force_store_random: bool | None = None, *, act_saved_bytes: int, max_discard_bytes: float,
-    max_points: int | None = None,
+    max_points: int | None = None, groups: OpGroups | None = None,
 ) -> Frontier:
     """The frontier's points that discard less than ``max_discard_bytes``, and the cheapest one discarding at least that.
 
@@ -186,10 +190,10 @@ def capped_frontier(
     runs from "save every free group" and recomputes groups one by one, so
     discard only grows along it and partial decisions already past the cap
     collapse to the cheapest one. Raises :class:`FrontierTooLarge` past
-    ``max_points``.
+    ``max_points``. ``groups`` as for :func:`module_frontier`.
     """
     ops, fsr = as_op_list(op_stats, force_store_random)
-    k = _knapsack_items(ops, fsr)
+    k = _knapsack_items(ops, fsr, groups)
     all_saved = k.base_bytes + int(k.groups.group_bytes[k.items].sum())
     headroom = float(max_discard_bytes) - (act_saved_bytes - all_saved)  # recomputed bytes reaching the cap
     r, c, steps = _merge(k, -1, max_points, keep_above=headroom)
@@ -200,15 +204,16 @@ def capped_frontier(
 
 
 def frontier_hull(op_stats: Any, force_store_random: bool | None = None, *,
-                  act_saved_bytes: int) -> tuple[np.ndarray, np.ndarray]:
+                  act_saved_bytes: int, groups: OpGroups | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Lower convex hull of a module's (discarded bytes, recompute ms) decisions, without listing them.
 
     The hull of 0/1 choices is traced by recomputing groups in increasing ms
     per byte (the fractional knapsack): its vertices are those prefixes.
     Returns the vertices with positive discard, as (bytes, ms) arrays.
+    ``groups`` as for :func:`module_frontier`.
     """
     ops, fsr = as_op_list(op_stats, force_store_random)
-    k = _knapsack_items(ops, fsr)
+    k = _knapsack_items(ops, fsr, groups)
     groups, items = k.groups, k.items
     all_saved = k.base_bytes + int(groups.group_bytes[items].sum())
     rc0 = k.total_ms - (float(groups.group_ms[groups.fixed == SAVE].sum()) + float(groups.group_ms[items].sum()))

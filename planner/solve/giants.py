@@ -61,7 +61,8 @@ def for_budget(prob: Problem, fr: Frontiers, keyneed: np.ndarray) -> Frontiers |
         else:
             try:
                 f = capped_frontier(m.recompute_ops, m.force_store_random, act_saved_bytes=ia,
-                                    max_discard_bytes=cap, max_points=FRONTIER_LIMIT)
+                                    max_discard_bytes=cap, max_points=FRONTIER_LIMIT,
+                                    groups=prob.candidates[i].classes.groups)
             except FrontierTooLarge:
                 return None
         d = ia - f.saved_bytes[::-1]

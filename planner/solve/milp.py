@@ -278,5 +278,5 @@ def _best_decision(prob: Problem, cand: Candidate, max_saved_bytes: int) -> Deci
     counts = best_saved_within(cl, max_saved_bytes)
     save = cl.save_list(counts)
     saved_bytes = sum(op.output_bytes for op, s in zip(m.ops, save) if s)
-    saved_ms = math.fsum(op.runtime_ms for op, s in zip(m.recompute_ops, save) if s)
+    saved_ms = math.fsum(ms for ms, s in zip(m.recompute_runtimes_ms, save) if s)
     return save, saved_bytes, saved_ms

@@ -70,8 +70,11 @@ def solve_min_peak_dp(prob: Problem) -> Solution:
 
     states = run(0, m, settle([(0, -np.inf, ())], 0))
     _, _, chosen = min(states, key=lambda x: x[1])
-    decisions = {}
-    for i in chosen:
+    decisions, by_ops = {}, {}
+    for i in chosen:  # repeated layers share one decision
         m = prob.stats.module(prob.candidates[i].fqn)
-        decisions[m.fqn] = max_discard_decision(m.ops, m.force_store_random)
+        key = (prob.candidates[i].ops_key, tuple(op.runtime_ms for op in m.ops))  # the decision's ms are the raw ones
+        if key not in by_ops:
+            by_ops[key] = max_discard_decision(m.ops, m.force_store_random)
+        decisions[m.fqn] = by_ops[key]
     return Solution.planned(prob, decisions, "optimal", "smallest peak (exact DP)", 0.0)

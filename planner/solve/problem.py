@@ -14,6 +14,7 @@ root-to-leaf chain may not both be checkpointed.
 from __future__ import annotations
 
 import math
+from operator import attrgetter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +23,7 @@ import numpy as np
 
 from planner.memory_model import MemoryModel, discardable_bytes, memory_model
 from planner.ops.frontier import Frontier, FrontierTooLarge, frontier_hull, module_frontier
-from planner.ops.groups import op_groups
+from planner.ops.groups import OpGroups, op_groups
 from planner.ops.knapsack import GroupClasses, group_classes
 from planner.solve.points import hull_vertices, lower_hull
 from planner.stats.format import ModuleStats, Stats
@@ -114,20 +115,30 @@ class Problem:
     chains: list[list[int]]  # candidate index chains that may hold at most one checkpoint
     unit: float  # bytes per MILP memory unit: a power of two near the peak, so values are O(1)
     _frontier_cache: dict[tuple, Frontier | None] = field(default_factory=dict)
+    _key_cache: dict[str, tuple] = field(default_factory=dict)  # fqn -> ops_key
+    _classes: dict[tuple, GroupClasses] = field(default_factory=dict)  # ops_key -> the candidates' op classes
     _hull_cache: dict[tuple, tuple[tuple[float, float], ...]] = field(default_factory=dict)
     _derived: dict[str, Any] = field(default_factory=dict)
 
     def frontier(self, fqn: str) -> Frontier | None:
         """The module's frontier, or None when it is too long to list (then planned from capped parts, or by the MILP)."""
         m = self.stats.module(fqn)
-        key = ops_key(m)
+        key = self._key_cache.get(fqn)
+        if key is None:
+            key = self._key_cache[fqn] = ops_key(m)
         if key not in self._frontier_cache:
             try:
                 self._frontier_cache[key] = module_frontier(m.recompute_ops, m.force_store_random,
-                                                            max_points=FRONTIER_LIMIT, max_items=FRONTIER_ITEMS)
+                                                            max_points=FRONTIER_LIMIT, max_items=FRONTIER_ITEMS,
+                                                            groups=self.op_groups_of(key))
             except FrontierTooLarge:
                 self._frontier_cache[key] = None
         return self._frontier_cache[key]
+
+    def op_groups_of(self, key: tuple) -> OpGroups | None:
+        """The op groups of the candidates with this ops_key (settled), if any has it."""
+        classes = self._classes.get(key)
+        return None if classes is None else classes.groups
 
     def hull(self, cand: Candidate) -> tuple[tuple[float, float], ...]:
         """Facets (slope, intercept) of ``cand``'s frontier hull in MILP units (cached per op list).
@@ -239,15 +250,18 @@ def prepare(
             cands.append(cand)
     cand_post = np.array([c.post_pos for c in cands], dtype=np.int64)
     node_key = np.searchsorted(cand_post, model.keys, side="left")
-    return Problem(stats, model, cands, node_key, _chains(stats, [c.fqn for c in cands]), unit)
+    return Problem(stats, model, cands, node_key, _chains(stats, [c.fqn for c in cands]), unit,
+                   _key_cache={c.fqn: c.ops_key for c in cands}, _classes=class_cache)
 
 
 def ops_key(m: ModuleStats) -> tuple:
     """Modules with equal op lists (repeated layers) share derived work."""
-    return (m.force_store_random, tuple(
-        (op.name, op.output_bytes, op.runtime_ms, op.view_like, op.random, op.inplace_parent)
-        for op in m.recompute_ops  # priced as plans are: modules that recompute alike share work
-    ))
+    ops = m.ops or ()
+    # priced as plans are: modules that recompute alike share work
+    return (m.force_store_random, tuple(map(_OP_FIELDS, ops)), tuple(m.recompute_runtimes_ms))
+
+
+_OP_FIELDS = attrgetter("name", "output_bytes", "view_like", "random", "inplace_parent")
 
 
 def key_needs(prob: Problem, budget_bytes: float) -> np.ndarray:
@@ -347,7 +361,8 @@ def _points(prob: Problem, cand: Candidate) -> tuple:
     f = prob.frontier(cand.fqn)
     if f is None:  # too long to list: points per budget (planner.solve.giants), the hull from the knapsack's greedy
         m = prob.stats.module(cand.fqn)
-        hd, hrc = frontier_hull(m.recompute_ops, m.force_store_random, act_saved_bytes=cand.act_saved_bytes)
+        hd, hrc = frontier_hull(m.recompute_ops, m.force_store_random, act_saved_bytes=cand.act_saved_bytes,
+                                groups=cand.classes.groups)
         none = np.zeros(0, np.int64)
         hull = hull_vertices(hd, cand.cost(hrc))
         return none, np.zeros(0), none, hull, int(hd[-1]) if len(hd) else 0, True

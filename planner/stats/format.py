@@ -134,6 +134,7 @@ class ModuleStats(_Strict):
         None, description="Forward ops of a non-leaf module in execution order; null when not collected."
     )
     _recompute_cache: tuple | None = PrivateAttr(default=None)
+    _runtimes_cache: tuple | None = PrivateAttr(default=None)
 
     @property
     def op_bytes(self) -> int:
@@ -143,7 +144,7 @@ class ModuleStats(_Strict):
     @property
     def op_ms(self) -> float:
         """Recompute time of every op in the module (their runtimes, see :attr:`recompute_ops`)."""
-        return sum(op.runtime_ms for op in self.recompute_ops or ())
+        return sum(self.recompute_runtimes_ms)
 
     @property
     def recompute_ops(self) -> list[OpStats] | None:
@@ -151,14 +152,23 @@ class ModuleStats(_Strict):
         else the runtime less ``saved_op_overhead_ms``, at least 0; views keep theirs)."""
         if self.ops is None or (self.recompute_op_count is None and not self.saved_op_overhead_ms):
             return self.ops
-        key = (id(self.ops), len(self.ops), self.recompute_op_count, self.saved_op_overhead_ms)
-        if self._recompute_cache is None or self._recompute_cache[0] != key:
-            stop = len(self.ops) if self.recompute_op_count is None else self.recompute_op_count
-            less = self.saved_op_overhead_ms or 0.0
-            self._recompute_cache = (key, [op if op.view_like else op.model_copy(
-                update={"runtime_ms": max(0.0, (op.runtime_ms if i < stop else 0.0) - less)})
-                for i, op in enumerate(self.ops)])
+        if (ms := self.recompute_runtimes_ms) is not (self._recompute_cache or (None,))[0]:  # priced anew
+            self._recompute_cache = (ms, [op if op.view_like else op.model_copy(update={"runtime_ms": t})
+                                          for op, t in zip(self.ops, ms)])
         return self._recompute_cache[1]
+
+    @property
+    def recompute_runtimes_ms(self) -> list[float]:
+        """The ``runtime_ms`` of each of :attr:`recompute_ops`, without copying the ops."""
+        ops = self.ops or []
+        key = (id(self.ops), len(ops), self.recompute_op_count, self.saved_op_overhead_ms)
+        if self._runtimes_cache is None or self._runtimes_cache[0] != key:
+            stop = len(ops) if self.recompute_op_count is None else self.recompute_op_count
+            less = self.saved_op_overhead_ms or 0.0
+            self._runtimes_cache = (key, [op.runtime_ms if op.view_like else
+                                          max(0.0, (op.runtime_ms if i < stop else 0.0) - less)
+                                          for i, op in enumerate(ops)])
+        return self._runtimes_cache[1]
 
 
 def _none(counts: dict) -> bool:
@@ -224,12 +234,10 @@ class Stats(_Strict):
     # Derived lookups; cheap and not part of the document.
     def module(self, fqn: str) -> ModuleStats:
         """The module with this fqn (KeyError if absent)."""
-        return self._by_fqn()[fqn]
-
-    def _by_fqn(self) -> dict[str, ModuleStats]:
-        if self._index is None:
-            self._index = {m.fqn: m for m in self.modules}
-        return self._index
+        private = self.__pydantic_private__  # read directly: a private attribute's lookup is slow in a hot path
+        if (index := private.get("_index")) is None:
+            index = private["_index"] = {m.fqn: m for m in self.modules}
+        return index[fqn]
 
     @property
     def root(self) -> ModuleStats:

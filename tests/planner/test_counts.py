@@ -122,3 +122,44 @@ def test_work_limit_raises():
     with pytest.raises(CountWorkLimit):
         min_cost_counts(d, rc, 60, np.array([int(d.mean()) * 60 + 12345]), np.zeros(1), math.inf,
                         first_gap=10.0, work_limit=1e4)
+
+
+def _pareto_dp(d, rc, n, need):
+    """The least recompute of n items reaching ``need``: a Pareto DP over the items (states capped at need)."""
+    front = [(0, 0.0)]
+    for _ in range(n):
+        states = sorted(((min(s + dp_, need), c + rp) for s, c in front for dp_, rp in zip(d.tolist(), rc.tolist())),
+                        key=lambda t: (-t[0], t[1]))
+        front, low = [], math.inf
+        for s_, c in states:
+            if c < low:
+                front.append((s_, c))
+                low = c
+    return min((c for s_, c in front if s_ >= need), default=math.inf)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_points_on_a_lattice_line(seed):
+    # The shape of collected layers (issue 28): many points exactly on one line, their discards a whole tensor
+    # (the lattice step) apart, a few just off it (small tensors); the LP bound sits below every multiset, and
+    # the group relaxation (planner.solve.stack.group) must close the gap exactly.
+    rng = random.Random(seed)
+    step, lam = 1 << 14, 2.0**-12  # bytes per lattice step, ms per byte (exact in binary)
+    on_line = sorted(rng.sample(range(3, 40), 8))
+    d = [0] + [q * step - 64 for q in on_line]
+    rc = [0.0] + [lam * x + 1.0 for x in d[1:]]
+    for _ in range(6):  # off the line: a few bytes less discard, a hair more recompute
+        q = rng.choice(on_line)
+        d.append(q * step - 64 - rng.choice([32, 96, 4096]))
+        rc.append(lam * (q * step - 64) + 1.0 + rng.choice([0.0, 2.0**-9, 2.0**-6]))
+    d, rc = np.array(d, np.int64), np.array(rc)
+    n = 10
+    needs = [rng.randrange(n * 5 * step, n * 35 * step) for _ in range(3)]
+    for need in needs:
+        want = _pareto_dp(d, rc, n, need)
+        for rel_gap in (0.0, 1e-6):
+            sol, lower = min_cost_counts(d, rc, n, np.array([need]), np.zeros(1), math.inf, rel_gap=rel_gap)
+            assert sol is not None and lower <= want + 1e-9
+            assert sol.value <= want * (1 + rel_gap) + 1e-9 and sol.value >= want - 1e-9
+            assert sum(sol.counts.values()) == n
+            assert sum(int(d[p]) * c for p, c in sol.counts.items()) >= need

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.solve.points import lower_hull
+from planner.solve.stack.group import GroupRelaxation, group_relaxation
 
 __all__ = ["CountSolution", "CountWorkLimit", "min_cost_counts"]
 
@@ -126,8 +127,9 @@ class _Front:
 
 
 def min_cost_counts(d: np.ndarray, rc: np.ndarray, n: int, need: np.ndarray, cost: np.ndarray, upper: float,
-                    *, first_gap: float = 1e-5, max_gap: float = math.inf,
-                    work_limit: float = 2e7, deadline: float = math.inf) -> tuple[CountSolution | None, float]:
+                    *, first_gap: float = 1e-5, max_gap: float = math.inf, rel_gap: float = 0.0,
+                    work_limit: float = 2e7, deadline: float = math.inf,
+                    cache: dict | None = None) -> tuple[CountSolution | None, float]:
     """The cheapest (target, multiset) pair costing less than ``upper``, and a proven lower bound.
 
     Returns ``(solution, lower)``: the optimum and its own value, or
@@ -143,6 +145,12 @@ def min_cost_counts(d: np.ndarray, rc: np.ndarray, n: int, need: np.ndarray, cos
     ``upper``. Raises :class:`CountWorkLimit` when the enumeration outgrows
     ``work_limit`` label extensions or a round would start after ``deadline``
     (``time.perf_counter()``).
+
+    First the group relaxation (:mod:`planner.solve.stack.group`) lifts the
+    LP bound to what landing on the discard lattice costs, and often comes
+    with a multiset meeting it: returned at once when within ``rel_gap``
+    (relative) of it, the bound returned beside it (with ``rel_gap`` 0, only
+    an optimum). ``cache``: its paths, shared by calls on one frontier.
     """
     cost = np.asarray(cost, dtype=np.float64)
     # a point another beats on both discard and recompute is never needed
@@ -150,7 +158,8 @@ def min_cost_counts(d: np.ndarray, rc: np.ndarray, n: int, need: np.ndarray, cos
     useful = order[np.asarray(d)[order] > np.concatenate([[-1], np.maximum.accumulate(np.asarray(d)[order])[:-1]])]
     if len(useful) < len(d):
         sol, lower = min_cost_counts(np.asarray(d)[useful], np.asarray(rc)[useful], n, need, cost, upper,
-                                     first_gap=first_gap, max_gap=max_gap, work_limit=work_limit, deadline=deadline)
+                                     first_gap=first_gap, max_gap=max_gap, rel_gap=rel_gap, work_limit=work_limit,
+                                     deadline=deadline, cache=cache)
         if sol is not None:
             sol = CountSolution(sol.value, sol.target, {int(useful[p]): c for p, c in sol.counts.items()})
         return sol, lower
@@ -178,6 +187,19 @@ def min_cost_counts(d: np.ndarray, rc: np.ndarray, n: int, need: np.ndarray, cos
     pi = np.maximum(base - base[a], 0.0)
     lower = cost + n * base[a] + lam * need  # a valid bound per target
     floor = float(np.min(lower))
+    rounded = _rounded_solution(d, rc, n, need, cost, a, b)  # a real multiset: it bounds what is worth searching
+    known = min(upper, rounded.value if rounded is not None else math.inf)
+    group = group_relaxation(d, rc, n, need, lower, lam, a, pi, upper=known, cache=cache)
+    if group is not None:  # the lattice's own bound, often met by a plan from it
+        floor = max(floor, float(np.min(group.bound)))
+        if not floor < upper:
+            return None, upper
+        sol = _group_solution(group, d, rc, n, need, cost)
+        if rounded is not None and (sol is None or rounded.value < sol.value):
+            sol = rounded
+        tol = 1e-12 * (1.0 + abs(floor))
+        if sol is not None and sol.value < upper and sol.value <= floor + rel_gap * abs(sol.value) + tol:
+            return sol, sol.value if sol.value <= floor + tol else floor
     guess = floor + first_gap * max(abs(floor), 1e-9)
     spent = 0.0
     while True:
@@ -191,6 +213,36 @@ def min_cost_counts(d: np.ndarray, rc: np.ndarray, n: int, need: np.ndarray, cos
         if cap >= upper or guess - floor > max_gap * abs(floor):
             return None, cap
         guess = floor + 2.0 * (guess - floor)
+
+
+def _rounded_solution(d, rc, n, need, cost, a, b) -> CountSolution | None:
+    """The cheapest multiset of the two hull vertices only (the LP's counts rounded up), over every target."""
+    w = int(d[b]) - int(d[a])
+    if w <= 0:
+        return None
+    kb = np.maximum(np.ceil((need - n * float(d[a])) / w), 0.0)
+    value = np.where(kb <= n, cost + kb * float(rc[b]) + (n - kb) * float(rc[a]), np.inf)
+    e = int(np.argmin(value))
+    if not math.isfinite(value[e]):
+        return None
+    k = int(kb[e])
+    counts = {p: c for p, c in ((a, n - k), (b, k)) if c > 0}
+    if sum(int(d[p]) * c for p, c in counts.items()) < need[e]:
+        return None  # float rounding of the count: leave it to the search
+    return CountSolution(math.fsum([float(rc[p]) * c for p, c in counts.items()] + [float(cost[e])]), e, counts)
+
+
+def _group_solution(group: GroupRelaxation, d, rc, n, need, cost, tries: int = 3) -> CountSolution | None:
+    """The cheapest multiset built from the group relaxation's paths for its few best targets."""
+    best = None
+    for e in np.argsort(group.bound, kind="stable")[:tries].tolist():
+        counts = group.counts(d, n, float(need[e]))
+        if counts is None or sum(int(d[p]) * k for p, k in counts.items()) < need[e]:
+            continue
+        value = math.fsum([float(rc[p]) * k for p, k in counts.items()] + [float(cost[e])])
+        if best is None or value < best.value:
+            best = CountSolution(value, e, counts)
+    return best
 
 
 def _search(d, rc, n, need, cost, lower, pi, lam, a, b, cap, work_limit):

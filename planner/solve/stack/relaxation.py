@@ -60,6 +60,7 @@ class Stack:
     # (planner.solve.stack.ordered.BlockTypes, or False when it does not apply)
     other_options: dict[int, tuple] = field(default_factory=dict)
     ordered_options: object = None
+    group_paths: dict = field(default_factory=dict)  # the count search's group relaxation, shared by budgets
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,8 @@ def find_stack(fr: Frontiers) -> Stack | None:
 
 
 def solve_stack(fr: Frontiers, stack: Stack, keyneed: np.ndarray, upper: float, eps: float,
-                max_gap: float = math.inf, work_limit: float = 3e6, deadline: float = math.inf) -> StackResult | None:
+                max_gap: float = math.inf, work_limit: float = 3e6, deadline: float = math.inf,
+                rel_gap: float = 0.0) -> StackResult | None:
     """The relaxation's bound, and a plan meeting it when the dealt-out counts fit every constraint.
 
     ``eps``: frontier points of a block that another point beats on discard
@@ -103,8 +105,9 @@ def solve_stack(fr: Frontiers, stack: Stack, keyneed: np.ndarray, upper: float, 
     ``eps`` per block to stay valid). ``upper``: a known plan's recompute (or
     inf); the bound is capped there. ``max_gap``: give up when the
     relaxation's optimum lies further than this (relative) above its LP
-    bound. None when it gave up, outgrew ``work_limit`` or passed ``deadline``
-    (``time.perf_counter()``).
+    bound. ``rel_gap``: a plan of the relaxation within this (relative) of
+    its bound may stand for its optimum. None when it gave up, outgrew
+    ``work_limit`` or passed ``deadline`` (``time.perf_counter()``).
 
     When the plain relaxation's counts cannot be dealt out (near the smallest
     feasible budget, where every block's own constraints bind), the ordered
@@ -136,8 +139,8 @@ def solve_stack(fr: Frontiers, stack: Stack, keyneed: np.ndarray, upper: float, 
         x, c, pair = _pareto_targets(x, c, pair)
         limit = min(upper, best[0] if best else math.inf)
         try:
-            sol, bound = min_cost_counts(d, rc, g.n, x, c, limit, max_gap=max_gap, work_limit=work_limit,
-                                         deadline=deadline)
+            sol, bound = min_cost_counts(d, rc, g.n, x, c, limit, max_gap=max_gap, rel_gap=rel_gap,
+                                         work_limit=work_limit, deadline=deadline, cache=stack.group_paths)
         except CountWorkLimit:
             return None
         if sol is None and bound < limit:
