@@ -66,7 +66,7 @@ def check_upload(doc: Any, limits: UploadLimits, loc: Sequence[str] = ()) -> int
         modules = info.get("mod_stats")
         module_count = len(modules) if isinstance(modules, list) else 0
         op_count = sum(len(s.get("func_names") or ()) for s in sac.values() if isinstance(s, dict))
-        names = [m.get("fqn") for m in modules] if isinstance(modules, list) else []
+        names = [m.get("fqn") for m in modules if isinstance(m, dict)] if isinstance(modules, list) else []
         depth = max((n.count(".") + 1 for n in names if isinstance(n, str)), default=0)
         depth_shown = str(depth)
         where = "module_info.mod_stats"

@@ -118,6 +118,14 @@ def test_the_depth_of_pytorch_format_stats_is_read_from_their_names(make_client,
     assert r.json()["errors"][0]["loc"] == ["module_info.mod_stats"]
 
 
+def test_pytorch_format_stats_whose_modules_are_not_objects_get_422(make_client, settings):
+    # found by schemathesis once the upload declared PyTorch's format: the limits' count read each entry's fqn
+    doc = {"model": "", "module_info": {"mod_order": {"fw_pre_order": [], "fw_post_order": []},
+                                        "mod_stats": [[None, None]]}, "sac_stats": {}}
+    r = make_client(settings).post("/v1/stats", json=doc)
+    assert r.status_code == 422 and "mod_stats[0]" in r.text
+
+
 def test_a_project_over_its_share_gets_429_and_another_does_not(settings, example_doc):
     settings = settings.model_copy(update={"api_keys": {KEY_A: "alpha", KEY_B: "beta"}})
     pool = SolverPool(workers=1, queue_size=4, retry_after_s=4, per_project=1)
