@@ -24,7 +24,7 @@ LAYER_8B = {"model_type": "llama", "vocab_size": 128256, "hidden_size": 4096, "i
 
 @pytest.fixture(scope="module")
 def collected() -> planner.Stats:
-    from estimators.session import CollectRequest, run_collection
+    from estimators import CollectRequest, run_collection
 
     req = CollectRequest(hf_config=dict(LAYER_8B), batch=1, seq=8192, dtype="bf16", optimizer="adamw",
                          target_device="H100-SXM", name="llama-3-8b-8-layers")
