@@ -14,7 +14,7 @@ import math
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, StrictBool, model_validator
 
 from planner.ops.groups import op_groups
 from planner.stats.orders import check_contiguous, check_order, check_sibling_order, innermost_prefix_module
@@ -53,6 +53,7 @@ def _a_number(v: Any) -> Any:
 
 # Whole bytes; 12.0 is accepted (JSON writers may emit it), 12.5, true and "12" are not.
 Bytes = Annotated[int, BeforeValidator(_a_number), Field(ge=0, le=MAX_BYTES)]
+Whole = Annotated[int, BeforeValidator(_a_number)]  # an index or a count: a JSON number, never true/false or text
 Millis = Annotated[float, BeforeValidator(_a_number), Field(ge=0.0, le=1e12, allow_inf_nan=False)]
 
 
@@ -66,18 +67,18 @@ class OpStats(_Strict):
     name: Text = Field(min_length=1, max_length=512, examples=["aten.mm"])
     runtime_ms: Millis = Field(description="Estimated or measured runtime of the op.")
     output_bytes: Bytes = Field(description="Bytes of the op's outputs that SAC would keep if the op is saved.")
-    view_like: bool = Field(False, description="Output aliases an input: always recomputed.")
-    random: bool = Field(False, description="Op draws random numbers (dropout): random ops are saved or recomputed together.")
-    inplace_parent: int | None = Field(None, ge=0, description="For an in-place op, the index of the op that "
+    view_like: StrictBool = Field(False, description="Output aliases an input: always recomputed.")
+    random: StrictBool = Field(False, description="Op draws random numbers (dropout): random ops are saved or recomputed together.")
+    inplace_parent: Whole | None = Field(None, ge=0, description="For an in-place op, the index of the op that "
         "produced the tensor it mutates (its own index when it mutates a module input: then it is always saved); "
         "for an op returning a storage an earlier op made (_unsafe_view), that op's index (the two share one "
         "decision).")
-    saved_by_autograd: bool = Field(False, description="Autograd saves this op's output for backward.")
+    saved_by_autograd: StrictBool = Field(False, description="Autograd saves this op's output for backward.")
     held_tensors: list[Bytes] | None = Field(
         None, max_length=64, exclude_if=lambda v: v is None, description="Tensor numbers (as in held_inputs) "
         "of this op's outputs that some module holds as an input (a module's output that the next module takes): "
         "while both are checkpointed and this op is saved, one tensor. Null: none, or not known.")
-    storages: list[tuple[Bytes, Annotated[int, Field(ge=0, le=2**31)], bool]] | None = Field(
+    storages: list[tuple[Bytes, Annotated[Whole, Field(ge=0, le=2**31)], StrictBool]] | None = Field(
         None, max_length=64, exclude_if=lambda v: v is None, description="(bytes, last op, saved) of each storage "
         "this op made in the forward: its bytes, the index of the module's last op run while it was live (the "
         "module's op count: it outlived them), whether autograd saved it. A recompute holds each as long (or to its "
@@ -89,7 +90,7 @@ class ModuleStats(_Strict):
 
     fqn: Text = Field(min_length=1, max_length=1024, examples=["Transformer.layers.0"])
     parent: Text | None = Field(None, description="fqn of the enclosing module; null for the root.")
-    is_leaf: bool = Field(description="Module has no submodules; leaf modules are never checkpointed.")
+    is_leaf: StrictBool = Field(description="Module has no submodules; leaf modules are never checkpointed.")
     param_bytes: Bytes = 0
     grad_bytes: Bytes = 0
     act_saved_bytes: Bytes = Field(0, description="IA: activation memory autograd saves inside the module (not its input or output).")
@@ -102,17 +103,17 @@ class ModuleStats(_Strict):
     optimizer_state_bytes: Bytes = Field(0, description="Optimizer state of this module's own parameters (root: all of it).")
     fw_ms: Millis = 0.0
     bw_ms: Millis = 0.0
-    force_store_random: bool = Field(False, description="Random ops of this module must be saved.")
+    force_store_random: StrictBool = Field(False, description="Random ops of this module must be saved.")
     held_input_bytes: Bytes = Field(0, description="Bytes of the module's inputs that checkpointing keeps alive "
                                     "until its backward although the step without it frees them sooner (no op "
                                     "saves them for backward): they offset what checkpointing the module frees.")
     held_inputs: list[tuple[Bytes, Bytes]] | None = Field(None, description="(tensor number, bytes) of each input "
         "in held_input_bytes, if known. A number in several modules is one tensor (an attention mask every layer "
         "takes): held once, however many of them are checkpointed.")
-    calls: int = Field(1, ge=1, le=2**31, description="Forward calls of the module in the step (a shared layer "
+    calls: Whole = Field(1, ge=1, le=2**31, description="Forward calls of the module in the step (a shared layer "
                        "applied several times): checkpointing it recomputes every call. The other figures describe "
                        "the first call (calls of one module in a step are alike: see docs/memory-model.md).")
-    chained_calls: tuple[Annotated[int, Field(ge=0, le=2**31)], Bytes] | None = Field(
+    chained_calls: tuple[Annotated[Whole, Field(ge=0, le=2**31)], Bytes] | None = Field(
         None, exclude_if=lambda v: v is None, description="(op index, bytes) when every later call takes, as an "
         "input checkpointing holds, the tensor (of these bytes) that op made in the call before (a layer applied in a chain, x = layer(x)): "
         "checkpointed with that op saved, each call's saved output and the next call's held input are one tensor.")
@@ -120,11 +121,11 @@ class ModuleStats(_Strict):
         None, description="What checkpointing the module costs beyond recomputing its ops: re-running its forward "
         "code and the policy for every op, saved or not. Measured by `sacplan collect --benchmark`, else estimated "
         "from the op count; null: not known (counted as 0). Measured: with every op but views saved.")
-    recompute_op_count: int | None = Field(None, ge=0, le=2**31, description="How many of its first ops a "
+    recompute_op_count: Whole | None = Field(None, ge=0, le=2**31, description="How many of its first ops a "
         "recompute re-runs (torch.utils.checkpoint stops once it has every tensor autograd saved); null: all.")
     saved_op_overhead_ms: Millis | None = Field(None, description="What saving an op costs over recomputing it "
         "(caching its output), measured by --benchmark: a recomputed op costs its runtime less this, at least 0.")
-    recompute_key: int | None = Field(None, ge=0, le=2**31, exclude_if=lambda v: v is None, description="Checkpointed, "
+    recompute_key: Whole | None = Field(None, ge=0, le=2**31, exclude_if=lambda v: v is None, description="Checkpointed, "
         "the key of the backward moment its recompute runs in (where the backward first unpacks a tensor its "
         "forward saved); null: not known (recompute temporaries not counted).")
     recompute_headroom_bytes: Bytes | None = Field(None, exclude_if=lambda v: v is None, description="How far the "
@@ -188,7 +189,7 @@ class Moment(_Strict):
     """
 
     phase: Literal["forward", "backward", "optimizer"]
-    key: int = Field(ge=0, le=2**31, description="Discards of the modules at fw_post_order positions below this "
+    key: Whole = Field(ge=0, le=2**31, description="Discards of the modules at fw_post_order positions below this "
                                                 "apply at this moment.")
     module: Text | None = Field(None, max_length=1024, description="The module running at that instant, if any.")
     activation_bytes: Bytes = Field(description="Everything live but parameters, gradients and optimizer memory: "
@@ -196,16 +197,16 @@ class Moment(_Strict):
     grad_bytes: Bytes = Field(0, description="Parameter gradients live at that instant.")
     optimizer_bytes: Bytes = Field(0, description="Optimizer memory live at that instant (state and the step's "
                                                   "temporaries); 0 before the first optimizer step.")
-    micro_batch: int | None = Field(None, ge=1, le=4096, exclude_if=lambda v: v is None, description="With "
+    micro_batch: Whole | None = Field(None, ge=1, le=4096, exclude_if=lambda v: v is None, description="With "
                                     "gradient accumulation (metadata.grad_accumulation): the micro-batch of a "
                                     "forward or backward moment, from 1. Absent: the only one, or the optimizer step.")
-    repeat_calls_discarding: dict[Annotated[Text, Field(max_length=1024)], Annotated[int, Field(ge=1, le=2**31)]] = \
+    repeat_calls_discarding: dict[Annotated[Text, Field(max_length=1024)], Annotated[Whole, Field(ge=1, le=2**31)]] = \
         Field(default_factory=dict, max_length=4096, exclude_if=_none,
               description="Modules called more than once in the step: per "
               "module, how many of its calls after the first have finished their forward and not started their "
               "backward at that instant (checkpointed, each discards as the first does). The key covers the first "
               "call; a module absent here has none.")
-    repeat_calls_in_backward: dict[Annotated[Text, Field(max_length=1024)], Annotated[int, Field(ge=1, le=2**31)]] = \
+    repeat_calls_in_backward: dict[Annotated[Text, Field(max_length=1024)], Annotated[Whole, Field(ge=1, le=2**31)]] = \
         Field(default_factory=dict, max_length=4096, exclude_if=_none,
               description="Per module called more than once: how many of its "
               "calls after the first are in their own backward at that instant (checkpointed, each holds its inputs "

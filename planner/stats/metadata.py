@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
 
 from planner.stats.sharding import Sharding
 from planner.stats.text import Text
@@ -21,9 +21,9 @@ class StatsMetadata(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=False)
 
     model_name: Text = Field(min_length=1, max_length=256, examples=["llama-3-8b"])
-    batch_size: int | None = Field(None, ge=1, le=2**31)
-    seq_len: int | None = Field(None, ge=1, le=2**31)
-    input_shape: list[Annotated[int, Field(ge=0, le=2**31)]] | None = Field(None, max_length=16)
+    batch_size: StrictInt | None = Field(None, ge=1, le=2**31)
+    seq_len: StrictInt | None = Field(None, ge=1, le=2**31)
+    input_shape: list[Annotated[StrictInt, Field(ge=0, le=2**31)]] | None = Field(None, max_length=16)
     dtype: Text | None = Field(None, max_length=32, examples=["bf16"])
     device: Text | None = Field(None, max_length=64, description="Device the collector ran on.", examples=["cpu"])
     target_device: Text | None = Field(None, max_length=64, description="Device the costs model.", examples=["H100-SXM"])
@@ -33,13 +33,13 @@ class StatsMetadata(BaseModel):
     optimizer_kwargs: dict[Annotated[Text, Field(max_length=64)], OptimizerArg] | None = Field(
         None, max_length=32, exclude_if=lambda v: v is None, description="The arguments the optimizer was built "
         "with beyond its parameters (sacplan collect --optimizer-kwargs); absent: its defaults.")
-    grad_accumulation: int | None = Field(
+    grad_accumulation: StrictInt | None = Field(
         None, ge=2, le=4096, exclude_if=lambda v: v is None, description="Micro-batches per optimizer step "
         "(gradient accumulation; batch_size is per micro-batch): the timeline covers every micro-batch and the "
         "optimizer step, a checkpointed module recomputes in each. Absent: one.")
-    max_grad_norm: float | None = Field(None, gt=0, exclude_if=lambda v: v is None, allow_inf_nan=False,
+    max_grad_norm: StrictFloat | StrictInt | None = Field(None, gt=0, exclude_if=lambda v: v is None, allow_inf_nan=False,
                                         description="Gradients clipped to this norm before the optimizer step.")
-    grad_scaler: bool | None = Field(None, exclude_if=lambda v: v is None, description="True: the loss was "
+    grad_scaler: StrictBool | None = Field(None, exclude_if=lambda v: v is None, description="True: the loss was "
                                      "scaled by torch.amp.GradScaler, whose unscale and step are in the step.")
     torch_version: Text | None = Field(None, max_length=64)
     collector_version: Text | None = Field(None, max_length=64)

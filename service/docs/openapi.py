@@ -56,9 +56,16 @@ def _drop_security(schema: dict[str, Any]) -> None:
 _ERROR = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorOut"}}}
 # Answered by the service itself before any route (service.transport.middleware, service.api.handlers).
 _BODY_ERRORS = {
-    "400": "The body cannot be read as JSON at all (not UTF-8, nested too deeply), or a bad Content-Length",
-    "413": "The body is larger than this service's limit (SACPLAN_MAX_BODY_BYTES)",
+    "400": "The body cannot be read as JSON at all (not UTF-8: UTF-16, UTF-32 or a byte order mark; nested too "
+           "deeply), a bad Content-Length, or ambiguous framing (Transfer-Encoding with Content-Length, two "
+           "Content-Lengths: the connection is closed)",
+    "413": "The body is larger than this service's limit (SACPLAN_MAX_BODY_BYTES), or than the memory a service "
+           "process may hold for bodies (SACPLAN_BODY_MEMORY_MB)",
+    "415": "A JSON content type with a charset other than UTF-8: request bodies are UTF-8 JSON (RFC 8259)",
+    "503": "The service holds its share of large request bodies (SACPLAN_BODY_MEMORY_MB): retry after "
+           "Retry-After seconds",
 }
+_BODY_BUSY = _BODY_ERRORS["503"]
 _UNAUTHORIZED = "Missing or invalid API key: send 'Authorization: Bearer <key>'"
 _THROTTLED = ("Too many wrong API keys from this address (SACPLAN_AUTH_FAILURES_PER_WINDOW): "
               "retry after Retry-After seconds")
@@ -78,7 +85,9 @@ def _declare_errors(schema: dict[str, Any], *, auth: bool) -> None:
                 responses["422"]["content"] = _ERROR
             if "requestBody" in operation:
                 for code, description in _BODY_ERRORS.items():
-                    responses.setdefault(code, {"description": description, "content": _ERROR})
+                    declared = responses.setdefault(code, {"description": description, "content": _ERROR})
+                    if code == "503" and declared["description"] != _BODY_BUSY:  # the route's own 503 too
+                        declared["description"] += f"; or: {_BODY_BUSY}"
             if auth and path.startswith("/v1/"):
                 responses.setdefault("401", {"description": _UNAUTHORIZED, "content": _ERROR})
                 busy = responses.setdefault("429", {"description": _THROTTLED, "content": _ERROR})

@@ -21,6 +21,16 @@ def test_creating_routes_answer_201_new_and_200_known(client, path, model):
 KEY = "key-openapi-0123456789abcdef"
 
 
+@pytest.mark.parametrize("path", ["/v1/stats", "/v1/plans", "/v1/sweeps"])
+def test_body_refusals_before_routing_are_declared(client, path):
+    # service.transport.middleware answers these before any route: 415 for a charset other than UTF-8, 503 when
+    # the process holds its share of large bodies (beside the solver queue's 503 on solving routes)
+    responses = client.get("/openapi.json").json()["paths"][path]["post"]["responses"]
+    assert "UTF-8" in responses["415"]["description"]
+    assert "SACPLAN_BODY_MEMORY_MB" in responses["503"]["description"]
+    assert "ambiguous framing" in responses["400"]["description"]
+
+
 def test_bearer_security_only_with_api_keys(client, make_client, settings):
     bare = client.get("/openapi.json").json()
     assert "securitySchemes" not in bare["components"]  # no Authorize button in Swagger UI
