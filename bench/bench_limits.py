@@ -41,23 +41,42 @@ SECTION = "## Service limits"
 MIB = 2**20
 
 
-class PeakRss:
-    """The largest RSS of any spawned child of the server (its solver processes) while running."""
+def solver_rss(server: psutil.Process) -> int:
+    """The largest RSS of the server's spawned children: during a solve, the solver process (render ones idle)."""
+    peak = 0
+    for child in server.children(recursive=True):
+        try:
+            if "spawn_main" in " ".join(child.cmdline()):
+                peak = max(peak, child.memory_info().rss)
+        except psutil.Error:
+            pass
+    return peak
 
-    def __init__(self, server_pid: int):
+
+def tree_rss(server: psutil.Process) -> int:
+    """The sum of RSS over the server process and all its descendants (solver and render processes)."""
+    total = 0
+    for p in [server, *server.children(recursive=True)]:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:
+            pass
+    return total
+
+
+class PeakRss:
+    """The largest ``sample(server)`` (default: the solver process's RSS) while running, every 20 ms."""
+
+    def __init__(self, server_pid: int, sample=solver_rss):
         self.server = psutil.Process(server_pid)
+        self.sample = sample
         self.peak_bytes = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True)
 
     def _watch(self) -> None:
         while not self._stop.is_set():
-            for child in self.server.children(recursive=True):
-                try:  # spawned children: during a solve, that is the solver process (render ones idle)
-                    if "spawn_main" in " ".join(child.cmdline()):
-                        self.peak_bytes = max(self.peak_bytes, child.memory_info().rss)
-                except psutil.Error:
-                    pass
+            self.peak_bytes = max(self.peak_bytes, self.sample(self.server))
             time.sleep(0.02)
 
     def __enter__(self) -> PeakRss:
@@ -161,35 +180,6 @@ def run(args) -> list[str]:
 LARGE_SECTION = "## Service limits: large bodies"
 
 
-class PeakTreeRss:
-    """The largest sum of RSS over the server process and all its descendants (solver and render processes)."""
-
-    def __init__(self, server_pid: int):
-        self.server = psutil.Process(server_pid)
-        self.peak_bytes = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
-
-    def _watch(self) -> None:
-        while not self._stop.is_set():
-            total = 0
-            for p in [self.server, *self.server.children(recursive=True)]:
-                try:
-                    total += p.memory_info().rss
-                except psutil.Error:
-                    pass
-            self.peak_bytes = max(self.peak_bytes, total)
-            time.sleep(0.02)
-
-    def __enter__(self) -> PeakTreeRss:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
 def _body_of_size(source: dict, mib: float, tag: str) -> bytes:
     """A synthetic PyTorch-format document of about ``mib`` MiB; ``tag`` makes its content (its hash) its own."""
     layers = max(2, int(mib * 1428 / 28))  # 1428 blocks: 28 MiB
@@ -217,7 +207,7 @@ def run_large_bodies(args) -> list[str]:
             with httpx.Client(base_url=url, timeout=900) as c:
                 base_mib = sum(p.memory_info().rss for p in [psutil.Process(proc.pid),
                                                              *psutil.Process(proc.pid).children(True)]) / MIB
-                with PeakTreeRss(proc.pid) as rss:
+                with PeakRss(proc.pid, tree_rss) as rss:
                     slowest, spent, r = slowest_healthz_during(url, lambda: one(c, uploads[0]))
                 lines.append(f"| one upload ({len(uploads[0]) / MIB:.0f} MiB) | {spent:.1f} | {r.status_code} | "
                              f"{rss.peak_bytes / MIB:.0f} | {slowest * 1000:.0f} | {_said(r)} |")
@@ -226,14 +216,14 @@ def run_large_bodies(args) -> list[str]:
                     with ThreadPoolExecutor(8) as pool:
                         return list(pool.map(lambda b: one(httpx.Client(base_url=url, timeout=900), b), uploads))
 
-                with PeakTreeRss(proc.pid) as rss:
+                with PeakRss(proc.pid, tree_rss) as rss:
                     slowest, spent, answers = slowest_healthz_during(url, concurrent)
                 codes = ", ".join(f"{n}x {code}" for code, n in sorted(Counter(a.status_code for a in answers).items()))
                 lines.append(f"| 8 concurrent uploads ({len(uploads[0]) / MIB:.0f} MiB each) | {spent:.1f} | {codes} | "
                              f"{rss.peak_bytes / MIB:.0f} | {slowest * 1000:.0f} | "
                              f"{'; '.join(sorted({_said(a) for a in answers}))} |")
                 request = b'{"memory_budget_gib": 100, "time_limit_s": 3, "stats": ' + inline + b"}"
-                with PeakTreeRss(proc.pid) as rss:
+                with PeakRss(proc.pid, tree_rss) as rss:
                     slowest, spent, r = slowest_healthz_during(url, lambda: one(c, request, "/v1/plans"))
                 lines.append(f"| inline plan ({len(request) / 1e6:.0f} MB), time_limit_s=3 | {spent:.2f} | "
                              f"{r.status_code} | {rss.peak_bytes / MIB:.0f} | {slowest * 1000:.0f} | {_said(r)} |")

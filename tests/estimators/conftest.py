@@ -70,3 +70,12 @@ def llama_case() -> Case:
 @pytest.fixture(params=["transformer", "llama"])
 def case(request: Any) -> Case:
     return request.getfixturevalue(f"{request.param}_case")
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Torch on one thread for a module's tests (real-step peaks and timings as the benches take them)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -32,12 +32,7 @@ FAST = ["bert_ones", "decoder_ones", "wrapped_decoder", "batchnorm_convnet"]
 SLOW = ["bert_padded", "bert_lengths", "decoder_padded", "decoder_lengths"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/estimators/conftest.py
 
 
 def _check(rows: list[Row]) -> None:

@@ -40,12 +40,7 @@ CASES = [
 ]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/estimators/conftest.py
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
