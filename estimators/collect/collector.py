@@ -334,6 +334,8 @@ class _Step:
         for k in range(1, loop.grad_accumulation + 1):
             if loop.grad_accumulation > 1:
                 col.timeline.start_micro_batch(k)
+            if self.setup is not None and not self.setup.sync_every_micro_batch:
+                self.model.set_requires_gradient_sync(k == loop.grad_accumulation)
             # the first micro-batch describes the modules; the others only add their moments
             hooks = self.hooks if k == 1 else ModuleHooks(col, self.book, scratch_records(self.mods), None)
             with hooks, scratch_ops(col) if k > 1 else nullcontext():

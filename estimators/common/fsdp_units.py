@@ -35,6 +35,7 @@ class FsdpSetup:
     wrap: tuple[str, ...] | None = None
     mixed_precision: str | None = None
     reshard_after_forward: bool = True
+    sync_every_micro_batch: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.world_size, bool) or not isinstance(self.world_size, int) or self.world_size < 1:
