@@ -9,11 +9,13 @@ micro-batch, fp32, AdamW), planned at the smallest feasible budget and at
 50%, 75% and 90% of the predicted baseline; each plan applied before
 ``fully_shard`` (as torchtitan orders it) on 2 gloo ranks of this CPU, 3 real
 steps of 2 micro-batches each (``measure_fsdp_steps(..., loop=TrainingLoop(2))``).
-FSDP2's default reduces the gradients after every micro-batch; the
-``no-sync`` row runs the unplanned model with ``set_requires_gradient_sync(False)``
-before all but the last micro-batch (each unit keeps its unsharded
-gradients until then), which the stats do not describe: its row says by how
-much it differs from the default loop's prediction.
+Two loops, each collected and planned as it runs: FSDP2's default (the
+gradients reduced after every micro-batch) and no-sync until the last
+(``--fsdp-sync-last-micro-batch``: ``set_requires_gradient_sync(False)``
+before micro-batch 1, each unit keeps its unsharded gradients until the
+last micro-batch's reduction). Held to the default loop's stats, the
+no-sync run's steady peak was over their prediction by 213,632 B (3.5%, the
+unsharded gradients less their shards): the loop must be collected as it runs.
 """
 
 from __future__ import annotations
@@ -42,15 +44,15 @@ CONFIG = {"model_type": "llama", "vocab_size": 256, "hidden_size": 64, "intermed
           "max_position_embeddings": 64, "attention_dropout": 0.1}  # tests/estimators/est_helpers.py's TINY_LLAMA
 
 
-def rank_main(rank: int, world_size: int, runs: list[tuple[str, Any, bool]], stats: Any) -> dict[str, list[int]]:
-    """Every run on this rank: (label, plan or None, sync every micro-batch); the peak of each step."""
+def rank_main(rank: int, world_size: int, runs: list[tuple[str, Any, bool, Any]]) -> dict[str, list[int]]:
+    """Every run on this rank: (label, plan or None, sync every micro-batch, its stats); the peak of each step."""
     from torch.distributed.device_mesh import init_device_mesh
 
     from estimators import TrainingLoop, apply_plan, build_from_hf_config, make_optimizer, measure_fsdp_steps, shard
 
     mesh = init_device_mesh("cpu", (world_size,))
     out = {}
-    for label, plan, sync in runs:
+    for label, plan, sync, stats in runs:
         torch.manual_seed(0)
         built = build_from_hf_config(CONFIG, batch_size=BATCH, seq_len=SEQ, dtype=torch.float32,
                                      device=torch.device("cpu"))
@@ -64,6 +66,27 @@ def rank_main(rank: int, world_size: int, runs: list[tuple[str, Any, bool]], sta
     return out
 
 
+def plan_all(stats: Any) -> dict[str, Any]:
+    """The plans at the smallest feasible budget and at each fraction of the baseline."""
+    baseline = planner.baseline_peak_bytes(stats)
+    plans = {}
+    for budget in BUDGETS:
+        gib = planner.min_feasible_budget_gib(stats) if budget == "min" else budget * baseline / planner.GIB
+        plans[budget if isinstance(budget, str) else f"{budget:.0%}"] = planner.plan(stats, gib)
+    return plans
+
+
+def row(label: str, plan: Any, baseline: Any, peaks: list[list[int]]) -> str:
+    """One run's line: the plan (or the baseline), both ranks' peaks, the steady state against the prediction."""
+    predicted = plan.peak_bytes if plan is not None else baseline.baseline_peak_bytes
+    budget = int(plan.memory_budget_gib * planner.GIB) if plan is not None else None
+    ratio = max((x / predicted for r in peaks for x in r[1:]), key=lambda v: abs(v - 1))
+    within = "" if budget is None else ("yes" if max(max(r) for r in peaks) <= budget else "no")
+    return (f"| {label} | {plan.status if plan else 'baseline'} | {budget or ''} | {predicted} | "
+            f"{(plan or baseline).peak_at} | {', '.join(map(str, peaks[0]))} | {', '.join(map(str, peaks[1]))} | "
+            f"{ratio:.4f} | {within} |")
+
+
 def main(argv: list[str] | None = None) -> int:
     from estimators import CollectRequest, run_collection, run_ranks
 
@@ -72,33 +95,28 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     machine = describe_machine("each rank on one thread")
     started = time.time()
-    req = CollectRequest(hf_config=CONFIG, batch=BATCH, seq=SEQ, dtype="fp32", device="cpu", optimizer="adamw",
-                         fsdp_world_size=RANKS, grad_accumulation=MICRO_BATCHES)
-    stats = run_collection(req).stats
-    baseline = planner.baseline_peak_bytes(stats)
-    plans: dict[str, Any] = {}
-    for budget in BUDGETS:
-        gib = planner.min_feasible_budget_gib(stats) if budget == "min" else budget * baseline / planner.GIB
-        plans[budget if isinstance(budget, str) else f"{budget:.0%}"] = planner.plan(stats, gib)
-    runs = [("none", None, True), ("none, no-sync", None, False)]
-    runs += [(label, p, True) for label, p in plans.items() if p.status in ("optimal", "feasible")]
-    ranks = run_ranks(rank_main, RANKS, runs, stats)
-    lines = ["| plan | status | budget B | predicted B | peak at (predicted) | rank 0 real B, steps 1-3 | "
+    runs, expected, lines = [], {}, []
+    for sync in (True, False):
+        req = CollectRequest(hf_config=CONFIG, batch=BATCH, seq=SEQ, dtype="fp32", device="cpu", optimizer="adamw",
+                             fsdp_world_size=RANKS, grad_accumulation=MICRO_BATCHES, sync_every_micro_batch=sync)
+        stats = run_collection(req).stats
+        loop = "reduce every micro-batch" if sync else "no-sync until the last"
+        baseline = planner.plan(stats, 1024.0)
+        runs.append((f"{loop}: none", None, sync, stats))
+        expected[f"{loop}: none"] = (None, baseline)
+        for label, plan in plan_all(stats).items():
+            if plan.status in ("optimal", "feasible"):
+                runs.append((f"{loop}: {label}", plan, sync, stats))
+            expected[f"{loop}: {label}"] = (plan, baseline)
+    ranks = run_ranks(rank_main, RANKS, runs)
+    lines = ["| loop: plan | status | budget B | predicted B | peak at (predicted) | rank 0 real B, steps 1-3 | "
              "rank 1 real B, steps 1-3 | steady real/predicted | real <= budget |",
              "|---|---|---:|---:|---|---|---|---:|---|"]
-    for label, plan, _ in runs:
-        p = plans.get(label)
-        predicted = p.peak_bytes if p is not None else baseline
-        budget_b = int(p.memory_budget_gib * planner.GIB) if p is not None else None
-        peaks = [r[label] for r in ranks]
-        ratio = max((x / predicted for r in peaks for x in r[1:]), key=lambda v: abs(v - 1))
-        within = "" if budget_b is None else ("yes" if max(max(r) for r in peaks) <= budget_b else "no")
-        lines.append(f"| {label} | {p.status if p else 'baseline'} | {budget_b or ''} | {predicted} | "
-                     f"{p.peak_at if p else planner.plan(stats, 1024.0).peak_at} | "
-                     f"{', '.join(map(str, peaks[0]))} | {', '.join(map(str, peaks[1]))} | {ratio:.4f} | {within} |")
-    for label, p in plans.items():
-        if p.status not in ("optimal", "feasible"):
-            lines.append(f"| {label} | {p.status} | {int(p.memory_budget_gib * planner.GIB)} | | | | | | |")
+    for label, (plan, baseline) in expected.items():
+        if plan is not None and plan.status not in ("optimal", "feasible"):
+            lines.append(f"| {label} | {plan.status} | {int(plan.memory_budget_gib * planner.GIB)} | | | | | | |")
+        else:
+            lines.append(row(label, plan, baseline, [r[label] for r in ranks]))
     text = (f"{SECTION}\n\n`python bench/bench_fsdp_accumulation.py` ({(time.time() - started) / 60:.1f} min). "
             f"Machine: {machine}\n\n" + __doc__.split("\n\n", 2)[2].replace("\n", " ").strip() + "\n\n"
             + "\n".join(lines) + "\n")
