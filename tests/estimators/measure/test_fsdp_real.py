@@ -6,7 +6,8 @@ their shard, FSDP2's ``resize_``-d all-gather outputs at their current size),
 and the tiny llama, ``fully_shard`` per decoder layer and the root, against
 what the stats predict per rank: one rank's stats from the fake process group
 (``sacplan collect --fsdp-world-size 2``), and, as evidence of what those add,
-the unsharded stats with ``world_size=2``. Memory only.
+the unsharded stats with ``world_size=2``; and gradient accumulation (2 micro-batches, issue 27): a plan
+from one rank's stats of that loop, and FSDP2's no-sync variant collected as it runs. Memory only.
 
 gloo's worker thread holds a finished collective's buffers until it is
 scheduled again, so with FSDP2's default collectives a rank now and then held
