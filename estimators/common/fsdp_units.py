@@ -28,7 +28,11 @@ class FsdpSetup:
     model's ``_no_split_modules``); ``mixed_precision``: None or ``"bf16"``
     (fp32 sharded parameters, bf16 gathered compute parameters, fp32 gradient
     reduction); ``reshard_after_forward``: free each unit's gathered
-    parameters after its forward (FSDP2's default).
+    parameters after its forward (FSDP2's default); ``sync_every_micro_batch``:
+    with gradient accumulation, reduce the gradients after every micro-batch
+    (FSDP2's default), or, False, after the last only
+    (``set_requires_gradient_sync(False)`` before the others: each unit keeps
+    its unsharded gradients until then).
     """
 
     world_size: int
