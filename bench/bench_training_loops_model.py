@@ -30,15 +30,16 @@ from bench._machine import describe_machine  # noqa: E402
 from bench.training_loop_cases_model import BUDGETS, CASES, Row, run_case  # noqa: E402
 
 SECTION = "### Training loops: masks, wrappers, BatchNorm"
-# What the rows that do not hold have in common, as diagnosed (issue 27b's report); the memory model's, not the masks'.
-GAPS = ("Every such row has the model state bit-identical and the steady state within 1%. Measured (live storages "
-        "op by op in the planned step, bert_padded at 90%): the real peak is at the backward of "
-        "BertForMaskedLM.cls, the moment the plan names, right after cls.predictions (checkpointed) is recomputed "
-        "(transform dense, GELU, LayerNorm; its decoder's weight-gradient mm is the op at the peak): the real "
-        "bytes there are the prediction + 15,872 B (bert_ones at min: + 57,856 B). Unchanged by planner 0.7.5's "
-        "recompute temporaries (these predictions are the same bytes as before it): a term of the memory model "
-        "for a module recomputed at the very start of the backward, not found yet. batchnorm_convnet at min, "
-        "over by 18,680 B before 0.7.5, now holds.")
+# What the rows that did not hold before planner 0.7.6 had in common, and what fixed them (measured op by op).
+FIXED = ("Before planner 0.7.6, 3 rows did not hold: bert_padded and bert_lengths at 90% (+15,872 B over the budget) "
+         "and bert_ones at min (+57,856 B). Found by following every live storage op by op in the planned and the "
+         "unplanned step (`estimators.measure_steps`' tracker): at 90% the plan saved the final LayerNorm of 4 "
+         "attention-output blocks, and the collector had zeroed that op's bytes whole as the block's output, "
+         "while its mean and rstd (2 x 2,048 B each) stay with it: 4 x 4,096 = 16,384 B credited that were never "
+         "freed. At min, layer 0 is checkpointed whole: its recompute re-makes the layer's output (131,072 B) "
+         "beside the backward, where the unplanned step has freed it (only layer 1's ops saved it); the "
+         "recompute's temporaries counted it as kept. Now only the module's output is free in its last op, and "
+         "a storage counts as kept in a recompute only when the module's own ops saved it.")
 PARENT = "## Training loops"
 
 
@@ -103,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     failing = [f"{r.case} at {r.budget}" for r in held if not r.holds]
     text = (f"{SECTION}\n\n`python bench/bench_training_loops_model.py` ({time.perf_counter() - t0:.0f} s). "
             f"Machine: {machine}\n\n{summary}\n\n{table(rows)}\n\n"
-            + (f"Not holding: {'; '.join(failing)}. {GAPS}\n" if failing else ""))
+            + (f"Not holding: {'; '.join(failing)}.\n\n" if failing else "") + f"{FIXED}\n")
     print(text)
     if args.write:
         write_section(text)

@@ -92,6 +92,10 @@ def register(subparsers: Any) -> None:
                       "reduction (torchtitan's default); needs --dtype fp32")
     fsdp.add_argument("--no-reshard-after-forward", dest="reshard_after_forward", action="store_false",
                       help="keep each unit's gathered parameters from its forward to its backward")
+    fsdp.add_argument("--fsdp-sync-last-micro-batch", dest="sync_every_micro_batch", action="store_false",
+                      help="with --grad-accumulation: reduce the gradients after the last micro-batch only "
+                      "(set_requires_gradient_sync(False) before the others: each unit keeps its unsharded "
+                      "gradients until then; default: after every micro-batch, FSDP2's default)")
     p.add_argument("--compile-backend", choices=("aot_eager", "inductor"),
                    help="collect the step as torch.compile(model, backend=...) runs it (the model compiled whole, "
                    "the loss inside it or after it); recorded in the stats' model settings, and apply_plan then "

@@ -211,6 +211,13 @@ def _chained_calls(m: Any, col: Any) -> tuple[int, int] | None:
     return maker, link[1]
 
 
+def _bytes_beside_output(op: Any, module_output: frozenset[int]) -> int:
+    """The bytes of the storages ``op`` made that are not the module's output (0 where it makes none of it)."""
+    if not op.out_serials & module_output:
+        return 0
+    return sum(nbytes for serial, nbytes in op.new_storages if serial not in module_output)
+
+
 def _op_stats(m: Any, col: Any, held_serials: set[int]) -> list[OpStats]:
     ops = [col.ops[i] for i in m.ops]
     out: list[OpStats] = []
@@ -233,7 +240,7 @@ def _op_stats(m: Any, col: Any, held_serials: set[int]) -> list[OpStats]:
                 inplace_parent=parent,
                 saved_by_autograd=bool(op.out_serials) and op.out_serials <= col.saved,
                 held_tensors=(sorted(op.out_serials & held_serials) or None) if parent is None and op.fresh else None,
-                storages=[(nbytes, col.life.last_live_op(serial, m.ops), serial in col.saved)
+                storages=[(nbytes, col.life.last_live_op(serial, m.ops), m.fqn in col.saved_in.get(serial, ()))
                           for serial, nbytes in op.new_storages] or None,
             )
         )
@@ -245,10 +252,13 @@ def _op_stats(m: Any, col: Any, held_serials: set[int]) -> list[OpStats]:
     # and only when a recompute reaches it: past the early stop a cached output
     # is never handed back, so SAC holds it until the module's backward ends,
     # after autograd would have freed it (qwen2_moe's shared expert, whose
-    # backward comes last: 0.5 MiB over the predicted peak).
+    # backward comes last: 0.5 MiB over the predicted peak). Only the module's
+    # output is kept anyway: the op's other outputs (a LayerNorm's mean and
+    # rstd) cost their bytes when saved (counted free, BERT's attention output
+    # blocks went 4 KiB each over their plans: bench_training_loops_model).
     for k in range(len(out) - 1, -1, -1):
         if not out[k].view_like and out[k].inplace_parent is None:
             if out[k].saved_by_autograd and k < m.recompute_stop:
-                out[k].output_bytes = 0
+                out[k].output_bytes = _bytes_beside_output(ops[k], m.out_serials)
             break
     return out

@@ -78,6 +78,7 @@ class _Collector(TorchDispatchMode):
         self.fw_stack: list[ModuleRecord] = []
         self.bw_open: list[ModuleRecord] = []
         self.saved: set[int] = set()
+        self.saved_in: dict[int, set[str]] = {}  # serial -> the modules whose forward ops saved it
         self.life = RecomputeLife()  # forward storages' lives, each module's first unpack
         self.sharded: ShardedStep | None = None  # set for an FSDP2 step: its hook windows
         self.under_autocast: str | None = None  # autocast's dtype when the innermost running module began or ended
@@ -150,11 +151,13 @@ class _Collector(TorchDispatchMode):
             for m in self.fw_stack:
                 if not m.done_fw:
                     m.recompute_stop = len(m.ops)
+        fqns = tuple(m.fqn for m in self.fw_stack if not m.done_fw and not m.is_leaf) if self.phase == ACT else ()
         if self.phase == ACT and t.layout == torch.strided:
             serial = self.book.serial(t.untyped_storage())
             if serial is not None:
                 self.saved.add(serial)
-        return t, tuple(m.fqn for m in self.fw_stack if not m.done_fw and not m.is_leaf) if self.phase == ACT else ()
+                self.saved_in.setdefault(serial, set()).update(fqns)
+        return t, fqns
 
 
 def collect_stats(
@@ -331,6 +334,8 @@ class _Step:
         for k in range(1, loop.grad_accumulation + 1):
             if loop.grad_accumulation > 1:
                 col.timeline.start_micro_batch(k)
+            if self.setup is not None and not self.setup.sync_every_micro_batch:
+                self.model.set_requires_gradient_sync(k == loop.grad_accumulation)
             # the first micro-batch describes the modules; the others only add their moments
             hooks = self.hooks if k == 1 else ModuleHooks(col, self.book, scratch_records(self.mods), None)
             with hooks, scratch_ops(col) if k > 1 else nullcontext():

@@ -146,4 +146,5 @@ def record_sharding(stats: Any, fsdp: Any, units: Sequence[str]) -> None:
     kept = {m.fqn for m in stats.modules}  # a unit run out of place is not in the stats (nor planned)
     stats.metadata.sharding = Sharding(kind="fsdp2", world_size=fsdp.world_size, units=[u for u in units if u in kept],
                                        mixed_precision=fsdp.mixed_precision,
-                                       reshard_after_forward=fsdp.reshard_after_forward)
+                                       reshard_after_forward=fsdp.reshard_after_forward,
+                                       sync_every_micro_batch=None if fsdp.sync_every_micro_batch else False)

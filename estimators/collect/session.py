@@ -53,6 +53,7 @@ class CollectRequest:
     fsdp_wrap: list[str] | None = None
     mixed_precision: str | None = None
     reshard_after_forward: bool = True
+    sync_every_micro_batch: bool = True  # False: --fsdp-sync-last-micro-batch
     compile_backend: str | None = None  # the step compiled whole: torch.compile(model, backend=...)
 
     @classmethod
@@ -64,7 +65,8 @@ class CollectRequest:
         """The FSDP2 sharding asked for, or None; ValueError for options that need it or contradict it."""
         if self.fsdp_world_size is None:
             for flag, given in (("--fsdp-wrap", self.fsdp_wrap), ("--mixed-precision", self.mixed_precision),
-                                ("--no-reshard-after-forward", not self.reshard_after_forward)):
+                                ("--no-reshard-after-forward", not self.reshard_after_forward),
+                                ("--fsdp-sync-last-micro-batch", not self.sync_every_micro_batch)):
                 if given:
                     raise ValueError(f"{flag} shards the step: it needs --fsdp-world-size N")
             return None
@@ -74,8 +76,11 @@ class CollectRequest:
         if self.mixed_precision is not None and self.dtype != "fp32":
             raise ValueError(f"--mixed-precision {self.mixed_precision} keeps fp32 sharded parameters and casts "
                              f"them itself: use --dtype fp32, got --dtype {self.dtype}")
+        if not self.sync_every_micro_batch and self.grad_accumulation < 2:
+            raise ValueError("--fsdp-sync-last-micro-batch skips the gradient reduction of all micro-batches but "
+                             "the last: it needs --grad-accumulation N with N >= 2")
         return FsdpSetup(self.fsdp_world_size, tuple(self.fsdp_wrap) if self.fsdp_wrap else None,
-                         self.mixed_precision, self.reshard_after_forward)
+                         self.mixed_precision, self.reshard_after_forward, self.sync_every_micro_batch)
 
     def describe(self, target: str) -> str:
         """One line: what is collected, for which target, on what (``target``: the device table's name)."""
@@ -83,7 +88,8 @@ class CollectRequest:
         shard = ""
         if self.fsdp_world_size is not None:
             shard = (f", one rank of FSDP2 x{self.fsdp_world_size}"
-                     f"{' bf16 mixed precision' if self.mixed_precision else ''}")
+                     f"{' bf16 mixed precision' if self.mixed_precision else ''}"
+                     f"{', gradients reduced after the last micro-batch' if not self.sync_every_micro_batch else ''}")
         loop = "".join([f", {self.grad_accumulation} micro-batches" if self.grad_accumulation > 1 else "",
                         f", autocast {self.autocast}" if self.autocast else "",
                         ", GradScaler" if self.grad_scaler else "",

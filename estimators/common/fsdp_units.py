@@ -28,13 +28,18 @@ class FsdpSetup:
     model's ``_no_split_modules``); ``mixed_precision``: None or ``"bf16"``
     (fp32 sharded parameters, bf16 gathered compute parameters, fp32 gradient
     reduction); ``reshard_after_forward``: free each unit's gathered
-    parameters after its forward (FSDP2's default).
+    parameters after its forward (FSDP2's default); ``sync_every_micro_batch``:
+    with gradient accumulation, reduce the gradients after every micro-batch
+    (FSDP2's default), or, False, after the last only
+    (``set_requires_gradient_sync(False)`` before the others: each unit keeps
+    its unsharded gradients until then).
     """
 
     world_size: int
     wrap: tuple[str, ...] | None = None
     mixed_precision: str | None = None
     reshard_after_forward: bool = True
+    sync_every_micro_batch: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.world_size, bool) or not isinstance(self.world_size, int) or self.world_size < 1:

@@ -49,7 +49,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from estimators.common import (ACT, BUFFER, GRAD, INPUT, OPT, PARAM, TEMP, FsdpSetup, StorageBook, call_model,
                                default_loss, default_units, follow_storage_resizes, is_view_op, module_fqns,
-                               shard_model, storages_of, unit_fqns)
+                               TrainingLoop, shard_model, storages_of, unit_fqns)
 from estimators.measure.gloo_comms import settle_gloo_collectives
 from estimators.measure.real_step import BACKWARD, FORWARD, OPTIMIZER, StepMeasure
 
@@ -142,7 +142,8 @@ def _book_existing(book: StorageBook, model: nn.Module, inputs: Any, optimizer: 
 
 
 def measure_fsdp_steps(model: nn.Module, inputs: Any, loss_fn: Callable[[Any], torch.Tensor] | None,
-                       optimizer: torch.optim.Optimizer, *, steps: int = 3, seed: int | None = 0
+                       optimizer: torch.optim.Optimizer, *, steps: int = 3, seed: int | None = 0,
+                       loop: TrainingLoop | None = None, sync_every_micro_batch: bool = True
                        ) -> list[FsdpStepMeasure]:
     """Run ``steps`` real training steps of a ``fully_shard``-ed ``model`` on this rank and measure each.
 
@@ -150,16 +151,23 @@ def measure_fsdp_steps(model: nn.Module, inputs: Any, loss_fn: Callable[[Any], t
     same peak: every distinct live storage once), with DTensors counted by
     their local shard and ``resize_``-d storages at their current size
     (``peak_live_bytes`` has them under ``"unsharded"``). Call it on every
-    rank: the collectives need all of them.
+    rank: the collectives need all of them. ``loop`` (:class:`estimators.common.TrainingLoop`; no
+    ``GradScaler``) runs its micro-batches, autocast and clipping; with ``sync_every_micro_batch`` False,
+    FSDP2 reduces gradients after the last micro-batch only (``set_requires_gradient_sync(False)`` before
+    the others: each unit keeps its unsharded gradients until then).
     """
     if steps < 1:
         raise ValueError(f"steps must be at least 1, got {steps!r}")
+    loop = loop or TrainingLoop()
+    if loop.grad_scaler:
+        raise ValueError("loop.grad_scaler: a GradScaler over FSDP2's sharded gradients is not measured here")
     loss_fn = loss_fn or default_loss
     book = StorageBook()
     book.live.update({UNSHARDED: 0, ALL_GATHER: 0, REDUCE_SCATTER: 0, BACKEND: 0})
+    params = list(model.parameters())
 
     def book_grads() -> None:
-        book.recategorize_all(storages_of([p.grad for p in model.parameters() if p.grad is not None]), GRAD)
+        book.recategorize_all(storages_of([p.grad for p in params if p.grad is not None]), GRAD)
 
     tracker = _LiveLocalStorages(book, book_grads)
     out = []
@@ -170,18 +178,24 @@ def measure_fsdp_steps(model: nn.Module, inputs: Any, loss_fn: Callable[[Any], t
         tracker.phase = FORWARD
         tracker.restart_peak()
         start = tracker.live_bytes()
-        seconds: dict[str, float] = {}
+        seconds = dict.fromkeys((FORWARD, BACKWARD, OPTIMIZER), 0.0)
         with follow_storage_resizes(book, lambda: UNSHARDED), tracker:
-            t = time.process_time()
-            output = call_model(model, inputs)
-            loss = loss_fn(output)
-            del output
-            tracker.phase, seconds[FORWARD], t = BACKWARD, time.process_time() - t, time.process_time()
-            loss.backward()
-            value = loss.item()
-            del loss
-            tracker.phase, seconds[BACKWARD], t = OPTIMIZER, time.process_time() - t, time.process_time()
-            optimizer.step()
+            for micro in range(1, loop.grad_accumulation + 1):
+                if not sync_every_micro_batch:
+                    model.set_requires_gradient_sync(micro == loop.grad_accumulation)
+                tracker.phase, t = FORWARD, time.process_time()
+                with loop.autocast_context(params[0].device.type if params else "cpu"):
+                    output = call_model(model, inputs)
+                    loss = loss_fn(output)
+                del output
+                seconds[FORWARD] += time.process_time() - t
+                tracker.phase, t = BACKWARD, time.process_time()
+                loss.backward()
+                value = loss.item()
+                del loss
+                seconds[BACKWARD] += time.process_time() - t
+            tracker.phase, t = OPTIMIZER, time.process_time()
+            loop.optimizer_step(optimizer, params)
             optimizer.zero_grad(set_to_none=True)
             seconds[OPTIMIZER] = time.process_time() - t
         out.append(FsdpStepMeasure(k + 1, value, sum(seconds.values()), seconds, tracker.peak_bytes,

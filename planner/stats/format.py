@@ -81,7 +81,9 @@ class OpStats(_Strict):
     storages: list[tuple[Bytes, Annotated[Whole, Field(ge=0, le=2**31)], StrictBool]] | None = Field(
         None, max_length=64, exclude_if=lambda v: v is None, description="(bytes, last op, saved) of each storage "
         "this op made in the forward: its bytes, the index of the module's last op run while it was live (the "
-        "module's op count: it outlived them), whether autograd saved it. A recompute holds each as long (or to its "
+        "module's op count: it outlived them), whether an op of this module saved it for backward (the module's "
+        "output that only later modules save is not: the plain step has freed it when this module's backward "
+        "starts). A recompute holds each as long (or to its "
         "early stop): what it holds beyond the backward's memory is added at recompute_key. Null: not known.")
 
 

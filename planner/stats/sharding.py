@@ -27,6 +27,10 @@ class Sharding(BaseModel):
         "reduction (MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)); null: none.")
     reshard_after_forward: bool = Field(True, description="Whether each unit (but the root) frees its all-gathered "
                                         "parameters after its forward and gathers them again in backward.")
+    sync_every_micro_batch: bool | None = Field(
+        None, exclude_if=lambda v: v is None, description="With gradient accumulation: false when FSDP2 reduces "
+        "the gradients after the last micro-batch only (set_requires_gradient_sync(False) before the others: each "
+        "unit keeps its unsharded gradients until then); null: after every micro-batch (FSDP2's default).")
 
 
 def sharded_world_size(sharding: Sharding | None, world_size: int) -> int:

@@ -65,10 +65,35 @@ def release_case(mesh: Any, repeats: int = 20, n: int = 1024) -> list[tuple[bool
     return out
 
 
-def all_cases(rank: int, world_size: int, config: dict, batch: int, seq: int) -> dict[str, list[Any]]:
-    """Every case, in one set of processes (starting ranks costs more than running the cases)."""
+def accumulation_case(mesh: Any, config: dict, batch: int, seq: int, plan: Any, stats: Any,
+                      sync_every_micro_batch: bool = True) -> list[Any]:
+    """The tiny llama (``plan`` applied, if any), then sharded, 2 micro-batches per AdamW step, two steps; FSDP2
+    reduces the gradients after each micro-batch (its default) or, ``sync_every_micro_batch`` False, after the
+    last only."""
+    from estimators import TrainingLoop, apply_plan
+
+    torch.manual_seed(0)
+    built = build_from_hf_config(config, batch_size=batch, seq_len=seq, dtype=torch.float32,
+                                 device=torch.device("cpu"))
+    if plan is not None:
+        apply_plan(built.model, plan, stats=stats)
+    shard(built.model, mesh, world_size=mesh.size())
+    opt = make_optimizer("adamw", list(built.model.parameters()))
+    return measure_fsdp_steps(built.model, built.inputs, built.loss_fn, opt, steps=2, seed=1,
+                              loop=TrainingLoop(grad_accumulation=2), sync_every_micro_batch=sync_every_micro_batch)
+
+
+def all_cases(rank: int, world_size: int, config: dict, batch: int, seq: int,
+              accumulation: tuple[Any, Any, int, int] | None = None) -> dict[str, list[Any]]:
+    """Every case, in one set of processes (starting ranks costs more than running the cases); ``accumulation``:
+    (plan, stats, batch, seq) of the gradient accumulation case."""
     from torch.distributed.device_mesh import init_device_mesh
 
     mesh = init_device_mesh("cpu", (world_size,))
-    return {"release": release_case(mesh), "hand": hand_case(mesh), "llama": llama_case(mesh, config, batch, seq, None),
-            "llama_bf16": llama_case(mesh, config, batch, seq, "bf16")}
+    out = {"release": release_case(mesh), "hand": hand_case(mesh), "llama": llama_case(mesh, config, batch, seq, None),
+           "llama_bf16": llama_case(mesh, config, batch, seq, "bf16")}
+    if accumulation is not None:
+        plan, stats, acc_batch, acc_seq = accumulation
+        out["accumulation"] = accumulation_case(mesh, config, acc_batch, acc_seq, plan, stats)
+        out["accumulation_no_sync"] = accumulation_case(mesh, config, acc_batch, acc_seq, None, None, False)
+    return out

@@ -35,25 +35,45 @@ SLOW = ["bert_padded", "bert_lengths", "decoder_padded", "decoder_lengths"]
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/estimators/conftest.py
 
 
+# Over their budgets before planner 0.7.6 (bench/RESULTS.md, "Training loops: masks, wrappers, BatchNorm"): bert_ones
+# at the smallest budget by 57,856 B (a whole layer's recompute re-makes its output, which only the next layer's
+# saved ops kept: it was counted as kept), bert_padded at 90% by 15,872 B (the mean and rstd of 4 saved
+# attention-output LayerNorms counted free: the module's output op was zeroed whole).
+MORE_BUDGETS: dict[str, tuple[float | str, ...]] = {"bert_ones": ("min",), "bert_padded": (0.9,)}
+
+
 def _check(rows: list[Row]) -> None:
-    base, (row,) = rows[0], rows[1:]
-    assert row.status == "optimal" and row.modules, row
-    assert max(row.peaks) <= row.budget_bytes, (row.peaks, row.budget_bytes)
-    assert abs(row.steady_ratio - 1) <= 0.01, (row.peaks, row.predicted_bytes)
+    base = rows[0]
     assert abs(base.steady_ratio - 1) <= 0.01, (base.peaks, base.predicted_bytes)
-    assert row.state_equal, row.differing
-    assert max(row.peaks) < max(base.peaks)
+    for row in rows[1:]:
+        assert row.status == "optimal" and row.modules, row
+        assert max(row.peaks) <= row.budget_bytes, (row.budget, row.peaks, row.budget_bytes)
+        assert abs(row.steady_ratio - 1) <= 0.01, (row.budget, row.peaks, row.predicted_bytes)
+        assert row.state_equal, row.differing
+        assert max(row.peaks) < max(base.peaks)
 
 
 @pytest.mark.parametrize("name", FAST)
 def test_a_plan_holds_and_keeps_the_model_state(name: str):
-    _check(run_case(name, budgets=(0.75,)))
+    _check(run_case(name, budgets=(0.75, *MORE_BUDGETS.get(name, ()))))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", SLOW)
 def test_a_plan_holds_with_padding_and_per_row_lengths(name: str):
-    _check(run_case(name, budgets=(0.75,)))
+    _check(run_case(name, budgets=(0.75, *MORE_BUDGETS.get(name, ()))))
+
+
+def test_a_module_output_ops_other_outputs_keep_their_bytes():
+    """The attention output block ends in a LayerNorm whose output is the block's: its mean and rstd, [4, 128, 1]
+    fp32 each (2 x 2,048 B), are what saving that op keeps."""
+    model, batch, _ = bert("ones")
+    m = collect(model, batch, None).module("BertForMaskedLM.bert.encoder.layer.0.attention.output")
+    norm = m.ops[-1]
+    assert norm.name == "aten.native_layer_norm" and norm.saved_by_autograd
+    assert norm.output_bytes == 2 * 4 * 128 * 4
+    # its output is saved by the next block's ops, not this block's: a recompute re-makes it beside the original
+    assert [saved for _, _, saved in norm.storages] == [False, True, True]
 
 
 def test_the_cases_cover_the_issue():

@@ -6,7 +6,8 @@ their shard, FSDP2's ``resize_``-d all-gather outputs at their current size),
 and the tiny llama, ``fully_shard`` per decoder layer and the root, against
 what the stats predict per rank: one rank's stats from the fake process group
 (``sacplan collect --fsdp-world-size 2``), and, as evidence of what those add,
-the unsharded stats with ``world_size=2``. Memory only.
+the unsharded stats with ``world_size=2``; and gradient accumulation (2 micro-batches, issue 27): a plan
+from one rank's stats of that loop, and FSDP2's no-sync variant collected as it runs. Memory only.
 
 gloo's worker thread holds a finished collective's buffers until it is
 scheduled again, so with FSDP2's default collectives a rank now and then held
@@ -30,18 +31,31 @@ pytest.importorskip("torch.distributed.fsdp")
 import planner  # noqa: E402
 from est_helpers import TINY_LLAMA  # noqa: E402
 from estimators.measure import ALL_GATHER, REDUCE_SCATTER, UNSHARDED  # noqa: E402
-from estimators import CollectRequest, measure_fsdp_steps, run_collection, run_ranks  # noqa: E402
+from estimators import CollectRequest, TrainingLoop, measure_fsdp_steps, run_collection, run_ranks  # noqa: E402
 from fsdp_cases import HAND_BATCH, HAND_FEATURES, all_cases  # noqa: E402
 
 RANKS, BATCH, SEQ = 2, 4, 64
 FSDP_TERMS = (UNSHARDED, ALL_GATHER, REDUCE_SCATTER)
 
 
+ACC_BATCH, ACC_SEQ = 2, 32  # the gradient accumulation case: per micro-batch
+
+
 @pytest.fixture(scope="module")
-def ranks() -> list[dict]:
+def accumulation_plan() -> tuple[planner.Plan, planner.Stats]:
+    """One rank's stats of 2 micro-batches per step (``sacplan collect --fsdp-world-size 2 --grad-accumulation 2``)
+    and its plan at 90% of the baseline."""
+    req = CollectRequest(hf_config=TINY_LLAMA, batch=ACC_BATCH, seq=ACC_SEQ, dtype="fp32", device="cpu",
+                         optimizer="adamw", fsdp_world_size=RANKS, grad_accumulation=2)
+    stats = run_collection(req).stats
+    return planner.plan(stats, 0.9 * planner.baseline_peak_bytes(stats) / planner.GIB), stats
+
+
+@pytest.fixture(scope="module")
+def ranks(accumulation_plan: tuple[planner.Plan, planner.Stats]) -> list[dict]:
     if not torch.distributed.is_gloo_available():
         pytest.skip("no gloo backend in this torch build")
-    return run_ranks(all_cases, RANKS, TINY_LLAMA, BATCH, SEQ)
+    return run_ranks(all_cases, RANKS, TINY_LLAMA, BATCH, SEQ, (*accumulation_plan, ACC_BATCH, ACC_SEQ))
 
 
 @pytest.fixture(scope="module")
@@ -140,8 +154,51 @@ def test_fsdp_collector_predicts_the_real_peak(ranks: list[dict], request_: Coll
                 assert m.peak_bytes == predicted, (case, rank, m.step, m.peak_bytes, predicted)
 
 
+def test_a_plan_holds_with_gradient_accumulation(ranks: list[dict], accumulation_plan: tuple) -> None:
+    """2 micro-batches per AdamW step, FSDP2 reducing after each: the plan made from one rank's stats of that loop
+    predicts every rank's steady-state peak to the byte (``bench/bench_fsdp_accumulation.py``: min, 75% and 90%
+    plans, 1.0000 on both ranks), and the peak is in micro-batch 2, where micro-batch 1's gradient shards live."""
+    plan, _ = accumulation_plan
+    assert plan.status == "optimal" and plan.modules, plan.status
+    assert plan.peak_micro_batch == 2
+    budget = plan.memory_budget_gib * planner.GIB
+    for rank, out in enumerate(ranks):
+        first, steady = out["accumulation"]
+        assert first.peak_bytes <= budget and steady.peak_bytes <= budget, (rank, first.peak_bytes, budget)
+        assert steady.peak_bytes == plan.peak_bytes, (rank, steady.peak_bytes, plan.peak_bytes)
+
+
+def test_no_sync_until_the_last_micro_batch_is_collected_as_it_runs(ranks: list[dict]) -> None:
+    """``set_requires_gradient_sync(False)`` before micro-batch 1 (``--fsdp-sync-last-micro-batch``): each unit
+    keeps its unsharded gradients until the last micro-batch's reduction. The stats of that loop predict every
+    rank's steady-state peak to the byte; the default loop's stats are below it (by 213,632 B at batch 4 x 64 in
+    ``bench/bench_fsdp_accumulation.py``: a no-sync run held to them is over)."""
+    def baseline(sync: bool) -> int:
+        req = CollectRequest(hf_config=TINY_LLAMA, batch=ACC_BATCH, seq=ACC_SEQ, dtype="fp32", device="cpu",
+                             optimizer="adamw", fsdp_world_size=RANKS, grad_accumulation=2,
+                             sync_every_micro_batch=sync)
+        stats = run_collection(req).stats
+        assert stats.metadata.sharding.sync_every_micro_batch is (None if sync else False)
+        return planner.baseline_peak_bytes(stats)
+
+    no_sync = baseline(False)
+    for rank, out in enumerate(ranks):
+        assert out["accumulation_no_sync"][-1].peak_bytes == no_sync, (rank, out["accumulation_no_sync"], no_sync)
+    assert no_sync > baseline(True)
+
+
+def test_sync_last_micro_batch_needs_accumulation() -> None:
+    req = CollectRequest(hf_config=TINY_LLAMA, batch=1, seq=8, fsdp_world_size=RANKS, sync_every_micro_batch=False)
+    with pytest.raises(ValueError, match="--fsdp-sync-last-micro-batch .* needs --grad-accumulation N with N >= 2"):
+        req.fsdp_setup()
+    with pytest.raises(ValueError, match="--fsdp-sync-last-micro-batch shards the step: it needs --fsdp-world-size"):
+        dataclasses.replace(req, fsdp_world_size=None).fsdp_setup()
+
+
 def test_bad_arguments_are_named() -> None:
     with pytest.raises(ValueError, match="steps must be at least 1, got 0"):
         measure_fsdp_steps(torch.nn.Linear(2, 2), torch.ones(2), None, None, steps=0)
+    with pytest.raises(ValueError, match="a GradScaler over FSDP2's sharded gradients is not measured"):
+        measure_fsdp_steps(torch.nn.Linear(2, 2), torch.ones(2), None, None, loop=TrainingLoop(1, "fp16", True))
     with pytest.raises(ValueError, match="world_size must be a positive integer, got 0"):
         run_ranks(all_cases, 0)
