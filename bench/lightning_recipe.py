@@ -118,7 +118,9 @@ def run(budgets: tuple[float | str, ...] = ("min", 0.5, 0.75, 0.9), steps: int =
                           **collect_options())
     baseline = planner.plan(stats, 1e3, options=options).baseline_peak_bytes
     torch.manual_seed(0)
-    base_peaks, base_params = fit(copy.deepcopy(module), batch, steps)
+    unplanned = copy.deepcopy(module)
+    unplanned.model.config.use_cache = False  # as apply_plan runs a model: no KV cache in a training step
+    base_peaks, base_params = fit(unplanned, batch, steps)
     rows = [LightningRun("none", "baseline", baseline, baseline, tuple(base_peaks), True)]
     for budget in budgets:
         gib = (planner.plan(stats, 1e-6, options=options).min_feasible_budget_gib if budget == "min"

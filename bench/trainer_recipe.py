@@ -145,7 +145,9 @@ def run(budgets: tuple[float | str, ...] = ("min", 0.5, 0.75, 0.9), steps: int =
     options = planner.PlanOptions(reserve_gib=trainer_reserve_bytes(args, batch) / planner.GIB)
     stats = collect_stats(model, batch, device="cpu", cost_model=RooflineCostModel(device_spec("cpu")), **collect_options(args))
     baseline = planner.plan(stats, 1e3, options=options).baseline_peak_bytes
-    base_peaks, base_params = train(copy.deepcopy(model), batch, steps)
+    unplanned = copy.deepcopy(model)
+    unplanned.config.use_cache = False  # as apply_plan runs a model: no KV cache in a training step
+    base_peaks, base_params = train(unplanned, batch, steps)
     rows = [TrainerRun("none", "baseline", baseline, baseline, tuple(base_peaks), True)]
     for budget in budgets:
         gib = (planner.plan(stats, 1e-6, options=options).min_feasible_budget_gib if budget == "min"
