@@ -43,6 +43,7 @@ from torch.utils.checkpoint import CheckpointPolicy
 
 from estimators.apply.alignment import Alignment, StatsOps, substantive
 from estimators.common import is_inplace_op, is_random_op, is_view_op, op_name
+from planner import MUST_SAVE_OPS
 
 __all__ = ["PlanMismatchError", "ModulePlan", "CallPolicy", "RngReplay", "aot_tracing", "planned_modules",
            "PLAN_MARK", "EAGER", "COMPILED", "TRACED"]
@@ -171,6 +172,8 @@ class CallPolicy:
             decision = self._eager_rule(k, name, view)
         if random:
             decision = self._random(k, name, decision)
+        if name in MUST_SAVE_OPS:  # a collective: recomputing it would communicate again
+            decision = 1
         if self.mode != TRACED:
             decision = self._inplace(func, args, decision, getattr(ctx, "op_output", None))
         return CheckpointPolicy.MUST_SAVE if decision else CheckpointPolicy.PREFER_RECOMPUTE

@@ -232,6 +232,7 @@ def _op_stats(m: Any, col: Any, held_serials: set[int]) -> list[OpStats]:
                 random=op.random,
                 inplace_parent=parent,
                 saved_by_autograd=bool(op.out_serials) and op.out_serials <= col.saved,
+                must_save=op.must_save or None,
                 held_tensors=(sorted(op.out_serials & held_serials) or None) if parent is None and op.fresh else None,
                 storages=[(nbytes, col.life.last_live_op(serial, m.ops), serial in col.saved)
                           for serial, nbytes in op.new_storages] or None,

@@ -20,7 +20,7 @@ from torch.distributed.tensor import DTensor
 from torch.utils._pytree import tree_flatten
 
 __all__ = ["ACT", "BUFFER", "CATEGORIES", "COMM", "GRAD", "INPUT", "OPT", "PARAM", "TEMP", "StorageBook", "tensors_in",
-           "storages_of", "follow_storage_resizes"]
+           "storages_of", "follow_storage_resizes", "local_shards"]
 
 PARAM, BUFFER, INPUT, ACT, TEMP, GRAD, OPT = "param", "buffer", "input", "act", "temp", "grad", "opt"
 COMM = "fsdp"  # FSDP2's gathered parameters and collective buffers (estimators.collect.fsdp)
@@ -38,6 +38,13 @@ def _local(t: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
             return t.to_local()
     return t
+
+
+def local_shards(tree: object) -> object:
+    """The pytree with each DTensor replaced by its shard on this rank (what the rank computes on and holds)."""
+    from torch.utils._pytree import tree_map
+
+    return tree_map(lambda x: _local(x) if isinstance(x, DTensor) else x, tree)
 
 
 def _storage_id(st: torch.UntypedStorage) -> int:
