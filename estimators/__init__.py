@@ -51,6 +51,8 @@ _WHERE = {
     "shard": "estimators.measure",
     # shared by every job
     "FsdpSetup": "estimators.common",
+    "ParallelDims": "estimators.common",
+    "parallelize_tp": "estimators.common",
     "TrainingLoop": "estimators.common",
     "call_model": "estimators.common",
     "default_loss": "estimators.common",

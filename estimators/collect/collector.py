@@ -44,7 +44,7 @@ from estimators.collect.fake_step import (FakeConverter, fake_loss_fn, fakeify, 
 from estimators.collect.emulation import attention_emulation
 from estimators.collect.fsdp import (ShardedStep, fake_process_group, is_collective_op, record_sharding,
                                     run_collective, run_op)
-from estimators.collect.tensor_parallel import job_parallelism, parallelize_step, step_copy
+from estimators.collect.tensor_parallel import eager_op_name, job_parallelism, parallelize_step, step_copy
 from estimators.collect.input_values import InputValues, tag_batch_values, unanswered_read_error
 from estimators.collect.models import hf_fake_as_real
 from estimators.collect.module_hooks import ModuleHooks
@@ -58,7 +58,7 @@ from estimators.collect.step_loop import (check_step_options, describe_loop, is_
 from estimators.collect.timeline import BACKWARD, FORWARD, OPTIMIZER, TimelineRecorder
 from estimators.common import (ACT, BUFFER, GRAD, INPUT, OPT, PARAM, SAC_IGNORED_OPS, TEMP, FsdpSetup, ParallelDims,
                                StorageBook, TrainingLoop, is_inplace_op, is_random_op, is_view_op,
-                               local_shards, make_optimizer, module_fqns, op_name, storages_of, switch_off_kv_cache,
+                               local_shards, make_optimizer, module_fqns, storages_of, switch_off_kv_cache,
                                tensors_in)
 from planner import MUST_SAVE_OPS, Stats, StatsMetadata
 
@@ -139,9 +139,9 @@ class _Collector(TorchDispatchMode):
         inplace = is_inplace_op(func) and not view
         idx = len(self.ops)
         self.ops.append(
-            OpRecord(op_name(func), ms, 0 if view or inplace else out_bytes, frozenset(serials), view,
+            OpRecord(eager_op_name(func), ms, 0 if view or inplace else out_bytes, frozenset(serials), view,
                 is_random_op(func, args, kwargs), inplace, mutated, fresh, cast, made,
-                must_save=op_name(func) in MUST_SAVE_OPS)
+                must_save=eager_op_name(func) in MUST_SAVE_OPS)
         )
         for m in self.fw_stack:
             if not m.is_leaf and not m.done_fw:

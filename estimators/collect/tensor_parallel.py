@@ -17,12 +17,31 @@ from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
+import torch
 from torch import nn
 
 from estimators.collect.fsdp import meta_copy
-from estimators.common import FsdpSetup, ParallelDims, default_units, module_fqns, parallelize_tp, shard_model, unit_fqns
+from estimators.common import (FsdpSetup, ParallelDims, default_units, module_fqns, op_name, parallelize_tp,
+                               shard_model, unit_fqns)
 
-__all__ = ["job_parallelism", "parallelize_step", "step_copy"]
+_WAIT = torch.ops._c10d_functional.wait_tensor.default
+
+__all__ = ["eager_op_name", "job_parallelism", "parallelize_step", "step_copy"]
+
+
+def eager_op_name(func: Any) -> str:
+    """The op's name in the stats: the name an eager run (which the SAC policy sees) gives the op in its place.
+
+    A functional collective's result is wrapped for a later wait: eagerly
+    ``_c10d_functional._wrap_tensor_autograd`` (an AsyncCollectiveTensor,
+    waited where first used), but under fake tensors (taken for tracing,
+    ``torch.distributed._functional_collectives._are_we_tracing``)
+    ``_c10d_functional.wait_tensor`` at once. The collector runs the wait as
+    eager's kernel does (its input returned) and names it as eager does.
+    """
+    if func is _WAIT:
+        return "_c10d_functional._wrap_tensor_autograd"
+    return op_name(func)
 
 
 def job_parallelism(fsdp: FsdpSetup | None, parallel: ParallelDims | None,

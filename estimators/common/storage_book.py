@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 from torch.distributed.tensor import DTensor
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_flatten
 
 __all__ = ["ACT", "BUFFER", "CATEGORIES", "COMM", "GRAD", "INPUT", "OPT", "PARAM", "TEMP", "StorageBook", "tensors_in",
@@ -52,10 +53,21 @@ def _storage_id(st: torch.UntypedStorage) -> int:
     return st._cdata  # layout: allow-private (a storage's only identity)
 
 
+def _holding(t: torch.Tensor) -> list[torch.Tensor]:
+    """The tensors whose storages hold ``t``'s data: a wrapper subclass's inner tensors (a DTensor's shard, an
+    AsyncCollectiveTensor's result: the wrapper's own storage is a placeholder without data), else ``t``."""
+    if isinstance(t, DTensor):
+        return [_local(t)]
+    if is_traceable_wrapper_subclass(t):
+        names, _ = t.__tensor_flatten__()
+        return [x for name in names for x in _holding(getattr(t, name))]
+    return [t]
+
+
 def storages_of(tree: object) -> list[torch.UntypedStorage]:
-    """Distinct storages of the tensors in a pytree (outputs, args)."""
+    """Distinct storages of the tensors in a pytree (outputs, args); a wrapper subclass by its inner tensors."""
     seen: dict[int, torch.UntypedStorage] = {}
-    for t in map(_local, tensors_in(tree)):
+    for t in (x for held in tensors_in(tree) for x in _holding(held)):
         if t.layout != torch.strided:
             continue
         st = t.untyped_storage()

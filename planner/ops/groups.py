@@ -39,7 +39,7 @@ FREE, RECOMPUTE, SAVE = -1, 0, 1
 MUST_SAVE_OPS = frozenset({
     "_c10d_functional.all_reduce", "_c10d_functional.all_reduce_", "_c10d_functional.all_gather_into_tensor",
     "_c10d_functional.reduce_scatter_tensor", "_c10d_functional.all_to_all_single", "_c10d_functional.broadcast",
-    "_c10d_functional.wait_tensor", "_c10d_functional_autograd.all_reduce",
+    "_c10d_functional.wait_tensor", "_c10d_functional._wrap_tensor_autograd", "_c10d_functional_autograd.all_reduce",
     "_c10d_functional_autograd.all_gather_into_tensor", "_c10d_functional_autograd.reduce_scatter_tensor",
     "_c10d_functional_autograd.all_to_all_single", "_dtensor.shard_dim_alltoall",
     "c10d.allreduce_", "c10d.allgather_", "c10d._allgather_base_", "c10d._reduce_scatter_base_",
