@@ -83,11 +83,18 @@ def build_parallel(run: TpRun, mesh: Any) -> Any:
 
 
 def _one(run: TpRun, mesh: Any) -> TpRankResult:
+    from estimators import SettledFunctionalCollectives
+
+    built = build_parallel(run, mesh)
+    with SettledFunctionalCollectives():  # gloo lets go of TP's collective buffers in program order
+        return _steps(run, built)
+
+
+def _steps(run: TpRun, built: Any) -> TpRankResult:
     from torch.distributed.tensor import DTensor
 
     from estimators import call_model, make_optimizer, measure_steps
 
-    built = build_parallel(run, mesh)
     torch.manual_seed(STEP_SEED)
     loss_fn = built.loss_fn or (lambda out: out.loss)
     loss_fn(call_model(built.model, built.inputs)).backward()

@@ -49,6 +49,7 @@ _WHERE = {
     "measure_fsdp_steps": "estimators.measure",
     "run_ranks": "estimators.measure",
     "shard": "estimators.measure",
+    "SettledFunctionalCollectives": "estimators.measure",
     # shared by every job
     "FsdpSetup": "estimators.common",
     "ParallelDims": "estimators.common",
