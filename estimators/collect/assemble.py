@@ -125,9 +125,19 @@ def _held_inputs(m: Any, col: Any) -> list[tuple[int, int]]:
     others cost extra (a MultiheadAttention's input, only copied inside it).
     The serial names the storage, so an input several modules take (an
     attention mask) is known to be one tensor.
+
+    So is a collective past the module's early stop (a row-wise layer's
+    all-reduce ends a tensor-parallel block): it is always saved (must_save),
+    and SAC caches it in the forward but the recompute, stopping before it,
+    never takes it back, so it lives through the module's backward where the
+    plain step freed it (the tiny llama at TP x2, its last layer checkpointed:
+    one 16 KiB all-reduce output over the predicted peak).
     """
-    return [] if m.is_leaf else [(serial, nbytes) for serial, nbytes in m.activation_inputs
-                                 if serial not in col.saved]
+    if m.is_leaf:
+        return []
+    past_stop = [(serial, nbytes) for i in m.ops[m.recompute_stop:] if col.ops[i].must_save
+                 for serial, nbytes in col.ops[i].new_storages if serial not in col.saved]
+    return [(serial, nbytes) for serial, nbytes in m.activation_inputs if serial not in col.saved] + past_stop
 
 
 def _recompute_key(m: Any, col: Any, post_order: list[str]) -> int | None:
