@@ -52,27 +52,29 @@ def plans(stats: planner.Stats) -> list[tuple[str, float, planner.Plan]]:
     return out
 
 
-def run(stats_dir: Path) -> tuple[str, bool]:
-    """The section's text, and whether every run held (within 1%, never over its budget, gradients equal)."""
+def run(stats_dir: Path, fsdp: int = 1) -> tuple[str, bool]:
+    """One job's table (TP x2, FSDP2 over it when ``fsdp`` > 1), and whether every run held (within 1%, never
+    over its budget, gradients equal)."""
     t = time.perf_counter()
-    stats = run_collection(CollectRequest(hf_config=LLAMA, batch=BATCH, seq=SEQ, tp_size=TP)).stats
+    stats = run_collection(CollectRequest(hf_config=LLAMA, batch=BATCH, seq=SEQ, tp_size=TP,
+                                          fsdp_world_size=fsdp if fsdp > 1 else None)).stats
     collect_s = time.perf_counter() - t
-    stats_path = stats_dir / "tp_stats.json"
+    stats_path = stats_dir / f"tp_stats_{fsdp}.json"
     stats_path.write_text(json.dumps(stats.model_dump(mode="json")))
     base = planner.plan(stats, 1024.0).baseline_peak_bytes
     chosen = plans(stats)
-    runs = [TpRun("base", LLAMA, BATCH, SEQ, tp_size=TP)]
+    runs = [TpRun("base", LLAMA, BATCH, SEQ, tp_size=TP, fsdp_size=fsdp)]
     predicted = {"base": (base, None)}
     rows, ok = [], True
     for label, budget, p in chosen:
         if p.status not in ("optimal", "feasible"):
             rows.append(f"| {label} | {budget * GIB:,.0f} | {p.status} | | | | |")
             continue
-        runs.append(TpRun(label, LLAMA, BATCH, SEQ, tp_size=TP, plan=p.model_dump(mode="json"),
+        runs.append(TpRun(label, LLAMA, BATCH, SEQ, tp_size=TP, fsdp_size=fsdp, plan=p.model_dump(mode="json"),
                           stats_path=str(stats_path)))
         predicted[label] = (p.peak_bytes, budget * GIB)
     t = time.perf_counter()
-    ranks = run_ranks(run_tp, TP, runs)
+    ranks = run_ranks(run_tp, TP * fsdp, runs)
     ranks_s = time.perf_counter() - t
     for rank, results in enumerate(ranks):
         base_grads = results[0].grads
@@ -90,15 +92,14 @@ def run(stats_dir: Path) -> tuple[str, bool]:
             rows.append(f"| {res.label} | {'' if budget is None else f'{budget:,.0f}'} | rank {rank} | {pred:,} | "
                         f"{', '.join(f'{m:,}' for m in res.peaks)} | {', '.join(f'{r:.4f}' for r in ratios)} | "
                         f"{'OVER' if over else 'no'} | {'equal' if grads_equal else 'DIFFER'} |")
+    job = f"TP x{TP}" if fsdp == 1 else f"FSDP2 x{fsdp} x TP x{TP}"
+    flags = f"--tp-size {TP}" + (f" --fsdp-world-size {fsdp}" if fsdp > 1 else "")
     text = "\n".join([
-        SECTION, "",
-        describe_machine("bench/bench_tensor_parallel.py --write"), "",
-        f"Llama {LLAMA['hidden_size']} hidden, {LLAMA['num_hidden_layers']} layers, batch {BATCH}, seq {SEQ}, fp32, "
-        f"AdamW; one rank of TP x{TP} collected under the fake process group in {collect_s:.1f} s (the HF plan, "
-        f"`sacplan collect --tp-size {TP}`); the real job: {TP} gloo ranks on 127.0.0.1, TP then the plan, 3 steps "
-        f"({ranks_s:.0f} s for all runs). Peak: every distinct live storage once, DTensors by their local shard. "
-        f"Ratio: real / predicted on steps 2 and 3 (AdamW state live). Gradients: one seeded step, every local "
-        f"shard against the unplanned TP run's (torch.equal).", "",
+        f"### {job}", "",
+        f"One rank of {job} collected under the fake process group in {collect_s:.1f} s (the HF plan, "
+        f"`sacplan collect {flags}`); the real job: {TP * fsdp} gloo ranks on 127.0.0.1, TP then the plan"
+        f"{', then fully_shard per decoder layer and the root' if fsdp > 1 else ''}, 3 steps ({ranks_s:.0f} s for "
+        f"all runs).", "",
         "| run | budget (bytes) | rank | predicted peak | real peaks, steps 1-3 | ratio, steady state | over budget | "
         "gradients |",
         "|---|---|---|---|---|---|---|---|",
@@ -107,12 +108,23 @@ def run(stats_dir: Path) -> tuple[str, bool]:
     return text, ok
 
 
+def section(stats_dir: Path) -> tuple[str, bool]:
+    """The whole section: TP alone, then FSDP2 over TP (a 2 x 2 mesh)."""
+    tables = [run(stats_dir, fsdp) for fsdp in (1, 2)]
+    head = [SECTION, "", describe_machine("bench/bench_tensor_parallel.py --write"), "",
+            f"Llama {LLAMA['hidden_size']} hidden, {LLAMA['num_hidden_layers']} layers, batch {BATCH}, seq {SEQ}, "
+            f"fp32, AdamW, no dropout. Peak: every distinct live storage once, DTensors by their local shard "
+            f"(estimators.measure_steps). Ratio: real / predicted on steps 2 and 3 (AdamW state live). Gradients: "
+            f"one seeded step, every local shard against the unplanned parallel run's (torch.equal).", ""]
+    return "\n".join(head + [t for t, _ in tables]), all(ok for _, ok in tables)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--write", action="store_true", help="rewrite the section in bench/RESULTS.md")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="sacplan-tp-") as tmp:
-        text, ok = run(Path(tmp))
+        text, ok = section(Path(tmp))
     print(text)
     if args.write:
         write_results(text, REPO / "bench" / "RESULTS.md", SECTION)
