@@ -3,7 +3,8 @@
     python bench/bench_tensor_parallel.py --write     # rewrites the "## Tensor parallel" section of bench/RESULTS.md
     python bench/bench_tensor_parallel.py             # prints the section only
 
-A small Llama (``LlamaConfig``, random weights, no dropout) is collected as one
+A small Llama (``LlamaConfig``, random weights, no dropout; and a Qwen2 parallelized by a user function,
+``bench/parallelize/qwen2_tp.py``; and the Llama at FSDP2 x2 x TP x2 on 4 ranks) is collected as one
 rank of a 2-rank TP job under the fake process group (``run_collection``, as
 ``sacplan collect --tp-size 2``: the model's Hugging Face TP plan mapped onto
 ``parallelize_module``), planned at 60% and 85% of the per-rank baseline and at
@@ -38,6 +39,8 @@ from estimators import CollectRequest, run_collection, run_ranks  # noqa: E402
 SECTION = "## Tensor parallel"
 LLAMA = {"model_type": "llama", "vocab_size": 512, "hidden_size": 128, "intermediate_size": 256,
          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256}
+QWEN2 = {**LLAMA, "model_type": "qwen2"}  # q, k, v with biases: parallelized by a user's function
+QWEN2_TP = str(REPO / "bench" / "parallelize" / "qwen2_tp.py") + ":parallelize"
 BATCH, SEQ, TP = 4, 128, 2
 FRACTIONS = (0.6, 0.85)
 GIB = 2**30
@@ -52,25 +55,26 @@ def plans(stats: planner.Stats) -> list[tuple[str, float, planner.Plan]]:
     return out
 
 
-def run(stats_dir: Path, fsdp: int = 1) -> tuple[str, bool]:
+def run(stats_dir: Path, fsdp: int = 1, config: dict = LLAMA, parallelize: str | None = None) -> tuple[str, bool]:
     """One job's table (TP x2, FSDP2 over it when ``fsdp`` > 1), and whether every run held (within 1%, never
     over its budget, gradients equal)."""
     t = time.perf_counter()
-    stats = run_collection(CollectRequest(hf_config=LLAMA, batch=BATCH, seq=SEQ, tp_size=TP,
+    stats = run_collection(CollectRequest(hf_config=config, batch=BATCH, seq=SEQ, tp_size=TP, parallelize=parallelize,
                                           fsdp_world_size=fsdp if fsdp > 1 else None)).stats
     collect_s = time.perf_counter() - t
-    stats_path = stats_dir / f"tp_stats_{fsdp}.json"
+    stats_path = stats_dir / f"tp_stats_{config['model_type']}_{fsdp}.json"
     stats_path.write_text(json.dumps(stats.model_dump(mode="json")))
     base = planner.plan(stats, 1024.0).baseline_peak_bytes
     chosen = plans(stats)
-    runs = [TpRun("base", LLAMA, BATCH, SEQ, tp_size=TP, fsdp_size=fsdp)]
+    runs = [TpRun("base", config, BATCH, SEQ, tp_size=TP, fsdp_size=fsdp, parallelize=parallelize)]
     predicted = {"base": (base, None)}
     rows, ok = [], True
     for label, budget, p in chosen:
         if p.status not in ("optimal", "feasible"):
             rows.append(f"| {label} | {budget * GIB:,.0f} | {p.status} | | | | |")
             continue
-        runs.append(TpRun(label, LLAMA, BATCH, SEQ, tp_size=TP, fsdp_size=fsdp, plan=p.model_dump(mode="json"),
+        runs.append(TpRun(label, config, BATCH, SEQ, tp_size=TP, fsdp_size=fsdp, parallelize=parallelize,
+                          plan=p.model_dump(mode="json"),
                           stats_path=str(stats_path)))
         predicted[label] = (p.peak_bytes, budget * GIB)
     t = time.perf_counter()
@@ -92,11 +96,13 @@ def run(stats_dir: Path, fsdp: int = 1) -> tuple[str, bool]:
             rows.append(f"| {res.label} | {'' if budget is None else f'{budget:,.0f}'} | rank {rank} | {pred:,} | "
                         f"{', '.join(f'{m:,}' for m in res.peaks)} | {', '.join(f'{r:.4f}' for r in ratios)} | "
                         f"{'OVER' if over else 'no'} | {'equal' if grads_equal else 'DIFFER'} |")
-    job = f"TP x{TP}" if fsdp == 1 else f"FSDP2 x{fsdp} x TP x{TP}"
-    flags = f"--tp-size {TP}" + (f" --fsdp-world-size {fsdp}" if fsdp > 1 else "")
+    job = f"{config['model_type']}, " + (f"TP x{TP}" if fsdp == 1 else f"FSDP2 x{fsdp} x TP x{TP}")
+    flags = (f"--tp-size {TP}" + (f" --fsdp-world-size {fsdp}" if fsdp > 1 else "")
+             + (" --parallelize bench/parallelize/qwen2_tp.py:parallelize" if parallelize else ""))
+    how = "a user's function" if parallelize else "the HF plan"
     text = "\n".join([
         f"### {job}", "",
-        f"One rank of {job} collected under the fake process group in {collect_s:.1f} s (the HF plan, "
+        f"One rank of {job} collected under the fake process group in {collect_s:.1f} s ({how}, "
         f"`sacplan collect {flags}`); the real job: {TP * fsdp} gloo ranks on 127.0.0.1, TP then the plan"
         f"{', then fully_shard per decoder layer and the root' if fsdp > 1 else ''}, 3 steps ({ranks_s:.0f} s for "
         f"all runs).", "",
@@ -110,9 +116,10 @@ def run(stats_dir: Path, fsdp: int = 1) -> tuple[str, bool]:
 
 def section(stats_dir: Path) -> tuple[str, bool]:
     """The whole section: TP alone, then FSDP2 over TP (a 2 x 2 mesh)."""
-    tables = [run(stats_dir, fsdp) for fsdp in (1, 2)]
+    tables = [run(stats_dir, fsdp) for fsdp in (1, 2)] + [run(stats_dir, 1, QWEN2, QWEN2_TP)]
     head = [SECTION, "", describe_machine("bench/bench_tensor_parallel.py --write"), "",
-            f"Llama {LLAMA['hidden_size']} hidden, {LLAMA['num_hidden_layers']} layers, batch {BATCH}, seq {SEQ}, "
+            f"Llama and Qwen2 of {LLAMA['hidden_size']} hidden, {LLAMA['num_hidden_layers']} layers, batch {BATCH}, "
+            f"seq {SEQ}, "
             f"fp32, AdamW, no dropout. Peak: every distinct live storage once, DTensors by their local shard "
             f"(estimators.measure_steps). Ratio: real / predicted on steps 2 and 3 (AdamW state live). Gradients: "
             f"one seeded step, every local shard against the unplanned parallel run's (torch.equal).", ""]
