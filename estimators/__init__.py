@@ -49,8 +49,11 @@ _WHERE = {
     "measure_fsdp_steps": "estimators.measure",
     "run_ranks": "estimators.measure",
     "shard": "estimators.measure",
+    "SettledFunctionalCollectives": "estimators.measure",
     # shared by every job
     "FsdpSetup": "estimators.common",
+    "ParallelDims": "estimators.common",
+    "parallelize_tp": "estimators.common",
     "TrainingLoop": "estimators.common",
     "call_model": "estimators.common",
     "default_loss": "estimators.common",

@@ -10,16 +10,18 @@ module-level problem, its engines and bounds), ``planning`` (``plan()`` and
 from planner.figures import HOST_OVERHEAD_NOTE, RecomputeSplit, recompute_split, step_basis
 from planner.memory_model import GIB, MemoryModel, baseline_peak_bytes, compute_ms, memory_model
 from planner.ops.frontier import Frontier, module_frontier
+from planner.ops.groups import MUST_SAVE_OPS
 from planner.ops.policy import optimal_op_policy
 from planner.options import PlanOptions
 from planner.plan_format import Plan, PlannedModule, PlanStatus
 from planner.planning import min_feasible_budget_gib, plan, sweep
 from planner.stats.format import STATS_FORMAT, ModuleStats, Moment, OpStats, Stats, StatsMetadata, stats_hash
 from planner.stats.loader import StatsError, from_torch_format, load_stats, parse_stats
-from planner.stats.sharding import Sharding
+from planner.stats.sharding import Sharding, sharding_scope
 from planner.version import PLANNER_VERSION
 
 __all__ = [
+    "MUST_SAVE_OPS",
     "GIB",
     "HOST_OVERHEAD_NOTE",
     "PLANNER_VERSION",
@@ -35,6 +37,7 @@ __all__ = [
     "PlannedModule",
     "RecomputeSplit",
     "Sharding",
+    "sharding_scope",
     "Stats",
     "StatsError",
     "StatsMetadata",

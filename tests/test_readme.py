@@ -36,7 +36,6 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"

@@ -30,8 +30,10 @@ __all__ = ["TOLERATED_OPS", "StatsOps", "Alignment", "AmbiguousAlignment", "alig
 
 # Ops a run may add or drop without changing what the plan means: constants made from Python scalars
 # (tracing lifts them) and aliases. Their decision is always "recompute" (they cost nothing to remake).
+# A functional collective's wait returns its input: eager runs it where a collective's result is first used
+# (inside AsyncCollectiveTensor's dispatch, unseen, or by an explicit .wait()), a trace right after the collective.
 TOLERATED_OPS = frozenset({"aten.lift_fresh", "aten.lift_fresh_copy", "aten.scalar_tensor", "aten.alias",
-                           "aten._local_scalar_dense"})
+                           "aten._local_scalar_dense", "_c10d_functional.wait_tensor"})
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,8 @@ import torch
 from torch.utils.checkpoint import CheckpointPolicy
 
 from estimators.apply.alignment import Alignment, StatsOps, substantive
-from estimators.common import is_inplace_op, is_random_op, is_view_op, op_name
+from estimators.common import is_inplace_op, is_random_op, is_view_op, op_name, storages_of
+from planner import MUST_SAVE_OPS
 
 __all__ = ["PlanMismatchError", "ModulePlan", "CallPolicy", "RngReplay", "aot_tracing", "planned_modules",
            "PLAN_MARK", "EAGER", "COMPILED", "TRACED"]
@@ -171,6 +172,8 @@ class CallPolicy:
             decision = self._eager_rule(k, name, view)
         if random:
             decision = self._random(k, name, decision)
+        if name in MUST_SAVE_OPS:  # a collective: recomputing it would communicate again
+            decision = 1
         if self.mode != TRACED:
             decision = self._inplace(func, args, decision, getattr(ctx, "op_output", None))
         return CheckpointPolicy.MUST_SAVE if decision else CheckpointPolicy.PREFER_RECOMPUTE
@@ -227,13 +230,12 @@ class CallPolicy:
         return decision
 
     def _inplace(self, func: Any, args: tuple, decision: int, output: Any) -> int:
+        # storages by what holds their data: a DTensor's shard, an AsyncCollectiveTensor's result
         if is_inplace_op(func) and args and isinstance(args[0], torch.Tensor):
-            if args[0].untyped_storage().data_ptr() in self.saved_storages:
+            if any(st.data_ptr() in self.saved_storages for st in storages_of(args[0])):
                 decision = 1
         if decision:
-            outs = output if isinstance(output, (tuple, list)) else (output,)
-            self.saved_storages.update(t.untyped_storage().data_ptr() for t in outs
-                                       if isinstance(t, torch.Tensor) and t.layout == torch.strided)
+            self.saved_storages.update(st.data_ptr() for st in storages_of(output))
         return decision
 
 

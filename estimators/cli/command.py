@@ -96,6 +96,17 @@ def register(subparsers: Any) -> None:
                       help="with --grad-accumulation: reduce the gradients after the last micro-batch only "
                       "(set_requires_gradient_sync(False) before the others: each unit keeps its unsharded "
                       "gradients until then; default: after every micro-batch, FSDP2's default)")
+    tp = p.add_argument_group("tensor parallel", "collect one rank of a tensor-parallel job (FSDP2 over it with "
+                              "--fsdp-world-size) under a fake process group: see docs/tensor-parallel.md")
+    tp.add_argument("--tp-size", type=_positive, default=1, metavar="T",
+                    help="ranks of one tensor-parallel group: the stats are one TP rank's (its parameter shards, "
+                    "activations and collectives); with --fsdp-world-size D the mesh is D x T (default 1: none)")
+    tp.add_argument("--parallelize", metavar="FILE.py:FN",
+                    help="your function applying tensor parallel, called as FN(model, tp_mesh) (torchtitan's "
+                    "way); default: the model's Hugging Face plan (base_model_tp_plan)")
+    tp.add_argument("--sequence-parallel", action="store_true",
+                    help="norms and dropout on sequence shards: with --parallelize, say that your function "
+                    "applies it (recorded in the stats); the HF plan's own sequence_parallel entries apply as given")
     p.add_argument("--compile-backend", choices=("aot_eager", "inductor"),
                    help="collect the step as torch.compile(model, backend=...) runs it (the model compiled whole, "
                    "the loss inside it or after it); recorded in the stats' model settings, and apply_plan then "

@@ -11,7 +11,7 @@ import shlex
 from dataclasses import dataclass, field
 
 from planner import (GIB, Plan, RecomputeSplit, Stats, baseline_peak_bytes, min_feasible_budget_gib, recompute_split,
-                     sweep)
+                     sharding_scope, sweep)
 
 __all__ = ["Guidance", "guide", "WORLD_SIZES"]
 
@@ -65,7 +65,7 @@ def guide(stats: Stats, stats_path: str, device: str, device_bytes: int | None, 
     g = Guidance(device, device_bytes, base, min_feasible_budget_gib(stats), world_size,
                  baseline_peak_bytes(stats, world_size=world_size), min_gib)
     if sharding is not None:
-        g.scope = f"per rank, {sharding.kind} x{sharding.world_size}"
+        g.scope = sharding_scope(sharding)
     if device_bytes is not None and min_gib * GIB > device_bytes:
         return g  # nothing fits, even sharded over the most ranks tried
     budgets = suggested_budgets(min_gib, g.sharded_baseline_bytes / GIB,

@@ -10,7 +10,7 @@ from typing import Any
 
 from estimators.cli.guide import WORLD_SIZES, Guidance
 from estimators.collect import LEFT_OUT_TAG
-from planner import GIB, HOST_OVERHEAD_NOTE, Plan, RecomputeSplit, step_basis
+from planner import GIB, HOST_OVERHEAD_NOTE, Plan, RecomputeSplit, sharding_scope, step_basis
 
 __all__ = ["collect_summary", "guidance_rows", "size_text"]
 
@@ -57,8 +57,7 @@ def _compiled_text(backend: str) -> str:
 
 
 def _scope(s: Any) -> str:
-    sh = s.metadata.sharding
-    return "world size 1" if sh is None else f"per rank, {sh.kind} x{sh.world_size}"
+    return sharding_scope(s.metadata.sharding)
 
 
 def _modules_text(result: Any) -> str:

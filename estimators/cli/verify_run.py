@@ -58,7 +58,8 @@ def refusal(stats: Stats) -> str | None:
     """Why this machine cannot run the step the stats describe, or None."""
     sharding = stats.metadata.sharding
     if sharding is not None:
-        kind = {"fsdp2": "an FSDP2 (fully_shard) job"}.get(sharding.kind, f"a {sharding.kind} job")
+        kind = {"fsdp2": "an FSDP2 (fully_shard) job", "tp": "a tensor-parallel job"}.get(sharding.kind,
+                                                                                       f"a {sharding.kind} job")
         return (f"these stats are one rank of {kind} over {sharding.world_size} ranks (sharded parameters, gathered "
                 f"units, collective buffers): sacplan verify runs one unsharded process; measure the real job per "
                 f"rank with estimators.measure_fsdp_steps (docs/fsdp.md)")

@@ -125,9 +125,21 @@ def _held_inputs(m: Any, col: Any) -> list[tuple[int, int]]:
     others cost extra (a MultiheadAttention's input, only copied inside it).
     The serial names the storage, so an input several modules take (an
     attention mask) is known to be one tensor.
+
+    So is a collective past the module's early stop (a row-wise layer's
+    all-reduce ends a tensor-parallel block): it is always saved (must_save),
+    and SAC caches it in the forward but the recompute, stopping before it,
+    never takes it back, so it lives through the module's backward where the
+    plain step freed it (the tiny llama at TP x2, its last layer checkpointed:
+    one 16 KiB all-reduce output over the predicted peak). Its op then costs
+    nothing to save (``_op_stats``): the held bytes are its cost, in the
+    forward (they offset the discard) and in the backward.
     """
-    return [] if m.is_leaf else [(serial, nbytes) for serial, nbytes in m.activation_inputs
-                                 if serial not in col.saved]
+    if m.is_leaf:
+        return []
+    past_stop = [(serial, nbytes) for i in m.ops[m.recompute_stop:] if col.ops[i].must_save
+                 for serial, nbytes in col.ops[i].new_storages if serial not in col.saved]
+    return [(serial, nbytes) for serial, nbytes in m.activation_inputs if serial not in col.saved] + past_stop
 
 
 def _recompute_key(m: Any, col: Any, post_order: list[str]) -> int | None:
@@ -222,6 +234,8 @@ def _op_stats(m: Any, col: Any, held_serials: set[int]) -> list[OpStats]:
     ops = [col.ops[i] for i in m.ops]
     out: list[OpStats] = []
     for k, op in enumerate(ops):
+        # a collective past the early stop: its bytes are held through the backward (_held_inputs), counted there
+        held_past_stop = op.must_save and k >= m.recompute_stop
         parent = _alias_parent(ops, k)
         if op.inplace:
             parent = k
@@ -234,12 +248,15 @@ def _op_stats(m: Any, col: Any, held_serials: set[int]) -> list[OpStats]:
             OpStats(
                 name=op.name,
                 runtime_ms=op.runtime_ms,
-                output_bytes=0 if (parent is not None and not op.inplace) or op.cached_cast else op.output_bytes,
+                output_bytes=0 if (parent is not None and not op.inplace) or op.cached_cast or held_past_stop
+                else op.output_bytes,
                 view_like=op.view_like,
                 random=op.random,
                 inplace_parent=parent,
                 saved_by_autograd=bool(op.out_serials) and op.out_serials <= col.saved,
-                held_tensors=(sorted(op.out_serials & held_serials) or None) if parent is None and op.fresh else None,
+                must_save=op.must_save or None,
+                held_tensors=(sorted(op.out_serials & held_serials) or None)
+                if parent is None and op.fresh and not held_past_stop else None,
                 storages=[(nbytes, col.life.last_live_op(serial, m.ops), m.fqn in col.saved_in.get(serial, ()))
                           for serial, nbytes in op.new_storages] or None,
             )

@@ -42,8 +42,9 @@ from estimators.collect.compile_probe import mark_compiled, zero_gradient_output
 from estimators.collect.fake_step import (FakeConverter, fake_loss_fn, fakeify, forward_and_loss, optimizer_bytes,
                                          traced_ops, with_zero_gradients)
 from estimators.collect.emulation import attention_emulation
-from estimators.collect.fsdp import (ShardedStep, fake_process_group, is_collective_op, meta_copy, record_sharding,
-                                    run_collective)
+from estimators.collect.fsdp import (ShardedStep, fake_process_group, is_collective_op, record_sharding,
+                                    run_collective, run_op)
+from estimators.collect.tensor_parallel import eager_op_name, job_parallelism, parallelize_step, step_copy
 from estimators.collect.input_values import InputValues, tag_batch_values, unanswered_read_error
 from estimators.collect.models import hf_fake_as_real
 from estimators.collect.module_hooks import ModuleHooks
@@ -55,11 +56,11 @@ from estimators.collect.settings_record import with_model_settings
 from estimators.collect.step_loop import (check_step_options, describe_loop, is_cached_cast, optimizer_name,
                                           scalar_stand_in, scratch_ops, scratch_records)
 from estimators.collect.timeline import BACKWARD, FORWARD, OPTIMIZER, TimelineRecorder
-from estimators.common import (ACT, BUFFER, GRAD, INPUT, OPT, PARAM, SAC_IGNORED_OPS, TEMP, FsdpSetup, StorageBook,
-                               TrainingLoop, default_units, is_inplace_op, is_random_op, is_view_op, make_optimizer,
-                               module_fqns, op_name, shard_model, storages_of, switch_off_kv_cache, tensors_in,
-                               unit_fqns)
-from planner import Stats, StatsMetadata
+from estimators.common import (ACT, BUFFER, GRAD, INPUT, OPT, PARAM, SAC_IGNORED_OPS, TEMP, FsdpSetup, ParallelDims,
+                               StorageBook, TrainingLoop, is_inplace_op, is_random_op, is_view_op,
+                               local_shards, make_optimizer, module_fqns, storages_of, switch_off_kv_cache,
+                               tensors_in)
+from planner import MUST_SAVE_OPS, Stats, StatsMetadata
 
 __all__ = ["collect_stats", "OPTIMIZERS"]
 
@@ -80,7 +81,8 @@ class _Collector(TorchDispatchMode):
         self.saved: set[int] = set()
         self.saved_in: dict[int, set[str]] = {}  # serial -> the modules whose forward ops saved it
         self.life = RecomputeLife()  # forward storages' lives, each module's first unpack
-        self.sharded: ShardedStep | None = None  # set for an FSDP2 step: its hook windows
+        self.sharded: ShardedStep | None = None  # set for an FSDP2 or TP step: FSDP2's hook windows
+        self.tp = False  # a tensor-parallel step: collectives in a module's forward are its ops
         self.under_autocast: str | None = None  # autocast's dtype when the innermost running module began or ended
         self.autocast_seen: str | None = None  # autocast's dtype at any non-leaf module's forward
         self.timeline = TimelineRecorder(self._running)
@@ -100,14 +102,16 @@ class _Collector(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if self.sharded is not None and (self.sharded.busy or is_collective_op(func)):
-            return run_collective(self.book, func, args, kwargs)
+            if not (self.tp and self.phase == ACT and self.fw_stack and not self.sharded.busy):
+                return run_collective(self.book, func, args, kwargs)
+            # tensor parallel's collectives inside a module: ops of the module, never recomputed (must_save)
         if self.phase == OPT and func is torch.ops.aten._local_scalar_dense.default:
             return scalar_stand_in(func, args[0])  # a value the optimizer step reads, if fake mode knows none
         mutated = None
         if self.phase == ACT and is_inplace_op(func) and args and isinstance(args[0], torch.Tensor):
-            mutated = self.book.serial(args[0].untyped_storage())
-        out = func(*args, **kwargs)
-        ms = self.cost(func, args, kwargs, out)
+            mutated = self.book.serial(storages_of(args[0])[0])
+        out = run_op(func, args, kwargs)
+        ms = self.cost(func, *local_shards((args, kwargs, out)))
         serials, out_bytes, fresh, made = set(), 0, True, []
         for st in storages_of(out):
             serial, new = self.book.add(st, self.phase)
@@ -136,8 +140,9 @@ class _Collector(TorchDispatchMode):
         inplace = is_inplace_op(func) and not view
         idx = len(self.ops)
         self.ops.append(
-            OpRecord(op_name(func), ms, 0 if view or inplace else out_bytes, frozenset(serials), view,
-                is_random_op(func, args, kwargs), inplace, mutated, fresh, cast, made)
+            OpRecord(eager_op_name(func), ms, 0 if view or inplace else out_bytes, frozenset(serials), view,
+                is_random_op(func, args, kwargs), inplace, mutated, fresh, cast, made,
+                must_save=eager_op_name(func) in MUST_SAVE_OPS)
         )
         for m in self.fw_stack:
             if not m.is_leaf and not m.done_fw:
@@ -153,7 +158,7 @@ class _Collector(TorchDispatchMode):
                     m.recompute_stop = len(m.ops)
         fqns = tuple(m.fqn for m in self.fw_stack if not m.done_fw and not m.is_leaf) if self.phase == ACT else ()
         if self.phase == ACT and t.layout == torch.strided:
-            serial = self.book.serial(t.untyped_storage())
+            serial = self.book.serial(storages_of(t)[0])
             if serial is not None:
                 self.saved.add(serial)
                 self.saved_in.setdefault(serial, set()).update(fqns)
@@ -184,6 +189,7 @@ def collect_stats(
     progress: Progress | None = None,
     fsdp: FsdpSetup | None = None,
     compile_backend: str | None = None,
+    parallel: ParallelDims | None = None,
 ) -> Stats:
     """Stats v1 of one training step of ``model`` on ``inputs``, collected under FakeTensorMode.
 
@@ -220,15 +226,14 @@ def collect_stats(
     describe is the model compiled whole with ``torch.compile(model,
     backend=...)`` (see :mod:`estimators.collect.fake_step`), recorded in the
     metadata's ``model_settings``.
+    ``parallel`` (a ``ParallelDims``, in place of ``fsdp``): one rank of a TP
+    job, FSDP2 over it or not (:mod:`estimators.collect.tensor_parallel`).
     """
+    parallel, fsdp = job_parallelism(fsdp, parallel, compile_backend)
     loop = TrainingLoop(grad_accumulation, autocast, grad_scaler, max_grad_norm)
     check_step_options(optimizer, optimizer_kwargs, autocast, fsdp, dtype, compile_backend)
     device = torch.device(device)
-    step_model, fqns, units = model, module_fqns(model), None
-    if fsdp is not None:  # the step runs on a sharded copy; the fqns are the model's own
-        units = unit_fqns(model, fsdp.wrap if fsdp.wrap is not None else default_units(model), fqns)
-        step_model = meta_copy(model)
-        fqns = module_fqns(step_model, root=type(model).__name__)
+    step_model, fqns, units = step_copy(model, parallel)
     parents: dict[str, str | None] = {}
     for mod, fqn in fqns.items():
         for name, child in mod.named_children():
@@ -240,16 +245,16 @@ def collect_stats(
         for m in {id(model): model, id(step_model): step_model}.values():
             for config in switch_off_kv_cache(m):  # as training (and apply_plan) runs it; given back after
                 stack.callback(setattr, config, "use_cache", True)
-        if fsdp is not None:
-            step.shard(fsdp, units, stack.enter_context(fake_process_group(fsdp.world_size, device.type)))
+        if parallel is not None:
+            step.shard(parallel, units, stack.enter_context(fake_process_group(parallel.world_size, device.type, parallel)))
         emulation = attention_emulation(emulate_cuda_attention)
         stats = step.run(inputs, loss_fn, (optimizer, optimizer_kwargs, optimizer_foreach, loop), device, dtype,
                          emulation, moe_routing, describe_loop(with_model_settings(metadata, model), optimizer,
                                                                optimizer_kwargs, loop))
     if compile_backend is not None:
         mark_compiled(stats, compile_backend)
-    if fsdp is not None:
-        record_sharding(stats, fsdp, units)
+    if parallel is not None:
+        record_sharding(stats, fsdp, units, parallel, step.tp_plan)
     if checkpoint_overhead_us_per_op is not None or measure_checkpoint_overhead:
         fill_checkpoint_overheads(stats, {fqn: mod for mod, fqn in module_fqns(model).items()},  # the model's own
                                   {m.fqn: m.call for m in mods.values() if m.call is not None},
@@ -273,15 +278,17 @@ class _Step:
         self.col = _Collector(self.book, cost_model, mods)
         self.hooks = ModuleHooks(self.col, self.book, mods, progress, capture_calls=capture_calls)
         self.values = InputValues()
-        self.setup: FsdpSetup | None = None
+        self.setup: ParallelDims | None = None
         self.units: list[str] = []
         self.mesh: Any = None
+        self.tp_plan: str | None = None  # what tensor parallel applied
         self.optimizer_built: torch.optim.Optimizer | None = None
         self.compile_backend: str | None = None  # the step runs compiled whole
         self.zero_gradients: list[tuple[tuple[int, ...], torch.dtype]] = []  # what the compiled backward is handed
 
-    def shard(self, setup: FsdpSetup, units: list[str], mesh: Any) -> None:
-        """Run the step sharded: ``fully_shard`` the (copied) model's ``units`` over ``mesh`` once it is fake."""
+    def shard(self, setup: ParallelDims, units: list[str], mesh: Any) -> None:
+        """Run the step parallelized: TP over ``mesh``'s ``tp`` dimension, then ``fully_shard`` the (copied)
+        model's ``units`` over its FSDP dimension (the whole mesh when it is 1-D), once the model is fake."""
         self.setup, self.units, self.mesh = setup, units, mesh
 
     def run(self, inputs: Any, loss_fn: Any, training: tuple, device: torch.device, dtype: torch.dtype | None,
@@ -293,8 +300,9 @@ class _Step:
         try:
             if self.setup is not None:
                 restores.append(fakeify(model, FakeConverter(fake, device, dtype)))  # the copy's fakes: not inputs
-                with fake:
-                    shard_model(model, self.setup, self.mesh, self.units, {m: x.fqn for m, x in self.mods.items()})
+                self.tp_plan = parallelize_step(model, self.setup, self.mesh, self.units,
+                                                {m: x.fqn for m, x in self.mods.items()}, fake)
+                col.tp = self.setup.tp_enabled
                 col.sharded = ShardedStep(book, [m for m, x in self.mods.items() if x.fqn in self.units])
             else:
                 restores.append(fakeify(model, convert))
@@ -334,7 +342,8 @@ class _Step:
         for k in range(1, loop.grad_accumulation + 1):
             if loop.grad_accumulation > 1:
                 col.timeline.start_micro_batch(k)
-            if self.setup is not None and not self.setup.sync_every_micro_batch:
+            fsdp = self.setup.fsdp if self.setup is not None else None
+            if fsdp is not None and not fsdp.sync_every_micro_batch:
                 self.model.set_requires_gradient_sync(k == loop.grad_accumulation)
             # the first micro-batch describes the modules; the others only add their moments
             hooks = self.hooks if k == 1 else ModuleHooks(col, self.book, scratch_records(self.mods), None)

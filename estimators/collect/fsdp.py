@@ -39,15 +39,24 @@ from torch import nn
 from planner import Sharding
 from estimators.common import ACT, COMM, GRAD, TEMP, StorageBook, follow_storage_resizes, storages_of
 
-__all__ = ["record_sharding", "ShardedStep", "fake_process_group", "is_collective_op", "meta_copy", "run_collective"]
+__all__ = ["record_sharding", "ShardedStep", "fake_process_group", "is_collective_op", "meta_copy", "run_collective",
+           "run_op"]
 
 _COLLECTIVE_NAMESPACES = frozenset({"c10d", "_c10d_functional", "c10d_functional", "fsdp"})
+
+
+def run_op(func: Any, args: tuple, kwargs: dict) -> Any:
+    """``func(*args, **kwargs)``, but a functional collective's wait returns its input, as its eager kernel does
+    (fake tensor mode makes a new tensor: the rank would seem to hold every collective's output twice)."""
+    if func is torch.ops._c10d_functional.wait_tensor.default:
+        return args[0]
+    return func(*args, **kwargs)
 
 
 def run_collective(book: StorageBook, func: Any, args: tuple, kwargs: dict) -> Any:
     """Run one of FSDP2's collectives under the collector: booked as communication, no module's op, no compute
     time (moved out of the collector's dispatch mode)."""
-    out = func(*args, **kwargs)
+    out = run_op(func, args, kwargs)
     for st in storages_of(out):
         book.add(st, COMM)
     if "reduce_scatter" in func.__name__ and args:  # its output holds the unit's sharded gradients
@@ -75,8 +84,11 @@ def meta_copy(model: nn.Module) -> nn.Module:
 
 
 @contextmanager
-def fake_process_group(world_size: int, device_type: str) -> Iterator[Any]:
+def fake_process_group(world_size: int, device_type: str, dims: Any = None) -> Iterator[Any]:
     """PyTorch's fake process group of ``world_size`` ranks (this process is rank 0); yields its device mesh.
+
+    ``dims`` (a ``ParallelDims``) with tensor parallel: its 2-D mesh (FSDP x
+    TP, ``world_size`` its ranks); else a 1-D mesh of ``world_size`` ranks.
 
     The mesh is made here, outside any FakeTensorMode (made inside, its
     ``aten._local_scalar_dense`` fails on fake tensors); the group is
@@ -91,7 +103,8 @@ def fake_process_group(world_size: int, device_type: str) -> Iterator[Any]:
                            "--fsdp-world-size in a process of its own (not inside a distributed job)")
     dist.init_process_group(backend="fake", rank=0, world_size=world_size, store=FakeStore())
     try:
-        yield init_device_mesh(device_type, (world_size,))
+        tp = dims is not None and dims.tp_enabled
+        yield dims.make_mesh(device_type) if tp else init_device_mesh(device_type, (world_size,))
     finally:
         dist.destroy_process_group()
 
@@ -141,10 +154,17 @@ class ShardedStep:
         self.book.recategorize_all(storages_of([p.grad for p in params if p.grad is not None]), GRAD)
 
 
-def record_sharding(stats: Any, fsdp: Any, units: Sequence[str]) -> None:
-    """The stats' ``metadata.sharding`` of one rank collected with ``fsdp`` (an ``FsdpSetup``) over ``units``."""
+def record_sharding(stats: Any, fsdp: Any, units: Sequence[str], dims: Any = None, tp_plan: str | None = None) -> None:
+    """The stats' ``metadata.sharding`` of one rank collected with ``fsdp`` (an ``FsdpSetup`` or None) over
+    ``units``, and ``dims``' tensor parallel (a ``ParallelDims``) with the plan ``tp_plan`` applied."""
     kept = {m.fqn for m in stats.modules}  # a unit run out of place is not in the stats (nor planned)
+    tp = {}
+    if dims is not None and dims.tp_enabled:
+        tp = {"tp_size": dims.tp_size, "tp_plan": tp_plan, "sequence_parallel": dims.sequence_parallel or None}
+    if fsdp is None:  # tensor parallel alone: nothing sharded by fully_shard
+        stats.metadata.sharding = Sharding(kind="tp", world_size=1, units=[stats.modules[0].fqn], **tp)
+        return
     stats.metadata.sharding = Sharding(kind="fsdp2", world_size=fsdp.world_size, units=[u for u in units if u in kept],
                                        mixed_precision=fsdp.mixed_precision,
                                        reshard_after_forward=fsdp.reshard_after_forward,
-                                       sync_every_micro_batch=None if fsdp.sync_every_micro_batch else False)
+                                       sync_every_micro_batch=None if fsdp.sync_every_micro_batch else False, **tp)

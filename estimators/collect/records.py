@@ -22,6 +22,7 @@ class OpRecord:
     fresh: bool = True  # every output storage is new (False: an alias op such as _unsafe_view, or in-place)
     cached_cast: bool = False  # autocast's cast of a parameter, which its cache holds until autocast exits
     new_storages: tuple[tuple[int, int], ...] = ()  # (serial, bytes) of the storages it made
+    must_save: bool = False  # a collective inside a module (tensor parallel's): never recomputed
 
 
 @dataclass

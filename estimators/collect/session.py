@@ -14,7 +14,7 @@ from estimators.collect.cost_model import BenchmarkCostModel, RooflineCostModel
 from estimators.collect.devices import DeviceSpec, cuda_device_entry, device_spec
 from estimators.collect.models import DTYPES, BuiltModel, build_from_factory, build_from_hf_config, load_factory
 from estimators.collect.moe import parse_moe_routing
-from estimators.common import FsdpSetup
+from estimators.common import FsdpSetup, ParallelDims
 from planner import PLANNER_VERSION, Stats, StatsMetadata, baseline_peak_bytes
 
 __all__ = ["CollectRequest", "CollectResult", "run_collection", "target_spec", "COLLECTOR_VERSION"]
@@ -55,6 +55,9 @@ class CollectRequest:
     reshard_after_forward: bool = True
     sync_every_micro_batch: bool = True  # False: --fsdp-sync-last-micro-batch
     compile_backend: str | None = None  # the step compiled whole: torch.compile(model, backend=...)
+    tp_size: int = 1  # tensor parallel's degree (1: none)
+    parallelize: str | None = None  # the user's TP function, file.py:fn (None: the model's HF plan)
+    sequence_parallel: bool = False
 
     @classmethod
     def from_args(cls, args: Any) -> CollectRequest:
@@ -82,12 +85,24 @@ class CollectRequest:
         return FsdpSetup(self.fsdp_world_size, tuple(self.fsdp_wrap) if self.fsdp_wrap else None,
                          self.mixed_precision, self.reshard_after_forward, self.sync_every_micro_batch)
 
+    def parallel_dims(self) -> ParallelDims | None:
+        """The job's parallelism (FSDP2 and tensor parallel), or None for one unsharded rank; ValueError for
+        options that need one it does not have."""
+        fsdp = self.fsdp_setup()
+        if self.tp_size == 1:
+            for flag, given in (("--parallelize", self.parallelize), ("--sequence-parallel", self.sequence_parallel)):
+                if given:
+                    raise ValueError(f"{flag} applies tensor parallel: it needs --tp-size T (T > 1)")
+            return None if fsdp is None else ParallelDims(fsdp=fsdp)
+        return ParallelDims(fsdp=fsdp, tp_size=self.tp_size, sequence_parallel=self.sequence_parallel,
+                            parallelize=self.parallelize)
+
     def describe(self, target: str) -> str:
         """One line: what is collected, for which target, on what (``target``: the device table's name)."""
         src = self.model or (self.hf_config if isinstance(self.hf_config, str) else "HF config")
-        shard = ""
+        shard = f", one rank of TP x{self.tp_size}" if self.tp_size > 1 else ""
         if self.fsdp_world_size is not None:
-            shard = (f", one rank of FSDP2 x{self.fsdp_world_size}"
+            shard = (f", one rank of FSDP2 x{self.fsdp_world_size}{f' x TP x{self.tp_size}' if self.tp_size > 1 else ''}"
                      f"{' bf16 mixed precision' if self.mixed_precision else ''}"
                      f"{', gradients reduced after the last micro-batch' if not self.sync_every_micro_batch else ''}")
         loop = "".join([f", {self.grad_accumulation} micro-batches" if self.grad_accumulation > 1 else "",
@@ -201,7 +216,7 @@ def run_collection(req: CollectRequest, *, progress: Any = None) -> CollectResul
     routing = parse_moe_routing(req.moe_routing)
     req.check_loop()
     optimizer_kwargs = req.optimizer_arguments()
-    fsdp = req.fsdp_setup()
+    parallel = req.parallel_dims()
     target = target_spec(req)
     cost = RooflineCostModel(target, allow_tf32=req.allow_tf32)
     if req.benchmark:
@@ -249,7 +264,7 @@ def run_collection(req: CollectRequest, *, progress: Any = None) -> CollectResul
         metadata=meta,
         moe_routing=routing,
         progress=progress,
-        fsdp=fsdp,
+        parallel=parallel,
         compile_backend=req.compile_backend,
     )
     seconds = time.perf_counter() - t0

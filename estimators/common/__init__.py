@@ -6,7 +6,8 @@ reference; ``training_step``: calling the model, its default loss, the
 optimizer; ``training_loop``: the loop around the model (micro-batches,
 autocast, a GradScaler, clipping); ``module_names``: the stats' module
 names; ``model_settings``: the op-deciding settings of a model; ``fsdp_units``: how a model is sharded by
-FSDP2. Nothing here imports another subpackage of ``estimators``.
+FSDP2; ``parallel_dims``: the one description of a job's parallelism (FSDP2 and tensor parallel);
+``tensor_parallel``: tensor parallel applied to a model (the user's function or the HF plan). Nothing here imports another subpackage of ``estimators``.
 """
 
 from estimators.common.aten_ops import (SAC_IGNORED_OPS, is_inplace_op, is_random_op, is_view_op, op_name,
@@ -17,13 +18,16 @@ from estimators.common.model_settings import (BATCH_VALUES_TAG, CONFIG_SETTINGS,
                                               model_settings_of, switch_off_kv_cache)
 from estimators.common.module_names import module_fqns
 from estimators.common.storage_book import (ACT, BUFFER, CATEGORIES, COMM, GRAD, INPUT, OPT, PARAM, TEMP, StorageBook,
-                                            follow_storage_resizes, storages_of, tensors_in)
+                                            follow_storage_resizes, local_shards, storages_of, tensors_in)
+from estimators.common.parallel_dims import MESH_DIM_NAMES, ParallelDims
+from estimators.common.tensor_parallel import HF_TP_STYLES, hf_tp_plan, load_function, parallelize_tp
 from estimators.common.training_loop import AUTOCAST_DTYPES, TrainingLoop, autocast_name
 from estimators.common.training_step import OPTIMIZER_NAMES, call_model, default_loss, make_optimizer, optimizer_class
 
 __all__ = [
     "ACT", "AUTOCAST_DTYPES", "BATCH_VALUES_TAG", "BUFFER", "CATEGORIES", "COMM", "CONFIG_SETTINGS", "DTYPE_NAMES",
-    "GRAD", "INPUT", "MIXED_PRECISION", "OPT", "OPTIMIZER_NAMES", "PARAM", "SAC_IGNORED_OPS", "TEMP",
+    "GRAD", "HF_TP_STYLES", "INPUT", "MESH_DIM_NAMES", "MIXED_PRECISION", "ParallelDims", "hf_tp_plan",
+    "load_function", "local_shards", "parallelize_tp", "OPT", "OPTIMIZER_NAMES", "PARAM", "SAC_IGNORED_OPS", "TEMP",
     "UNKNOWN_VALUES_TAG", "FsdpSetup", "StorageBook", "TrainingLoop", "autocast_name", "call_model", "default_loss",
     "default_units", "experts_implementation", "follow_storage_resizes", "is_inplace_op", "is_random_op",
     "is_view_op", "make_optimizer", "model_config", "model_configs", "model_dtype_name", "model_settings_of",

@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 
 import torch
 from torch.distributed.tensor import DTensor
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_flatten
 
 __all__ = ["ACT", "BUFFER", "CATEGORIES", "COMM", "GRAD", "INPUT", "OPT", "PARAM", "TEMP", "StorageBook", "tensors_in",
-           "storages_of", "follow_storage_resizes"]
+           "storages_of", "follow_storage_resizes", "local_shards"]
 
 PARAM, BUFFER, INPUT, ACT, TEMP, GRAD, OPT = "param", "buffer", "input", "act", "temp", "grad", "opt"
 COMM = "fsdp"  # FSDP2's gathered parameters and collective buffers (estimators.collect.fsdp)
@@ -40,15 +41,33 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def local_shards(tree: object) -> object:
+    """The pytree with each DTensor replaced by its shard on this rank (what the rank computes on and holds)."""
+    from torch.utils._pytree import tree_map
+
+    return tree_map(lambda x: _local(x) if isinstance(x, DTensor) else x, tree)
+
+
 def _storage_id(st: torch.UntypedStorage) -> int:
     # The StorageImpl's address: views share it, and fake storages have no data pointer to tell them apart.
     return st._cdata  # layout: allow-private (a storage's only identity)
 
 
+def _holding(t: torch.Tensor) -> list[torch.Tensor]:
+    """The tensors whose storages hold ``t``'s data: a wrapper subclass's inner tensors (a DTensor's shard, an
+    AsyncCollectiveTensor's result: the wrapper's own storage is a placeholder without data), else ``t``."""
+    if isinstance(t, DTensor):
+        return [_local(t)]
+    if is_traceable_wrapper_subclass(t):
+        names, _ = t.__tensor_flatten__()
+        return [x for name in names for x in _holding(getattr(t, name))]
+    return [t]
+
+
 def storages_of(tree: object) -> list[torch.UntypedStorage]:
-    """Distinct storages of the tensors in a pytree (outputs, args)."""
+    """Distinct storages of the tensors in a pytree (outputs, args); a wrapper subclass by its inner tensors."""
     seen: dict[int, torch.UntypedStorage] = {}
-    for t in map(_local, tensors_in(tree)):
+    for t in (x for held in tensors_in(tree) for x in _holding(held)):
         if t.layout != torch.strided:
             continue
         st = t.untyped_storage()

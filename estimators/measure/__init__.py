@@ -9,13 +9,14 @@ collectives on gloo made to release their buffers in program order. Imports
 only ``estimators.common`` of its siblings.
 """
 
-from estimators.measure.gloo_comms import SettledAllGather, SettledReduceScatter, settle_gloo_collectives
+from estimators.measure.gloo_comms import (SettledAllGather, SettledFunctionalCollectives, SettledReduceScatter,
+                                           settle_gloo_collectives)
 from estimators.measure.real_fsdp import (ALL_GATHER, BACKEND, REDUCE_SCATTER, UNSHARDED, FsdpStepMeasure,
                                           measure_fsdp_steps, run_ranks, shard)
 from estimators.measure.real_step import (BACKWARD, FORWARD, OPTIMIZER, PHASES, LiveStorages, StepMeasure, measure_steps,
                                          track_live_storages)
 
 __all__ = ["ALL_GATHER", "BACKEND", "BACKWARD", "FORWARD", "OPTIMIZER", "PHASES", "REDUCE_SCATTER", "UNSHARDED",
-           "FsdpStepMeasure", "LiveStorages", "SettledAllGather", "SettledReduceScatter", "StepMeasure", "measure_fsdp_steps",
+           "FsdpStepMeasure", "LiveStorages", "SettledAllGather", "SettledFunctionalCollectives", "SettledReduceScatter", "StepMeasure", "measure_fsdp_steps",
            "measure_steps", "run_ranks", "settle_gloo_collectives", "shard",
            "track_live_storages"]

@@ -8,7 +8,11 @@ The SAC conventions (PyTorch's and xformers'):
   every op (views aside) between that op and its mutation, which may have
   read the output before it changed;
 * random ops are all saved or all recomputed together (recomputing only some
-  would replay the RNG out of step), and all saved when ``force_store_random``.
+  would replay the RNG out of step), and all saved when ``force_store_random``;
+* collectives are always saved (an op marked ``must_save``: see
+  :data:`MUST_SAVE_OPS`): recomputing one would communicate again, and every
+  rank of its group would have to recompute it in step (torchtitan's
+  selective checkpointing keeps them for the same reason).
 
 This module reads only the ops' attributes (``name``, ``output_bytes``,
 ``runtime_ms``, ``view_like``, ``random``, ``inplace_parent``), so the stats
@@ -24,9 +28,23 @@ from typing import Protocol
 
 import numpy as np
 
-__all__ = ["FREE", "RECOMPUTE", "SAVE", "OpGroups", "op_groups", "settle_trivial"]
+__all__ = ["FREE", "MUST_SAVE_OPS", "RECOMPUTE", "SAVE", "OpGroups", "op_groups", "settle_trivial"]
 
 FREE, RECOMPUTE, SAVE = -1, 0, 1
+
+# The collectives a tensor-parallel step runs inside a module's forward (torch.distributed's functional
+# collectives, the ops DTensor's redistributions and the parallel styles' hooks issue: see
+# torch/distributed/_functional_collectives.py and torch/distributed/tensor/_redistribute.py), in the names the
+# stats give them. The collector marks each such op must_save; this list is what it and apply's policy match.
+MUST_SAVE_OPS = frozenset({
+    "_c10d_functional.all_reduce", "_c10d_functional.all_reduce_", "_c10d_functional.all_gather_into_tensor",
+    "_c10d_functional.reduce_scatter_tensor", "_c10d_functional.all_to_all_single", "_c10d_functional.broadcast",
+    "_c10d_functional.wait_tensor", "_c10d_functional._wrap_tensor_autograd", "_c10d_functional_autograd.all_reduce",
+    "_c10d_functional_autograd.all_gather_into_tensor", "_c10d_functional_autograd.reduce_scatter_tensor",
+    "_c10d_functional_autograd.all_to_all_single", "_dtensor.shard_dim_alltoall",
+    "c10d.allreduce_", "c10d.allgather_", "c10d._allgather_base_", "c10d._reduce_scatter_base_",
+    "c10d.reduce_scatter_", "c10d.broadcast_",
+})
 
 
 class OpLike(Protocol):
@@ -139,6 +157,8 @@ def _rules(i: int, op: OpLike, force_store_random: bool) -> list[tuple[int, str]
         rules.append((SAVE, f"op {i} ({op.name}) is in-place on a module input, so saved"))
     if op.random and force_store_random:
         rules.append((SAVE, f"op {i} ({op.name}) is random with force_store_random, so saved"))
+    if getattr(op, "must_save", None):
+        rules.append((SAVE, f"op {i} ({op.name}) is a collective, so saved"))
     return rules
 
 

@@ -261,7 +261,7 @@ def ops_key(m: ModuleStats) -> tuple:
     return (m.force_store_random, tuple(map(_OP_FIELDS, ops)), tuple(m.recompute_runtimes_ms))
 
 
-_OP_FIELDS = attrgetter("name", "output_bytes", "view_like", "random", "inplace_parent")
+_OP_FIELDS = attrgetter("name", "output_bytes", "view_like", "random", "inplace_parent", "must_save")
 
 
 def key_needs(prob: Problem, budget_bytes: float) -> np.ndarray:

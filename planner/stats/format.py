@@ -74,6 +74,9 @@ class OpStats(_Strict):
         "for an op returning a storage an earlier op made (_unsafe_view), that op's index (the two share one "
         "decision).")
     saved_by_autograd: StrictBool = Field(False, description="Autograd saves this op's output for backward.")
+    must_save: StrictBool | None = Field(None, exclude_if=lambda v: not v, description="True: the op is "
+        "communication (a tensor-parallel collective or its wait: planner.ops.groups' MUST_SAVE_OPS) and is never "
+        "recomputed: a recompute would communicate again. Every engine and apply save it. Null: false.")
     held_tensors: list[Bytes] | None = Field(
         None, max_length=64, exclude_if=lambda v: v is None, description="Tensor numbers (as in held_inputs) "
         "of this op's outputs that some module holds as an input (a module's output that the next module takes): "

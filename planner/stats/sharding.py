@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from planner.stats.text import Text
 
-__all__ = ["Sharding", "sharded_world_size"]
+__all__ = ["Sharding", "sharded_world_size", "sharding_scope"]
 
 
 class Sharding(BaseModel):
@@ -16,7 +16,9 @@ class Sharding(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    kind: Literal["fsdp2"] = Field(description="The sharding: 'fsdp2' (torch.distributed.fsdp.fully_shard).")
+    kind: Literal["fsdp2", "tp"] = Field(description="The sharding: 'fsdp2' (torch.distributed.fsdp.fully_shard, "
+                                         "with tensor parallel inside it when tp_size is set), or 'tp' (tensor "
+                                         "parallel alone: world_size 1, units the root).")
     world_size: int = Field(ge=1, le=2**20, description="Ranks the parameters, gradients and optimizer state are "
                             "sharded over; every figure of the stats is one rank's, so the planner divides by nothing.")
     units: list[Annotated[Text, Field(min_length=1, max_length=1024)]] = Field(
@@ -31,6 +33,14 @@ class Sharding(BaseModel):
         None, exclude_if=lambda v: v is None, description="With gradient accumulation: false when FSDP2 reduces "
         "the gradients after the last micro-batch only (set_requires_gradient_sync(False) before the others: each "
         "unit keeps its unsharded gradients until then); null: after every micro-batch (FSDP2's default).")
+    tp_size: int | None = Field(None, ge=2, le=2**16, exclude_if=lambda v: v is None, description="Ranks of one "
+                                "tensor-parallel group (torch.distributed.tensor.parallel): parameters, activations "
+                                "and collectives are one TP rank's; world_size stays the FSDP degree. Null: none.")
+    tp_plan: Text | None = Field(None, max_length=1024, exclude_if=lambda v: v is None, description="The "
+                                 "tensor-parallel plan applied: 'hf:tp_plan' (the model's Hugging Face plan) or the "
+                                 "user's function, path/to/file.py:fn.")
+    sequence_parallel: StrictBool | None = Field(None, exclude_if=lambda v: v is None, description="True: norms "
+                                                 "and dropout ran on sequence shards (sequence parallel).")
 
 
 def sharded_world_size(sharding: Sharding | None, world_size: int) -> int:
@@ -48,3 +58,14 @@ def sharded_world_size(sharding: Sharding | None, world_size: int) -> int:
                          f"already); plan with world_size 1 or {sharding.world_size}, or collect again with "
                          f"--fsdp-world-size {world_size}")
     return 1
+
+
+def sharding_scope(sharding: Sharding | None) -> str:
+    """What a stats document's figures are, in words: ``world size 1``, ``per rank, fsdp2 x8``, ``per rank, tp x8``
+    or ``per rank, fsdp2 x64 x tp x8``."""
+    if sharding is None:
+        return "world size 1"
+    parts = [f"fsdp2 x{sharding.world_size}"] if sharding.kind == "fsdp2" else []
+    if sharding.tp_size is not None:
+        parts.append(f"tp x{sharding.tp_size}" + (" (sequence parallel)" if sharding.sequence_parallel else ""))
+    return "per rank, " + " x ".join(parts)

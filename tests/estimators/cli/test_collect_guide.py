@@ -11,7 +11,6 @@ import random
 import shlex
 from pathlib import Path
 
-import pytest
 
 from estimators.cli import guide
 from estimators.cli.guide import suggested_budgets
