@@ -129,7 +129,9 @@ def group_relaxation(d: np.ndarray, rc: np.ndarray, n: int, need: np.ndarray, lo
     use = _cheapest_per_step(use, delta, pi, d, typical, tie)
     # improvements below ``tie`` are ignored (shorter paths, whose points leave the rest room), so every
     # distance may be high by n ties: the bound takes them off
-    key = (hash(d.tobytes()), hash(np.asarray(rc).tobytes()), n, a, lam)
+    # the points each residue step uses are part of the key: they are chosen per budget (``typical``), and paths
+    # over other points bound as well but build plans for another budget's targets
+    key = (hash(d.tobytes()), hash(np.asarray(rc).tobytes()), hash(use.tobytes()), n, a, lam)
     hit = None if cache is None else cache.get(key)
     if hit is not None and hit[0] >= room:  # followed further before: exact wherever this room needs it
         dist, rounds = hit[1], hit[2]
