@@ -62,7 +62,10 @@ def plan(stats: StatsInput, memory_budget_gib: float, *, options: PlanOptions | 
     -------
     Plan
         ``optimal``, ``feasible`` (stopped early, with its proven gap), ``infeasible``
-        (with ``min_feasible_budget_gib``), ``time_limit`` or ``error``.
+        (with ``min_feasible_budget_gib``), ``time_limit`` or ``error``. Optimal is
+        among plans meeting the budget as every engine counts it: an input several
+        checkpointed modules hold, once per module (docs/memory-model.md); the plan's
+        ``peak_bytes`` counts it once, so it may sit that much below the budget.
 
     Raises
     ------

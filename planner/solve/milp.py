@@ -37,14 +37,14 @@ from planner.highs import quiet_milp
 from planner.ops.knapsack import best_saved_within
 from planner.plan_format import PlanStatus
 from planner.solve.problem import Candidate, Problem, need_rows
-from planner.solve.solution import Decision, Solution
+from planner.memory_model import NEED_TOL_BYTES
+from planner.solve.solution import Decision, Solution, discards
 
 __all__ = ["solve_budget", "solve_min_peak"]
 
 # HiGHS's defaults (1e-7) let a solution miss a need by 1e-7 of the memory unit:
 # kilobytes on a large model. Tighter tolerances make the retries below rare.
 _TOLERANCES = {"primal_feasibility_tolerance": 1e-9, "mip_feasibility_tolerance": 1e-9}
-_RELAX = 1e-6  # needs are first relaxed by this fraction of the memory unit (1000x the tolerance)
 
 
 class _Matrix:
@@ -127,11 +127,13 @@ def solve_budget(prob: Problem, budget_bytes: float, *, time_limit_s: float, mip
     if rows and rows[0][0] == 0:
         return Solution.infeasible("modules before any checkpointable module already exceed the budget")
     mat = _Matrix(prob, with_peak=False)
-    # First a relaxation: every need lowered by far more than HiGHS's tolerance,
-    # so no plan that meets the budget is cut off. Its optimum bounds every
-    # plan; if it meets the budget it is optimal. If it misses by a hair, the
-    # needs are raised until a plan meets the budget, and the gap is honest.
-    margin, bound = -_RELAX * prob.unit, None
+    # First the needs as they are, to the byte the DP holds them to (NEED_TOL_BYTES): its optimum bounds
+    # every plan, and it is optimal when it meets them. HiGHS's tolerance may let it miss one by a hair;
+    # then the needs are raised until a plan meets the budget, and the gap is against the first bound.
+    # Never relaxed by more: a plan missing the rows by kilobytes can still fit the budget where
+    # checkpointed modules share a held tensor (a plan's peak counts it once, the rows once per holder),
+    # and its "optimum" would then be one of a looser problem than the other engines solve (issue 28).
+    margin, bound = -NEED_TOL_BYTES, None
     deadline = time.perf_counter() + time_limit_s  # the retries share the time limit
     for attempt in range(6):
         left = deadline - time.perf_counter()
@@ -148,13 +150,20 @@ def solve_budget(prob: Problem, budget_bytes: float, *, time_limit_s: float, mip
             bound = sol.lower_bound if sol.status in ("optimal", "feasible") else None
         if sol.decisions is None:
             if attempt == 0:
-                return sol  # infeasible even relaxed, or stopped before any plan
+                return sol  # infeasible, or stopped before any plan
             return Solution.without_plan("error", _MISSED)
-        peak = sol.peak_bytes  # held inputs and every call counted, as the rows have them
-        if peak <= budget_bytes:
+        over = _over_budget(prob, sol, budget_bytes)
+        if over <= 0:
             return sol if attempt == 0 else _against(sol, bound, mip_rel_gap)
-        margin = max(margin, 0.0) + 2 * (peak - budget_bytes) + 1
+        margin = max(margin, 0.0) + 2 * over + 1
     return Solution.without_plan("error", _MISSED)
+
+
+def _over_budget(prob: Problem, sol: Solution, budget_bytes: float) -> float:
+    """How far the plan is over the budget: by its own peak, or by the needs the rows stand for (held inputs once
+    per checkpointed module that holds them, as every engine counts them); <= 0 when it meets both."""
+    rows_peak = prob.model.peak_bytes(discards(prob, sol.decisions), shared_once=False)
+    return max(sol.peak_bytes, rows_peak - NEED_TOL_BYTES) - budget_bytes
 
 
 _MISSED = "no plan meets the budget to the byte within the MILP's tolerances; use solver='dp' (exact)"

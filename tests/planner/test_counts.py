@@ -163,3 +163,20 @@ def test_points_on_a_lattice_line(seed):
             assert sol.value <= want * (1 + rel_gap) + 1e-9 and sol.value >= want - 1e-9
             assert sum(sol.counts.values()) == n
             assert sum(int(d[p]) * c for p, c in sol.counts.items()) >= need
+
+
+def test_the_group_relaxations_plan_fills_the_lattice_exactly():
+    """Points on one line at lattice offsets 0, 1, 2, 16, 17, 18 (x 16 bytes), as a Llama-3 405B layer's are
+    (its zero-penalty points sit at 0, 1, 2, 16, 17, 18, ... x 16 MiB: bench/RESULTS.md, collected Llama-3 stats,
+    306.1 and 166.6 GiB at world size 128). Ten items must reach offset 98 = 4 x 18 + 16 + 5 x 2, which the
+    two ends and three points between cannot (their best is 102): the plan built from the group relaxation
+    must still meet its bound, with no enumeration (work_limit 1)."""
+    lam = 0.001
+    d = np.array([0] + [16 * o for o in (1, 2, 16, 17, 18)] + [289], dtype=np.int64)
+    rc = lam * d.astype(np.float64)
+    rc[-1] += 0.5  # off the line: it makes the discards' gcd 1, so the lattice of 16 shows
+    need, cost = np.array([16.0 * 98]), np.zeros(1)
+    sol, lower = min_cost_counts(d, rc, 10, need, cost, math.inf, work_limit=1)
+    assert sol is not None and sum(int(d[p]) * k for p, k in sol.counts.items()) == 16 * 98
+    assert sol.value == pytest.approx(brute(d, rc, 10, need, cost)[0], rel=1e-12)
+    assert sol.value == pytest.approx(lam * 16 * 98, rel=1e-12)  # the LP bound: every item on the line

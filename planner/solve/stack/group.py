@@ -129,7 +129,9 @@ def group_relaxation(d: np.ndarray, rc: np.ndarray, n: int, need: np.ndarray, lo
     use = _cheapest_per_step(use, delta, pi, d, typical, tie)
     # improvements below ``tie`` are ignored (shorter paths, whose points leave the rest room), so every
     # distance may be high by n ties: the bound takes them off
-    key = (hash(d.tobytes()), hash(np.asarray(rc).tobytes()), n, a, lam)
+    # the points each residue step uses are part of the key: they are chosen per budget (``typical``), and paths
+    # over other points bound as well but build plans for another budget's targets
+    key = (hash(d.tobytes()), hash(np.asarray(rc).tobytes()), hash(use.tobytes()), n, a, lam)
     hit = None if cache is None else cache.get(key)
     if hit is not None and hit[0] >= room:  # followed further before: exact wherever this room needs it
         dist, rounds = hit[1], hit[2]
@@ -263,4 +265,50 @@ def _fill(dz: np.ndarray, m: int, need: float, lattice: int, flex: int = 3) -> l
             k = max(-(-(want - s) // width), 0)
             if k <= m - t and (best is None or s + k * width < best[0]):
                 best = (s + k * width, list(items) + [hi] * k + [lo] * (m - t - k))
+    if best is None or best[0] > want:  # the ends and a few between may miss a sum more points reach
+        exact = _least_reach(off, m, want, width)
+        if exact is not None and (best is None or exact[0] < best[0]):
+            best = (exact[0], exact[1] + [lo] * (m - len(exact[1])))
     return None if best is None else best[1]
+
+
+_MAX_REACH = 2e7  # (sum, point) pairs the exact fill may form
+
+
+def _least_reach(off: np.ndarray, m: int, want: int, width: int) -> tuple[int, list[int]] | None:
+    """The least sum at or above ``want`` of at most m offsets ``off`` (their points; the rest take offset 0).
+
+    Breadth first over sums, each reached once with its fewest points: exact. The least such sum is below
+    ``want + width`` (drop the largest point of any larger one), so no sum past it is kept. None past
+    ``_MAX_REACH``.
+    """
+    size = want + width
+    step = np.unique(off[off > 0])
+    if size * max(len(step), 1) > _MAX_REACH:
+        return None
+    point = np.array([int(np.flatnonzero(off == o)[0]) for o in step.tolist()], dtype=np.int64)
+    count = np.full(size, m + 1, dtype=np.int64)
+    via = np.full(size, -1, dtype=np.int64)
+    count[0] = 0
+    front = np.zeros(1, dtype=np.int64)
+    for level in range(1, m + 1):
+        to = (front[:, None] + step[None, :]).ravel()
+        by = np.tile(np.arange(len(step)), len(front))
+        ok = to < size
+        to, by = to[ok], by[ok]
+        fresh = count[to] > level
+        to, by = to[fresh], by[fresh]
+        if len(to) == 0:
+            break
+        to, first = np.unique(to, return_index=True)
+        count[to], via[to] = level, by[first]
+        front = to
+    reached = np.flatnonzero(count[want:] <= m)
+    if len(reached) == 0:
+        return None
+    total = want + int(reached[0])
+    items, s = [], total
+    while s > 0:
+        items.append(int(point[via[s]]))
+        s -= int(step[via[s]])
+    return total, items

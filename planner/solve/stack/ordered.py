@@ -41,7 +41,7 @@ from planner.solve.points import lower_hull
 from planner.solve.problem import Frontiers
 from planner.solve.stack.multiset import CountWorkLimit
 
-__all__ = ["BlockTypes", "OrderedSolution", "block_types", "ordered_counts", "partial_table",
+__all__ = ["BlockTypes", "OrderedSolution", "back_to_back", "block_types", "ordered_counts", "partial_table",
            "requirements"]
 
 _TOL = 1e-12
@@ -68,17 +68,21 @@ class BlockTypes:
 
 def block_types(fr: Frontiers, stack, max_options: int = _MAX_OPTIONS) -> BlockTypes | None:
     """The ordered relaxation's options of one block; None when the blocks are not back to back or too many."""
-    blocks = stack.blocks
-    for prev, nxt in zip(blocks, blocks[1:]):
-        if fr.starts[nxt] != prev + 1:
-            return None  # something sits between two blocks: positions are not interchangeable
-    rep = blocks[0]
+    if not back_to_back(fr, stack):
+        return None
+    rep = stack.blocks[0]
     keys = np.arange(fr.starts[rep], rep + 1)
     try:
         d, rc, partial, choices = _profile_options(fr, rep, keys, max_options)
     except _TooMany:
         return None
     return BlockTypes(d.astype(np.int64), rc, partial, choices, len(keys))
+
+
+def back_to_back(fr: Frontiers, stack) -> bool:
+    """Whether each block starts right after the one before: else something sits between two blocks, and
+    their positions are not interchangeable."""
+    return all(fr.starts[nxt] == prev + 1 for prev, nxt in zip(stack.blocks, stack.blocks[1:]))
 
 
 def partial_table(fr, stack, choices: list) -> np.ndarray:

@@ -37,7 +37,7 @@ from planner.memory_model import NEED_TOL_BYTES
 from planner.solve.points import absorbed
 from planner.solve.problem import Frontiers
 from planner.solve.stack.multiset import CountWorkLimit, min_cost_counts
-from planner.solve.stack.ordered import block_types, ordered_counts, partial_table, requirements
+from planner.solve.stack.ordered import back_to_back, block_types, ordered_counts, partial_table, requirements
 from planner.solve.stack.tail import tail_requirements
 
 __all__ = ["Stack", "StackResult", "exchange_order", "find_stack", "ordered_relaxation", "solve_stack"]
@@ -293,9 +293,7 @@ def exchange_order(fr, stack: Stack, seq: list[int], need: np.ndarray) -> list[i
     """
     if not seq:
         return []
-    if stack.ordered_options is None:
-        stack.ordered_options = block_types(fr, stack) or False
-    if not stack.ordered_options:
+    if not back_to_back(fr, stack):  # (the ordered relaxation's options are not needed to order these)
         return sorted(seq, key=lambda p: (-int(stack.d[p]), p))
     used = sorted(set(seq))
     R, delta = requirements(fr, stack, partial_table(fr, stack, [stack.choices[p] for p in used]), need, len(seq))
