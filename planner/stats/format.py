@@ -205,9 +205,10 @@ class Stats(StrictModel):
 
     def canonical_json(self) -> str:
         """Key-sorted compact JSON: equal documents give equal text."""
-        return "".join(self._canonical_parts())
+        return "".join(self.canonical_json_parts())
 
-    def _canonical_parts(self) -> Iterator[str]:
+    def canonical_json_parts(self) -> Iterator[str]:
+        """:meth:`canonical_json` in pieces, a module at a time, for a writer that needs no whole copy of it."""
         # json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":")), a module at a time: the
         # whole dump of a large document is several times its text in Python objects
         top = self.model_dump(mode="json", exclude={"modules"})

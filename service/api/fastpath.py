@@ -142,6 +142,7 @@ class PlanFastPath:
                 return
             replay = replay_body(body, receive)
             if len(body) > _MAX_KEYED_BODY_BYTES:
+                del body  # held by the app alone from here
                 await self.app(scope, replay, send)
                 return
             key = ("POST", path, scope["query_string"], _header(scope, b"content-type"), body)
