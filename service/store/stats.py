@@ -48,16 +48,19 @@ def get_stats(session: Session, project: str, stats_id: str) -> StatsRecord:
     return row
 
 
-def stats_document(factory: sessionmaker[Session], stats_id: str) -> tuple[str, dict[str, Any]]:
-    """The stored document a solve reads, and the upload's no-plan figures (world_size 1)."""
+def stats_document(factory: sessionmaker[Session], stats_id: str, *,
+                   document: bool = True) -> tuple[str | None, dict[str, Any]]:
+    """The stored document a solve reads (None with ``document=False``: tens of MB a request out of time does
+    not need), and the upload's no-plan figures (world_size 1)."""
+    columns = [StatsRecord.baseline_peak_bytes, StatsRecord.compute_ms]
     with factory() as session:
         row = session.execute(
-            select(StatsRecord.document, StatsRecord.baseline_peak_bytes, StatsRecord.compute_ms)
-            .where(StatsRecord.id == stats_id)
+            select(*columns, *([StatsRecord.document] if document else [])).where(StatsRecord.id == stats_id)
         ).first()
     if row is None:
         raise NotFound(f"stats_id {shown_id(stats_id)} does not exist")
-    return row.document, {"baseline_peak_bytes": row.baseline_peak_bytes, "compute_ms": row.compute_ms}
+    figures = {"baseline_peak_bytes": row.baseline_peak_bytes, "compute_ms": row.compute_ms}
+    return (row.document if document else None), figures
 
 
 def new_stats_record(project: str, doc: dict[str, Any], *, loc: Sequence[str] = (),
