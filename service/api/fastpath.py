@@ -268,7 +268,7 @@ class PlanFastPath:
         return watch
 
 
-async def _read_body(receive: Receive) -> bytes | None:
+async def _read_body(receive: Receive) -> bytes | bytearray | None:
     chunks: list[bytes] = []
     while True:
         message = await receive()
@@ -276,4 +276,5 @@ async def _read_body(receive: Receive) -> bytes | None:
             return None
         chunks.append(message.get("body", b""))
         if not message.get("more_body", False):
-            return b"".join(chunks)
+            # one chunk (BodySizeLimit read it whole) is the body: a large one is not copied on the event loop
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
