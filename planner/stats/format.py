@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, StrictBool, model_validator
+from pydantic import Field, PrivateAttr, StrictBool, field_validator, model_validator
 
 from planner.ops.groups import op_groups
+from planner.stats.op_format import MAX_BYTES, Bytes, Millis, OpStats, StrictModel, Whole, compact_ops
 from planner.stats.orders import check_contiguous, check_order, check_sibling_order, innermost_prefix_module
 from planner.stats.metadata import StatsMetadata
 from planner.stats.sharding import Sharding
@@ -24,6 +24,7 @@ from planner.stats.text import Text
 
 __all__ = [
     "STATS_FORMAT",
+    "MAX_BYTES",
     "Bytes",
     "Millis",
     "OpStats",
@@ -37,60 +38,7 @@ __all__ = [
 
 STATS_FORMAT = "sacplan.stats/v1"
 
-# 2**62 keeps every byte count (and sums of a few thousand of them) inside a
-# signed 64-bit database integer.
-MAX_BYTES = 2**62
-
-
-def _a_number(v: Any) -> Any:
-    """JSON numbers only: true/false and numeric text are not byte counts or times."""
-    if isinstance(v, (bool, str, bytes)):
-        raise ValueError(f"must be a number, got {v!r}")
-    if isinstance(v, float) and not math.isfinite(v):
-        raise ValueError(f"must be a finite number, got {v!r}")
-    return v
-
-
-# Whole bytes; 12.0 is accepted (JSON writers may emit it), 12.5, true and "12" are not.
-Bytes = Annotated[int, BeforeValidator(_a_number), Field(ge=0, le=MAX_BYTES)]
-Whole = Annotated[int, BeforeValidator(_a_number)]  # an index or a count: a JSON number, never true/false or text
-Millis = Annotated[float, BeforeValidator(_a_number), Field(ge=0.0, le=1e12, allow_inf_nan=False)]
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=False)
-
-
-class OpStats(_Strict):
-    """One ATen op run in a module's forward pass, as SAC sees it."""
-
-    name: Text = Field(min_length=1, max_length=512, examples=["aten.mm"])
-    runtime_ms: Millis = Field(description="Estimated or measured runtime of the op.")
-    output_bytes: Bytes = Field(description="Bytes of the op's outputs that SAC would keep if the op is saved.")
-    view_like: StrictBool = Field(False, description="Output aliases an input: always recomputed.")
-    random: StrictBool = Field(False, description="Op draws random numbers (dropout): random ops are saved or recomputed together.")
-    inplace_parent: Whole | None = Field(None, ge=0, description="For an in-place op, the index of the op that "
-        "produced the tensor it mutates (its own index when it mutates a module input: then it is always saved); "
-        "for an op returning a storage an earlier op made (_unsafe_view), that op's index (the two share one "
-        "decision).")
-    saved_by_autograd: StrictBool = Field(False, description="Autograd saves this op's output for backward.")
-    must_save: StrictBool | None = Field(None, exclude_if=lambda v: not v, description="True: the op is "
-        "communication (a tensor-parallel collective or its wait: planner.ops.groups' MUST_SAVE_OPS) and is never "
-        "recomputed: a recompute would communicate again. Every engine and apply save it. Null: false.")
-    held_tensors: list[Bytes] | None = Field(
-        None, max_length=64, exclude_if=lambda v: v is None, description="Tensor numbers (as in held_inputs) "
-        "of this op's outputs that some module holds as an input (a module's output that the next module takes): "
-        "while both are checkpointed and this op is saved, one tensor. Null: none, or not known.")
-    storages: list[tuple[Bytes, Annotated[Whole, Field(ge=0, le=2**31)], StrictBool]] | None = Field(
-        None, max_length=64, exclude_if=lambda v: v is None, description="(bytes, last op, saved) of each storage "
-        "this op made in the forward: its bytes, the index of the module's last op run while it was live (the "
-        "module's op count: it outlived them), whether an op of this module saved it for backward (the module's "
-        "output that only later modules save is not: the plain step has freed it when this module's backward "
-        "starts). A recompute holds each as long (or to its "
-        "early stop): what it holds beyond the backward's memory is added at recompute_key. Null: not known.")
-
-
-class ModuleStats(_Strict):
+class ModuleStats(StrictModel):
     """Memory and time figures of one module (``nn.Module`` instance) in the step."""
 
     fqn: Text = Field(min_length=1, max_length=1024, examples=["Transformer.layers.0"])
@@ -142,6 +90,12 @@ class ModuleStats(_Strict):
     _recompute_cache: tuple | None = PrivateAttr(default=None)
     _runtimes_cache: tuple | None = PrivateAttr(default=None)
 
+    @field_validator("ops", mode="before")
+    @classmethod
+    def _compact_ops(cls, ops: Any) -> Any:
+        # hundreds of thousands of ops in a large document: made without a pydantic call each where they can be
+        return compact_ops(ops)
+
     @property
     def op_bytes(self) -> int:
         """ACM: bytes of every op output in the module."""
@@ -183,7 +137,7 @@ def _none(counts: dict) -> bool:
     return not counts
 
 
-class Moment(_Strict):
+class Moment(StrictModel):
     """Live memory at one moment of the collected step where the step's peak can occur.
 
     The collector keeps, per phase and per ``key``, the instant of most live
@@ -218,7 +172,7 @@ class Moment(_Strict):
               "then).")
 
 
-class Stats(_Strict):
+class Stats(StrictModel):
     """A stats v1 document: one model's training step, module by module."""
 
     format: Literal["sacplan.stats/v1"] = STATS_FORMAT
@@ -251,7 +205,27 @@ class Stats(_Strict):
 
     def canonical_json(self) -> str:
         """Key-sorted compact JSON: equal documents give equal text."""
-        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return "".join(self.canonical_json_parts())
+
+    def canonical_json_parts(self) -> Iterator[str]:
+        """:meth:`canonical_json` in pieces, a module at a time, for a writer that needs no whole copy of it."""
+        # json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":")), a module at a time: the
+        # whole dump of a large document is several times its text in Python objects
+        top = self.model_dump(mode="json", exclude={"modules"})
+        top["modules"] = None
+        for k, key in enumerate(sorted(top)):
+            yield ("{" if k == 0 else ",") + json.dumps(key) + ":"
+            if key != "modules":
+                yield _canonical(top[key])
+                continue
+            for j, m in enumerate(self.modules):
+                yield ("[" if j == 0 else ",") + _canonical(m.model_dump(mode="json"))
+            yield "]"
+        yield "}"
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
 def short_value(v: Any) -> Any:
@@ -317,6 +291,7 @@ def _validate(s: Stats) -> None:
     check_contiguous(s, pre, post)
     check_sibling_order(s, pre, post)
     held: dict[int, int] = {}
+    consistent: set[tuple] = set()
     for i, m in enumerate(s.modules):
         if m.is_leaf and m.fqn in has_children:
             raise ValueError(f"modules[{i}].is_leaf is true but {m.fqn!r} has submodules")
@@ -324,7 +299,7 @@ def _validate(s: Stats) -> None:
             raise ValueError(f"modules[{i}].ops: {m.fqn!r} is a leaf module, which is never checkpointed; "
                              f"op lists belong to non-leaf modules (give null)")
         if m.ops is not None:
-            _check_ops(f"modules[{i}]", m)
+            _check_ops(f"modules[{i}]", m, consistent)
         if m.held_inputs is not None and (total := sum(b for _, b in m.held_inputs)) != m.held_input_bytes:
             raise ValueError(f"modules[{i}].held_inputs add up to {total} bytes, not held_input_bytes "
                              f"{m.held_input_bytes}")
@@ -377,7 +352,7 @@ def _check_chained_calls(where: str, m: ModuleStats) -> None:
                          f"{m.ops[op].output_bytes}")
 
 
-def _check_ops(where: str, m: ModuleStats) -> None:
+def _check_ops(where: str, m: ModuleStats, consistent: set[tuple]) -> None:
     ops = m.ops or []
     n = len(ops)
     if (m.recompute_op_count or 0) > n:
@@ -388,8 +363,13 @@ def _check_ops(where: str, m: ModuleStats) -> None:
             raise ValueError(f"{where}.ops[{k}].inplace_parent {p} is out of range for {n} ops")
         if p is not None and p > k:
             raise ValueError(f"{where}.ops[{k}].inplace_parent {p} comes after the op itself")
-    # The SAC conventions must leave every op a consistent decision.
+    # The SAC conventions must leave every op a consistent decision. They read only the flags and the parents,
+    # so an op list like one already checked (every block of a stack has the same) passes without a second look.
+    shape = (m.force_store_random, *((op.view_like, op.random, op.inplace_parent) for op in ops))
+    if shape in consistent:
+        return
     try:
         op_groups(ops, m.force_store_random)
     except ValueError as exc:
         raise ValueError(f"{where}.ops: {exc}") from None
+    consistent.add(shape)

@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from planner.stats.format import STATS_FORMAT, OpStats, Stats, short_value
+from planner.stats.op_format import OP_FIELDS, CompactOps
 from planner.stats.orders import innermost_prefix_module
 
 __all__ = ["TORCH_MODULE_FIELDS", "from_torch_format", "is_torch_format", "ops_from_torch"]
@@ -46,10 +47,11 @@ def is_torch_format(doc: Any) -> bool:
     return isinstance(doc, Mapping) and "module_info" in doc and "format" not in doc
 
 
-def ops_from_torch(sac_stats: Any) -> tuple[list[OpStats], bool]:
+def ops_from_torch(sac_stats: Any, maker: CompactOps | None = None) -> tuple[list[OpStats], bool]:
     """Convert PyTorch's ``SACStats`` (object or dict) to our op list and its ``force_store_random``.
 
-    Raises ValueError naming the SACStats field and value (``runtimes[2] ...``).
+    ``maker`` makes the ops (one per document shares their names); raises ValueError naming the SACStats field
+    and value (``runtimes[2] ...``).
     """
     if isinstance(sac_stats, Mapping):
         get = sac_stats.get
@@ -71,11 +73,15 @@ def ops_from_torch(sac_stats: Any) -> tuple[list[OpStats], bool]:
     fsr = get("force_store_random", False)
     if not isinstance(fsr, bool):
         raise ValueError(f"force_store_random must be true or false, got {fsr!r}")
+    make = (maker or CompactOps()).op
     ops = []
     for i in range(n):
-        try:
-            ops.append(OpStats(name=names[i], runtime_ms=runtimes[i], output_bytes=memory[i], view_like=i in views,
-                               random=i in rands, inplace_parent=parent.get(i), saved_by_autograd=i in saved))
+        fields = (names[i], runtimes[i], memory[i], i in views, i in rands, parent.get(i), i in saved)
+        if (op := make(*fields)) is not None:
+            ops.append(op)
+            continue
+        try:  # a value the compact path leaves to the model: it converts it, or says what is wrong
+            ops.append(OpStats(**dict(zip(OP_FIELDS, fields))))
         except ValidationError as exc:
             e = exc.errors(include_url=False)[0]
             field = _TORCH_OP_FIELDS.get(str(e["loc"][0]) if e["loc"] else "", "op")
@@ -165,7 +171,8 @@ def from_torch_format(doc: Mapping[str, Any]) -> Stats:
     if unknown:
         raise ValueError(f"sac_stats[{unknown[0]!r}] names no module in module_info.mod_stats")
 
-    modules = [_module(k, ms, fqns, sac) for k, ms in enumerate(mod_stats)]
+    maker = CompactOps()
+    modules = [_module(k, ms, fqns, sac, maker) for k, ms in enumerate(mod_stats)]
     model = doc.get("model")
     v1 = {
         "format": STATS_FORMAT,
@@ -188,7 +195,8 @@ def _object(doc: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any]:
     return v
 
 
-def _module(k: int, ms: Mapping[str, Any], fqns: dict[str, int], sac: Mapping[str, Any]) -> dict[str, Any]:
+def _module(k: int, ms: Mapping[str, Any], fqns: dict[str, int], sac: Mapping[str, Any],
+            maker: CompactOps) -> dict[str, Any]:
     fqn = ms["fqn"]
     missing = [f for f in _REQUIRED if ms.get(f) is None]
     if missing:
@@ -207,7 +215,7 @@ def _module(k: int, ms: Mapping[str, Any], fqns: dict[str, int], sac: Mapping[st
             raise ValueError(f"sac_stats[{fqn!r}] must be an object (PyTorch's SACStats as a dict), "
                              f"got {type(sac[fqn]).__name__}")
         try:
-            m["ops"], m["force_store_random"] = ops_from_torch(sac[fqn])
+            m["ops"], m["force_store_random"] = ops_from_torch(sac[fqn], maker)
         except ValueError as exc:
             raise ValueError(f"sac_stats[{fqn!r}].{exc}") from None
     return m

@@ -142,6 +142,7 @@ class PlanFastPath:
                 return
             replay = replay_body(body, receive)
             if len(body) > _MAX_KEYED_BODY_BYTES:
+                del body  # held by the app alone from here
                 await self.app(scope, replay, send)
                 return
             key = ("POST", path, scope["query_string"], _header(scope, b"content-type"), body)
@@ -267,7 +268,7 @@ class PlanFastPath:
         return watch
 
 
-async def _read_body(receive: Receive) -> bytes | None:
+async def _read_body(receive: Receive) -> bytes | bytearray | None:
     chunks: list[bytes] = []
     while True:
         message = await receive()
@@ -275,4 +276,5 @@ async def _read_body(receive: Receive) -> bytes | None:
             return None
         chunks.append(message.get("body", b""))
         if not message.get("more_body", False):
-            return b"".join(chunks)
+            # one chunk (BodySizeLimit read it whole) is the body: a large one is not copied on the event loop
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)

@@ -100,10 +100,12 @@ async def _run_job(factory: sessionmaker[Session], pool: SolverPool, project: st
                    budgets_gib: list[float], fields: dict[str, Any], deadline: float) -> dict[str, Any]:
     """The solver's answer for the budgets, as JSON-able data (shared with identical requests elsewhere)."""
     pool.admit(project)  # refuse before reading a large document
-    document, row_figures = await run_in_threadpool(stats_document, factory, stats_id)
+    # spent before a solve could start (reading a slow or large request): the figures only, not the document
+    spent = time.monotonic() >= deadline
+    document, row_figures = await run_in_threadpool(stats_document, factory, stats_id, document=not spent)
     solver_options = {**fields, "time_limit_s": max(deadline - time.monotonic(), 1e-3)}
     try:
-        if time.monotonic() >= deadline:  # spent before a solve could start (reading a slow or large request)
+        if spent or time.monotonic() >= deadline:
             raise SolverStopped("time_limit", "time_limit_s passed before the solve could start: reading the "
                                               "request took it all", [])
         out = await pool.run(solve_job, document, budgets_gib, solver_options, project=project, deadline=deadline)

@@ -8,9 +8,13 @@ upload) and the same stored row.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
-from collections.abc import Awaitable, Callable, Sequence
+import os
+import tempfile
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import HTTPException
@@ -44,16 +48,19 @@ def get_stats(session: Session, project: str, stats_id: str) -> StatsRecord:
     return row
 
 
-def stats_document(factory: sessionmaker[Session], stats_id: str) -> tuple[str, dict[str, Any]]:
-    """The stored document a solve reads, and the upload's no-plan figures (world_size 1)."""
+def stats_document(factory: sessionmaker[Session], stats_id: str, *,
+                   document: bool = True) -> tuple[str | None, dict[str, Any]]:
+    """The stored document a solve reads (None with ``document=False``: tens of MB a request out of time does
+    not need), and the upload's no-plan figures (world_size 1)."""
+    columns = [StatsRecord.baseline_peak_bytes, StatsRecord.compute_ms]
     with factory() as session:
         row = session.execute(
-            select(StatsRecord.document, StatsRecord.baseline_peak_bytes, StatsRecord.compute_ms)
-            .where(StatsRecord.id == stats_id)
+            select(*columns, *([StatsRecord.document] if document else [])).where(StatsRecord.id == stats_id)
         ).first()
     if row is None:
         raise NotFound(f"stats_id {shown_id(stats_id)} does not exist")
-    return row.document, {"baseline_peak_bytes": row.baseline_peak_bytes, "compute_ms": row.compute_ms}
+    figures = {"baseline_peak_bytes": row.baseline_peak_bytes, "compute_ms": row.compute_ms}
+    return (row.document if document else None), figures
 
 
 def new_stats_record(project: str, doc: dict[str, Any], *, loc: Sequence[str] = (),
@@ -74,9 +81,11 @@ def stats_row_fields(doc: dict[str, Any], *, loc: Sequence[str] = (),
     return _row_fields([doc], loc, limits)
 
 
-def _row_fields(holder: list[dict[str, Any]], loc: Sequence[str], limits: UploadLimits | None) -> dict[str, Any]:
+def _row_fields(holder: list[dict[str, Any]], loc: Sequence[str], limits: UploadLimits | None,
+                document_file: str | None = None) -> dict[str, Any]:
     """:func:`stats_row_fields` of the one document in ``holder``: taken out, and let go once validated when
-    nobody else holds it (a worker's decoded body is a few times the body's size)."""
+    nobody else holds it (a worker's decoded body is a few times the body's size). With ``document_file`` the
+    document's text is written there instead of returned (a worker's answer then needs no copy of it)."""
     doc = holder.pop()
     if limits is not None:
         check_upload(doc, limits, loc)
@@ -99,12 +108,23 @@ def _row_fields(holder: list[dict[str, Any]], loc: Sequence[str], limits: Upload
     }
     for name, value in figures.items():  # sums of bounded fields can still pass what a column holds
         check_in_range(StatsRecord, name, value, what=_DERIVED[name], loc=[*loc, "modules"])
+    fields = {"model_name": stats.metadata.model_name, "source_format": source_format, **figures,
+              "tags": dict(stats.metadata.tags)}
+    if document_file is not None:
+        return {**fields, "content_hash": _write_document(stats, document_file)}
     document = stats.canonical_json()  # once: planner.stats_hash(stats) is the SHA-256 of this same text
-    return {
-        "content_hash": hashlib.sha256(document.encode()).hexdigest(), "model_name": stats.metadata.model_name,
-        "source_format": source_format, **figures,
-        "document": document, "tags": dict(stats.metadata.tags),
-    }
+    return {**fields, "content_hash": hashlib.sha256(document.encode()).hexdigest(), "document": document}
+
+
+def _write_document(stats: planner.Stats, path: str) -> str:
+    """Write the canonical text of ``stats`` to ``path`` a module at a time; its SHA-256 (planner.stats_hash)."""
+    digest = hashlib.sha256()
+    with open(path, "wb") as out:
+        for part in stats.canonical_json_parts():
+            data = part.encode()
+            digest.update(data)
+            out.write(data)
+    return digest.hexdigest()
 
 
 _DERIVED = {
@@ -173,8 +193,10 @@ async def store_stats_body(factory: sessionmaker[Session], run_in_process: Calla
     CPU for a document of tens of MB, which in a thread of this process held the GIL for up to a second at
     a time and stalled the event loop (``/healthz`` and cached reads included). Only the columns come back.
     """
-    outcome = _raise_unless_ok(await _in_process(run_in_process, prepare_body_job, body, limits), body)
-    return await run_in_threadpool(_keep, factory, project, _record(project, outcome[1]))
+    async with _spooled(body) as (body_file, document_file):
+        outcome = _raise_unless_ok(await _in_process(run_in_process, prepare_body_job, len(body), body_file,
+                                                     document_file, limits), body)
+        return await run_in_threadpool(_keep_spooled, factory, project, outcome[1], document_file)
 
 
 async def store_request_body(factory: sessionmaker[Session], run_in_process: Callable[..., Awaitable[Any]],
@@ -188,24 +210,63 @@ async def store_request_body(factory: sessionmaker[Session], run_in_process: Cal
     columns come back. Errors are those of the small path, in its order: the request's fields (422), its
     ``time_limit_s``, then the stats (413, 422 under ``body.stats``).
     """
-    outcome = _raise_unless_ok(await _in_process(run_in_process, prepare_request_job, body, model, limits,
-                                                 max_time_limit_s), body)
-    fields, columns = outcome[1], outcome[2]
-    if columns is not None:
-        row, _ = await run_in_threadpool(_keep, factory, project, _record(project, columns))
-        fields = {**fields, "stats_id": row.id}
+    async with _spooled(body) as (body_file, document_file):
+        outcome = _raise_unless_ok(await _in_process(run_in_process, prepare_request_job, len(body), body_file,
+                                                     document_file, model, limits, max_time_limit_s), body)
+        fields, columns = outcome[1], outcome[2]
+        if columns is not None:
+            row, _ = await run_in_threadpool(_keep_spooled, factory, project, columns, document_file)
+            fields = {**fields, "stats_id": row.id}
     return model.model_validate(fields)
 
 
-async def _in_process(run_in_process: Callable[..., Awaitable[Any]], job: Callable[..., tuple], body: bytes,
-                      *args: Any) -> tuple:
-    """``job(body, *args)`` in a render process; 413 when validating the body needs more than its memory cap."""
+@asynccontextmanager
+async def _spooled(body: bytes) -> AsyncIterator[tuple[str, str]]:
+    """``body`` in a temporary file, and an empty one for the document's text: a render process reads the one
+    and writes the other. Passed as job arguments they were pickled, and the executor's feeder thread keeps the
+    last message it sent (the body again) until it sends another; the text, tens of MB more, came back the same
+    way."""
+    paths = await run_in_threadpool(_spool, body)
     try:
-        return await run_in_process(job, body, *args)
+        yield paths
+    finally:
+        for path in paths:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+
+
+def _spool(body: bytes) -> tuple[str, str]:
+    paths = []
+    try:
+        for data in (body, b""):
+            handle, path = tempfile.mkstemp(prefix="sacplan-body-", suffix=".json")
+            paths.append(path)
+            with os.fdopen(handle, "wb") as out:
+                out.write(data)
+    except BaseException:
+        for path in paths:
+            os.unlink(path)
+        raise
+    return paths[0], paths[1]
+
+
+def _keep_spooled(factory: sessionmaker[Session], project: str, columns: dict[str, Any],
+                  document_file: str) -> tuple[StatsRecord, bool]:
+    with open(document_file, encoding="utf-8") as text:
+        document = text.read()
+    return _keep(factory, project, _record(project, {**columns, "document": document}))
+
+
+async def _in_process(run_in_process: Callable[..., Awaitable[Any]], job: Callable[..., tuple], size: int,
+                      *args: Any) -> tuple:
+    """``job(*args)`` in a render process; 413 when validating the body (``size`` bytes) needs more than its
+    memory cap."""
+    try:
+        return await run_in_process(job, *args)
     except RenderMemoryExceeded as exc:
-        message = (f"the request body ({len(body)} bytes) needs more memory to read and validate than this service "
+        message = (f"the request body ({size} bytes) needs more memory to read and validate than this service "
                    f"allows per request: {exc.message}")
-        raise PayloadTooLarge(message, errors=[{"loc": ["body"], "msg": message, "input": len(body)}]) from None
+        raise PayloadTooLarge(message, errors=[{"loc": ["body"], "msg": message, "input": size}]) from None
 
 
 def _raise_unless_ok(outcome: tuple, body: bytes) -> tuple:
@@ -229,40 +290,48 @@ def _raise_unless_ok(outcome: tuple, body: bytes) -> tuple:
     return outcome
 
 
-def _parse(body: bytes) -> tuple:
-    """``("ok", [doc])`` (in a list, so the validation can let it go), or what is wrong with the body."""
+def _parse(body_file: str) -> tuple:
+    """``("ok", [doc])`` of the body in ``body_file`` (in a list, so the validation can let it go), or what is
+    wrong with the body."""
+    with open(body_file, "rb") as source:
+        body = source.read()
     try:
         doc = json.loads(body)
     except json.JSONDecodeError as exc:
         return "json_invalid", exc.msg, exc.pos
     except (RecursionError, ValueError) as exc:  # too deeply nested; not UTF-8 (UnicodeDecodeError)
         return "unreadable", exc
+    del body
     if not isinstance(doc, dict):
         return "not_object", type(doc)()
     return "ok", [doc]
 
 
-def _columns(holder: list[dict[str, Any]], limits: UploadLimits, loc: Sequence[str] = ()) -> tuple:
-    """``("ok", columns)`` of the stats document in ``holder``, else what is wrong with it."""
+def _columns(holder: list[dict[str, Any]], limits: UploadLimits, document_file: str,
+             loc: Sequence[str] = ()) -> tuple:
+    """``("ok", columns)`` of the stats document in ``holder`` (its text written to ``document_file``), else
+    what is wrong with it."""
     try:
-        return "ok", _row_fields(holder, loc, limits)
+        return "ok", _row_fields(holder, loc, limits, document_file)
     except PayloadTooLarge as exc:
         return "too_large", exc.message, exc.errors
     except InvalidInput as exc:
         return "invalid", exc.message, exc.errors
 
 
-def prepare_body_job(body: bytes, limits: UploadLimits) -> tuple:
-    """In a render process: ``("ok", columns)`` for a valid stats document, else what is wrong with it."""
-    parsed = _parse(body)
-    return _columns(parsed[1], limits) if parsed[0] == "ok" else parsed
+def prepare_body_job(body_file: str, document_file: str, limits: UploadLimits) -> tuple:
+    """In a render process: ``("ok", columns)`` for a valid stats document (the body in ``body_file``; its
+    canonical text written to ``document_file``), else what is wrong with it."""
+    parsed = _parse(body_file)
+    return _columns(parsed[1], limits, document_file) if parsed[0] == "ok" else parsed
 
 
-def prepare_request_job(body: bytes, model: type[StatsSource], limits: UploadLimits,
+def prepare_request_job(body_file: str, document_file: str, model: type[StatsSource], limits: UploadLimits,
                         max_time_limit_s: float) -> tuple:
-    """In a render process: ``("ok", fields, columns)`` for a valid plan or sweep request ``model`` (its fields
-    but ``stats``, and the columns of its inline stats, or None), else what is wrong with it."""
-    parsed = _parse(body)
+    """In a render process: ``("ok", fields, columns)`` for a valid plan or sweep request ``model`` (the body in
+    ``body_file``): its fields but ``stats``, and the columns of its inline stats (their text written to
+    ``document_file``), or None; else what is wrong with it."""
+    parsed = _parse(body_file)
     if parsed[0] != "ok":
         return parsed
     doc = parsed[1].pop()
@@ -280,7 +349,7 @@ def prepare_request_job(body: bytes, model: type[StatsSource], limits: UploadLim
     if stats is None:
         return "ok", fields, None
     holder, stats = [stats], None  # only the holder has the stats now
-    outcome = _columns(holder, limits, loc=("body", "stats"))
+    outcome = _columns(holder, limits, document_file, loc=("body", "stats"))
     return (outcome[0], fields, outcome[1]) if outcome[0] == "ok" else outcome
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 import httpx
@@ -93,3 +94,23 @@ def test_large_uploads_share_the_bounded_render_pool(settings, solver, big_doc):
     assert first.status_code == 201, first.text
     assert second.status_code == 503 and "render queue is full" in second.json()["detail"]
     assert second.headers["retry-after"]
+
+
+def test_large_bodies_leave_no_temporary_files(client, big_doc, tmp_path, monkeypatch):
+    # A large body and its stats' text pass to and from the render process through temporary files: whatever
+    # the answer (stored, 422, an inline plan), none is left behind.
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(spool))
+    made, mkstemp = [], tempfile.mkstemp
+    monkeypatch.setattr(tempfile, "mkstemp", lambda **kw: made.append(mkstemp(**kw)) or made[-1])
+    body = json.dumps({**big_doc, "model": "spooled"}).encode()
+    assert client.post("/v1/stats", content=body, headers=JSON).status_code == 201
+    broken = json.loads(body)
+    broken["module_info"]["mod_stats"][3]["act_total"] = -1
+    assert client.post("/v1/stats", content=json.dumps(broken).encode(), headers=JSON).status_code == 422
+    inline = b'{"memory_budget_gib": 1000, "time_limit_s": 30, "stats": ' + body + b"}"
+    assert client.post("/v1/plans", content=inline, headers=JSON).status_code in (200, 201)
+    spooled = [Path(path) for _, path in made if Path(path).name.startswith("sacplan-body-")]
+    assert len(spooled) == 6 and {p.parent for p in spooled} == {spool}  # a body and a text each
+    assert list(spool.iterdir()) == []

@@ -59,19 +59,20 @@ def test_a_process_holding_memory_after_its_job_is_replaced():
 
 
 @pytest.fixture(scope="module")
-def doc_16mib() -> bytes:
-    # ~16 MiB, ~11,000 modules: validating it takes the render process past 256 MiB (about 23 times the body)
-    body = json.dumps(make_layers(json.loads(L4_PATH.read_text()), 800)).encode()
-    assert len(body) > 15 * MIB
+def doc_32mib() -> bytes:
+    # ~32 MiB, ~22,000 modules: validating it takes the render process past 256 MiB (about 8 times the body, and
+    # the process's own ~90 MiB; 23 times before ops were made compactly, when 16 MiB sufficed)
+    body = json.dumps(make_layers(json.loads(L4_PATH.read_text()), 1600)).encode()
+    assert len(body) > 30 * MIB
     return body
 
 
-def test_an_upload_needing_more_than_the_cap_is_413_and_stores_nothing(make_client, settings, count_rows, doc_16mib):
+def test_an_upload_needing_more_than_the_cap_is_413_and_stores_nothing(make_client, settings, count_rows, doc_32mib):
     client = make_client(settings.model_copy(update={"render_memory_mb": 256}))
-    r = client.post("/v1/stats", content=doc_16mib, headers={"content-type": "application/json"})
+    r = client.post("/v1/stats", content=doc_32mib, headers={"content-type": "application/json"})
     assert r.status_code == 413, r.text[:300]
     assert "SACPLAN_RENDER_MEMORY_MB" in r.json()["detail"] and r.json()["errors"][0]["loc"] == ["body"]
-    inline = client.post("/v1/plans", content=b'{"memory_budget_gib": 5, "stats": ' + doc_16mib + b"}",
+    inline = client.post("/v1/plans", content=b'{"memory_budget_gib": 5, "stats": ' + doc_32mib + b"}",
                          headers={"content-type": "application/json"})
     assert inline.status_code == 413, inline.text[:300]
     assert count_rows()["stats"] == 0
