@@ -6,7 +6,7 @@ reference; ``training_step``: calling the model, its default loss, the
 optimizer; ``training_loop``: the loop around the model (micro-batches,
 autocast, a GradScaler, clipping); ``module_names``: the stats' module
 names; ``model_settings``: the op-deciding settings of a model; ``fsdp_units``: how a model is sharded by
-FSDP2. Nothing here imports another subpackage of ``estimators``.
+FSDP2; ``pipeline_setup`` and ``pipeline_stages``: a pipeline's layout and a decoder cut into its stages. Nothing here imports another subpackage of ``estimators``.
 """
 
 from estimators.common.aten_ops import (SAC_IGNORED_OPS, is_inplace_op, is_random_op, is_view_op, op_name,
@@ -16,6 +16,8 @@ from estimators.common.model_settings import (BATCH_VALUES_TAG, CONFIG_SETTINGS,
                                               experts_implementation, model_config, model_configs, model_dtype_name,
                                               model_settings_of, switch_off_kv_cache)
 from estimators.common.module_names import module_fqns
+from estimators.common.pipeline_setup import PP_SCHEDULES, PipelineSetup
+from estimators.common.pipeline_stages import DecoderStage, build_stages, decoder_parts, stage_layer_ids
 from estimators.common.storage_book import (ACT, BUFFER, CATEGORIES, COMM, GRAD, INPUT, OPT, PARAM, TEMP, StorageBook,
                                             follow_storage_resizes, storages_of, tensors_in)
 from estimators.common.training_loop import AUTOCAST_DTYPES, TrainingLoop, autocast_name
@@ -23,10 +25,10 @@ from estimators.common.training_step import OPTIMIZER_NAMES, call_model, default
 
 __all__ = [
     "ACT", "AUTOCAST_DTYPES", "BATCH_VALUES_TAG", "BUFFER", "CATEGORIES", "COMM", "CONFIG_SETTINGS", "DTYPE_NAMES",
-    "GRAD", "INPUT", "MIXED_PRECISION", "OPT", "OPTIMIZER_NAMES", "PARAM", "SAC_IGNORED_OPS", "TEMP",
-    "UNKNOWN_VALUES_TAG", "FsdpSetup", "StorageBook", "TrainingLoop", "autocast_name", "call_model", "default_loss",
+    "GRAD", "INPUT", "MIXED_PRECISION", "OPT", "OPTIMIZER_NAMES", "PARAM", "PP_SCHEDULES", "SAC_IGNORED_OPS", "TEMP",
+    "UNKNOWN_VALUES_TAG", "DecoderStage", "FsdpSetup", "PipelineSetup", "StorageBook", "TrainingLoop", "autocast_name", "build_stages", "call_model", "decoder_parts", "default_loss",
     "default_units", "experts_implementation", "follow_storage_resizes", "is_inplace_op", "is_random_op",
     "is_view_op", "make_optimizer", "model_config", "model_configs", "model_dtype_name", "model_settings_of",
-    "module_fqns", "op_name", "optimizer_class", "shard_model", "storages_of", "switch_off_kv_cache", "tensors_in",
+    "module_fqns", "op_name", "optimizer_class", "shard_model", "stage_layer_ids", "storages_of", "switch_off_kv_cache", "tensors_in",
     "unit_fqns", "written_tensors",
 ]
