@@ -122,7 +122,9 @@ def collect_pipeline_stages(model: nn.Module, ids: torch.Tensor, setup: Pipeline
         stats.metadata.optimizer_kwargs = optimizer_kwargs
         stats.metadata.pipeline = PipelineStageInfo(
             stage=s, stages=len(stages), schedule=setup.schedule, microbatches=setup.microbatches,
-            held_bytes=root.act_saved_bytes + root.output_bytes, buffer_bytes=_nbytes(kept),
+            held_bytes=root.act_saved_bytes + root.output_bytes,
+            # the last stage's schedule also keeps every microbatch's loss (a scalar)
+            buffer_bytes=_nbytes(kept) + (4 if s == len(stages) - 1 else 0),
             input_grad_bytes=0 if s == 0 else _nbytes([x]))
         out.append(stats)
     return out

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from estimators.measure.real_step import track_live_storages
+from estimators.measure.real_step import BACKWARD, FORWARD, OPTIMIZER, track_live_storages
 
 __all__ = ["measure_pipeline_stage"]
 
@@ -42,8 +42,9 @@ def measure_pipeline_stage(stage_module: nn.Module, stage: int, stages: int, sch
                                output_args=io_meta[1])
     # every rank gets the loss function: a schedule without one runs no backward
     sched = kinds[schedule](pipe_stage, n_microbatches=microbatches, loss_fn=loss_fn)
-    peaks, losses = [], []
+    peaks, losses, where = [], [], []
     with track_live_storages(stage_module) as tracker:
+        _follow_phases(pipe_stage, tracker)
         for _ in range(steps):
             tracker.restart_peak()
             step_losses: list[torch.Tensor] = []
@@ -53,9 +54,23 @@ def measure_pipeline_stage(stage_module: nn.Module, stage: int, stages: int, sch
             # each gradient's sum and norm: scalars, so the step's memory is as it would be
             grads = {n: (float(p.grad.sum()), float(p.grad.norm())) for n, p in stage_module.named_parameters()
                      if p.grad is not None}
+            tracker.phase, tracker.micro_batch = OPTIMIZER, None
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             peaks.append(tracker.peak_bytes)
+            where.append((tracker.peak_phase, tracker.peak_micro_batch))
             losses = [float(x.detach()) for x in step_losses]
     dist.barrier()
-    return {"peaks": peaks, "losses": losses, "grads": grads}
+    return {"peaks": peaks, "peak_at": where, "losses": losses, "grads": grads}
+
+
+def _follow_phases(pipe_stage: Any, tracker: Any) -> None:
+    """Point the tracker's phase and microbatch (from 1) at what the stage runs: its peak says where it was."""
+    for name, phase in (("forward_one_chunk", FORWARD), ("backward_one_chunk", BACKWARD)):
+        run = getattr(pipe_stage, name)
+
+        def wrapped(chunk: int, *args: Any, run: Any = run, phase: str = phase, **kwargs: Any) -> Any:
+            tracker.phase, tracker.micro_batch = phase, chunk + 1
+            return run(chunk, *args, **kwargs)
+
+        setattr(pipe_stage, name, wrapped)
