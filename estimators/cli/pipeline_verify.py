@@ -13,10 +13,9 @@ from typing import Any
 import torch
 
 from estimators.apply import apply_plan
-from estimators.collect.pipeline import pipeline_loss
+from estimators.collect import pipeline_loss
 from estimators.common import PipelineSetup, build_stages
-from estimators.measure import run_ranks
-from estimators.measure.real_pipeline import measure_pipeline_stage
+from estimators.measure import measure_pipeline_stage, run_ranks
 
 __all__ = ["run_pipeline", "pipeline_rank"]
 
