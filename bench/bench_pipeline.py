@@ -3,11 +3,12 @@
     python bench/bench_pipeline.py            # print the section
     python bench/bench_pipeline.py --write    # and rewrite the "## Pipeline parallel" section of bench/RESULTS.md
 
-A tiny Llama (from LlamaConfig, random weights) cut into 2 stages, 1F1B, 4 microbatches: each stage's stats
+A tiny Llama (from LlamaConfig, random weights) cut into 2 stages, 1F1B and GPipe, 4 microbatches: each stage's stats
 collected under fake tensors (``sacplan collect --pp-stages 2 --pp-schedule 1f1b --microbatches 4``), every
 stage planned under one budget (``planner.plan_pipeline``) at 60% and 85% of the first stage's baseline and at
 the smallest budget every stage fits, each stage's plan applied to its stage (``estimators.apply_plan``) and
-the pipeline run for real: ``torch.distributed.pipelining`` (``PipelineStage``, ``Schedule1F1B``), one
+the pipeline run for real: ``torch.distributed.pipelining`` (``PipelineStage``, ``Schedule1F1B`` and
+``ScheduleGPipe``), one
 process per stage, gloo over 127.0.0.1, AdamW, 3 steps. Real peaks: every distinct live storage once, per
 rank (``estimators.measure.track_live_storages``).
 """
@@ -39,11 +40,11 @@ BATCH, SEQ, MICROBATCHES, STAGES, STEPS = 4, 64, 4, 2, 3
 FRACTIONS = (0.6, 0.85)
 
 
-def collect(config: dict) -> list[planner.Stats]:
+def collect(config: dict, schedule: str) -> list[planner.Stats]:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp, "config.json")
         path.write_text(json.dumps(config))
-        req = CollectRequest(hf_config=str(path), batch=BATCH, seq=SEQ, pp_stages=STAGES, pp_schedule="1f1b",
+        req = CollectRequest(hf_config=str(path), batch=BATCH, seq=SEQ, pp_stages=STAGES, pp_schedule=schedule,
                              microbatches=MICROBATCHES)
         return [r.stats for r in run_pipeline_collection(req)]
 
@@ -55,22 +56,22 @@ def budgets(stats: list[planner.Stats]) -> list[tuple[str, float]]:
     return [(f"{f:.0%} of stage 0", f * base / planner.GIB) for f in FRACTIONS] + [("smallest", smallest)]
 
 
-def run(config: dict) -> dict:
-    stats = collect(config)
-    setup = PipelineSetup(STAGES, "1f1b", MICROBATCHES)
-    rows = [{"label": "no plan", "budget_gib": None, "predicted": [planner.baseline_peak_bytes(s) for s in stats],
+def run(config: dict, schedule: str) -> list[dict]:
+    stats = collect(config, schedule)
+    setup = PipelineSetup(STAGES, schedule, MICROBATCHES)
+    rows = [{"schedule": schedule, "label": "no plan", "budget_gib": None, "predicted": [planner.baseline_peak_bytes(s) for s in stats],
              "modules": [0] * STAGES, "step_ms": planner.plan_pipeline(stats, 1e3).step_ms,
              "real": run_pipeline(config, setup, batch=BATCH, seq=SEQ, steps=STEPS)}]
     for label, gib in budgets(stats):
         pp = planner.plan_pipeline(stats, gib)
-        row = {"label": label, "budget_gib": gib, "status": pp.status, "message": pp.message,
+        row = {"schedule": schedule, "label": label, "budget_gib": gib, "status": pp.status, "message": pp.message,
                "predicted": [p.peak_bytes for p in pp.stages], "modules": [len(p.modules) for p in pp.stages],
                "step_ms": pp.step_ms, "real": None}
         if pp.status in ("optimal", "feasible"):
             row["real"] = run_pipeline(config, setup, batch=BATCH, seq=SEQ, steps=STEPS, plans=pp.stages,
                                        stats=stats)
         rows.append(row)
-    return {"stats": stats, "rows": rows}
+    return rows
 
 
 def _same(a: dict, b: dict) -> float:
@@ -82,38 +83,40 @@ def _same(a: dict, b: dict) -> float:
     return worst
 
 
-def report(result: dict, command: str, minutes: float) -> str:
-    rows, base = result["rows"], result["rows"][0]
+def report(rows: list[dict], command: str, minutes: float) -> str:
+    bases = {r["schedule"]: r for r in rows if r["label"] == "no plan"}
     lines = [SECTION, "", "Machine: " + describe_machine("every stage a process on 1 thread, gloo over 127.0.0.1"),
              "", f"Command: `{command}` (from the repo root; {minutes:.1f} min in all). A tiny Llama "
              f"(hidden {CONFIG['hidden_size']}, {CONFIG['num_hidden_layers']} layers, vocab {CONFIG['vocab_size']}, "
              f"random weights, seed 0), {STAGES} stages of equal layer counts (embedding with the first, norm and "
-             f"head with the last), 1F1B, {MICROBATCHES} microbatches of batch {BATCH} x seq {SEQ}, AdamW "
+             f"head with the last), 1F1B and GPipe, {MICROBATCHES} microbatches of batch {BATCH} x seq {SEQ}, AdamW "
              f"(`foreach=False`), {STEPS} steps. Predicted: `planner.plan_pipeline` on the stages' stats "
-             "(`sacplan collect --pp-stages 2 --pp-schedule 1f1b --microbatches 4`); real: each rank's peak at "
+             "(`sacplan collect --pp-stages 2 --pp-schedule 1f1b|gpipe --microbatches 4`); real: each rank's peak at "
              f"step {STEPS} (the steady state: AdamW state live), every distinct live storage once. Step times are "
              "predicted (CPU roofline cost model), not measured.", "",
-             "| budget | stage | status | modules | predicted peak B | real peak B | real/pred - 1 | over budget "
-             "| loss = unplanned | grads max rel diff | predicted step ms |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| schedule | budget | stage | status | modules | predicted peak B | real peak B | real/pred - 1 "
+             "| over budget | loss = unplanned | grads max rel diff | predicted step ms |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     worst, over = 0.0, []
     for row in rows:
+        base = bases[row["schedule"]]
         budget = "none" if row["budget_gib"] is None else f"{row['label']}: {row['budget_gib'] * planner.GIB:,.0f} B"
         for s in range(STAGES):
             pred = row["predicted"][s]
             if row["real"] is None:
-                lines.append(f"| {budget} | {s} | {row.get('status')} | - | - | - | - | - | - | - | - |")
+                lines.append(f"| {row['schedule']} | {budget} | {s} | {row.get('status')} | - | - | - | - | - | - | - "
+                             f"| - |")
                 continue
             real = row["real"][s]["peaks"][-1]
             err = real / pred - 1
             worst = max(worst, abs(err))
             is_over = row["budget_gib"] is not None and max(row["real"][s]["peaks"][1:]) > row["budget_gib"] * planner.GIB
             if is_over:
-                over.append(f"{row['label']} stage {s}")
+                over.append(f"{row['schedule']} {row['label']} stage {s}")
             loss_same = row["real"][s]["losses"] == base["real"][s]["losses"]
             grads = _same(row["real"][s]["grads"], base["real"][s]["grads"])
             step = "-" if row["step_ms"] is None else f"{row['step_ms']:.3f}"
-            lines.append(f"| {budget} | {s} | {row.get('status', '-')} | {row['modules'][s]} | {pred:,} | {real:,} "
+            lines.append(f"| {row['schedule']} | {budget} | {s} | {row.get('status', '-')} | {row['modules'][s]} | {pred:,} | {real:,} "
                          f"| {err:+.4%} | {'**yes**' if is_over else 'no'} | {'yes' if loss_same else 'no'} "
                          f"| {grads:.1e} | {step} |")
     lines += ["", f"Verdict: worst |real/predicted - 1| {worst:.4%} (goal: within 1%); over the budget: "
@@ -124,10 +127,11 @@ def report(result: dict, command: str, minutes: float) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--write", action="store_true", help="rewrite the section of bench/RESULTS.md")
+    ap.add_argument("--schedules", default="1f1b,gpipe", help="comma-separated: 1f1b, gpipe (default both)")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
-    result = run(CONFIG)
-    text = report(result, "python bench/bench_pipeline.py --write", (time.perf_counter() - t0) / 60)
+    rows = [row for schedule in args.schedules.split(",") for row in run(CONFIG, schedule)]
+    text = report(rows, "python bench/bench_pipeline.py --write", (time.perf_counter() - t0) / 60)
     print(text)
     if args.write:
         write_results(text, REPO / "bench" / "RESULTS.md", SECTION)

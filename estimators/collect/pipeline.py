@@ -86,6 +86,29 @@ def _nbytes(tensors: list[torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
+def _loss_saved_bytes(logits_shape: tuple[int, ...], dtype: torch.dtype) -> int:
+    """What the last stage's loss saves for its backward beyond the logits (log-softmax's output): a microbatch
+    waiting for its backward keeps it, so its held bytes count it. Measured on fake tensors of the same shapes."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    saved: dict[int, int] = {}
+    with FakeTensorMode():
+        logits = torch.empty(logits_shape, dtype=dtype, requires_grad=True)
+        labels = torch.zeros(logits_shape[:-1], dtype=torch.long)
+        given = {id(x.untyped_storage()) for x in (logits, labels)}
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            st = t.untyped_storage()
+            if id(st) not in given:
+                saved[id(st)] = st.nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = pipeline_loss(logits, labels)
+        del loss
+    return sum(saved.values())
+
+
 def collect_pipeline_stages(model: nn.Module, ids: torch.Tensor, setup: PipelineSetup, *, dtype: torch.dtype,
                             optimizer: str, optimizer_kwargs: dict | None, optimizer_foreach: bool,
                             progress: Any = None, **collect_kwargs: Any) -> list[Stats]:
@@ -118,11 +141,14 @@ def collect_pipeline_stages(model: nn.Module, ids: torch.Tensor, setup: Pipeline
         finally:
             hook.remove()
         root = stats.root
+        held_bytes = root.act_saved_bytes + root.output_bytes
+        if s == len(stages) - 1:
+            held_bytes += _loss_saved_bytes((*ids.shape, int(model.config.vocab_size)), dtype)
         stats.metadata.optimizer = optimizer
         stats.metadata.optimizer_kwargs = optimizer_kwargs
         stats.metadata.pipeline = PipelineStageInfo(
             stage=s, stages=len(stages), schedule=setup.schedule, microbatches=setup.microbatches,
-            held_bytes=root.act_saved_bytes + root.output_bytes,
+            held_bytes=held_bytes,
             # the last stage's schedule also keeps every microbatch's loss (a scalar)
             buffer_bytes=_nbytes(kept) + (4 if s == len(stages) - 1 else 0),
             input_grad_bytes=0 if s == 0 else _nbytes([x]))
