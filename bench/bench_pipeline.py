@@ -89,9 +89,9 @@ def report(rows: list[dict], command: str, minutes: float) -> str:
              "", f"Command: `{command}` (from the repo root; {minutes:.1f} min in all). A tiny Llama "
              f"(hidden {CONFIG['hidden_size']}, {CONFIG['num_hidden_layers']} layers, vocab {CONFIG['vocab_size']}, "
              f"random weights, seed 0), {STAGES} stages of equal layer counts (embedding with the first, norm and "
-             f"head with the last), 1F1B and GPipe, {MICROBATCHES} microbatches of batch {BATCH} x seq {SEQ}, AdamW "
+             f"head with the last), {' and '.join(sorted({r['schedule'] for r in rows}))}, {MICROBATCHES} microbatches of batch {BATCH} x seq {SEQ}, AdamW "
              f"(`foreach=False`), {STEPS} steps. Predicted: `planner.plan_pipeline` on the stages' stats "
-             "(`sacplan collect --pp-stages 2 --pp-schedule 1f1b|gpipe --microbatches 4`); real: each rank's peak at "
+             f"(`sacplan collect --pp-stages {STAGES} --pp-schedule ... --microbatches {MICROBATCHES}`); real: each rank's peak at "
              f"step {STEPS} (the steady state: AdamW state live), every distinct live storage once. Step times are "
              "predicted (CPU roofline cost model), not measured.", "",
              "| schedule | budget | stage | status | modules | predicted peak B | real peak B | real/pred - 1 "
@@ -125,13 +125,24 @@ def report(rows: list[dict], command: str, minutes: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global STAGES, MICROBATCHES, BATCH, SECTION  # one configuration per run of the script
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--write", action="store_true", help="rewrite the section of bench/RESULTS.md")
     ap.add_argument("--schedules", default="1f1b,gpipe", help="comma-separated: 1f1b, gpipe (default both)")
+    ap.add_argument("--stages", type=int, default=STAGES, help=f"pipeline stages (default {STAGES}; not 2: its own "
+                    "section)")
+    ap.add_argument("--microbatches", type=int, default=MICROBATCHES, help=f"default {MICROBATCHES}")
+    ap.add_argument("--batch", type=int, default=BATCH, help=f"per microbatch (default {BATCH})")
     args = ap.parse_args(argv)
+    STAGES, MICROBATCHES, BATCH = args.stages, args.microbatches, args.batch
+    if STAGES != 2:
+        SECTION = f"## Pipeline parallel: {STAGES} stages"
     t0 = time.perf_counter()
     rows = [row for schedule in args.schedules.split(",") for row in run(CONFIG, schedule)]
-    text = report(rows, "python bench/bench_pipeline.py --write", (time.perf_counter() - t0) / 60)
+    command = "python bench/bench_pipeline.py --write" + (
+        f" --stages {STAGES} --microbatches {MICROBATCHES} --batch {BATCH} --schedules {args.schedules}"
+        if STAGES != 2 else "")
+    text = report(rows, command, (time.perf_counter() - t0) / 60)
     print(text)
     if args.write:
         write_results(text, REPO / "bench" / "RESULTS.md", SECTION)
