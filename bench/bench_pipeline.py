@@ -86,7 +86,7 @@ def _same(a: dict, b: dict) -> float:
 def report(rows: list[dict], command: str, minutes: float) -> str:
     bases = {r["schedule"]: r for r in rows if r["label"] == "no plan"}
     lines = [SECTION, "", "Machine: " + describe_machine("every stage a process on 1 thread, gloo over 127.0.0.1"),
-             "", f"Command: `{command}` (from the repo root; {minutes:.1f} min in all). A tiny Llama "
+             "", f"Command: `{command}` (from the repo root; {minutes:.1f} min in all). A tiny {CONFIG['model_type']} decoder "
              f"(hidden {CONFIG['hidden_size']}, {CONFIG['num_hidden_layers']} layers, vocab {CONFIG['vocab_size']}, "
              f"random weights, seed 0), {STAGES} stages of equal layer counts (embedding with the first, norm and "
              f"head with the last), {' and '.join(sorted({r['schedule'] for r in rows}))}, {MICROBATCHES} microbatches of batch {BATCH} x seq {SEQ}, AdamW "
@@ -133,15 +133,18 @@ def main(argv: list[str] | None = None) -> int:
                     "section)")
     ap.add_argument("--microbatches", type=int, default=MICROBATCHES, help=f"default {MICROBATCHES}")
     ap.add_argument("--batch", type=int, default=BATCH, help=f"per microbatch (default {BATCH})")
+    ap.add_argument("--family", choices=("llama", "qwen2"), default="llama", help="the decoder's model_type, same "
+                    "shape (default llama; not llama: its own section)")
     args = ap.parse_args(argv)
     STAGES, MICROBATCHES, BATCH = args.stages, args.microbatches, args.batch
-    if STAGES != 2:
-        SECTION = f"## Pipeline parallel: {STAGES} stages"
+    CONFIG["model_type"] = args.family
+    if STAGES != 2 or args.family != "llama":
+        SECTION = f"## Pipeline parallel: {STAGES} stages, {args.family}"
     t0 = time.perf_counter()
     rows = [row for schedule in args.schedules.split(",") for row in run(CONFIG, schedule)]
     command = "python bench/bench_pipeline.py --write" + (
         f" --stages {STAGES} --microbatches {MICROBATCHES} --batch {BATCH} --schedules {args.schedules}"
-        if STAGES != 2 else "")
+        if STAGES != 2 else "") + (f" --family {args.family}" if args.family != "llama" else "")
     text = report(rows, command, (time.perf_counter() - t0) / 60)
     print(text)
     if args.write:
