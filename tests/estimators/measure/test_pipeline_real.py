@@ -40,7 +40,7 @@ def _reference(setup: PipelineSetup) -> tuple[list[float], dict[str, tuple[float
         for mb in ids.split(BATCH):
             loss = pipeline_loss(model(input_ids=mb).logits, mb)
             (loss / M).backward()
-            losses.append(float(loss))
+            losses.append(float(loss.detach()))
         grads = {n: (float(p.grad.sum()), float(p.grad.norm())) for n, p in model.named_parameters()}
         opt.step()
         opt.zero_grad(set_to_none=True)
