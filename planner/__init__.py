@@ -4,7 +4,7 @@ numpy, scipy and pydantic only: never torch, fastapi or sqlalchemy. The
 layers, each importing only those before it: ``stats/`` (the format),
 ``ops/`` (one module's op decisions), ``memory_model`` and ``solve/`` (the
 module-level problem, its engines and bounds), ``planning`` (``plan()`` and
-``sweep()``, the one entry point). See docs/architecture.md.
+``sweep()``, the one entry point; ``pipeline_planning``: ``plan_pipeline()``, every stage of a pipeline). See docs/architecture.md.
 """
 
 from planner.figures import HOST_OVERHEAD_NOTE, RecomputeSplit, recompute_split, step_basis
@@ -15,6 +15,7 @@ from planner.ops.policy import optimal_op_policy
 from planner.options import PlanOptions
 from planner.plan_format import Plan, PlannedModule, PlanStatus
 from planner.planning import min_feasible_budget_gib, plan, sweep
+from planner.pipeline_planning import PipelinePlan, pipeline_step_ms, plan_pipeline
 from planner.stats.format import STATS_FORMAT, ModuleStats, Moment, OpStats, Stats, StatsMetadata, stats_hash
 from planner.stats.loader import StatsError, from_torch_format, load_stats, parse_stats
 from planner.stats.sharding import Sharding, sharding_scope
@@ -33,6 +34,7 @@ __all__ = [
     "OpStats",
     "Plan",
     "PlanOptions",
+    "PipelinePlan",
     "PlanStatus",
     "PlannedModule",
     "RecomputeSplit",
@@ -50,7 +52,9 @@ __all__ = [
     "module_frontier",
     "optimal_op_policy",
     "parse_stats",
+    "pipeline_step_ms",
     "plan",
+    "plan_pipeline",
     "recompute_split",
     "stats_hash",
     "step_basis",

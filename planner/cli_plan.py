@@ -17,6 +17,7 @@ import sys
 from typing import Any, get_args, get_origin
 
 from planner.figures import HOST_OVERHEAD_NOTE, recompute_split, step_basis
+from planner.cli_pipeline import run_pipeline_plan
 from planner.memory_model import GIB
 from planner.options import PlanOptions
 from planner.plan_format import Plan
@@ -78,7 +79,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("stats", metavar="STATS.json", help="stats file: sacplan v1 or PyTorch's module_info + sac_stats")
+    p.add_argument("stats", metavar="STATS.json", nargs="+", help="stats file: sacplan v1 or PyTorch's module_info + "
+                   "sac_stats; for plan, a pipeline's stage files (s.stage0.json s.stage1.json ...) plan every stage")
     for name in PlanOptions.model_fields:
         p.add_argument(_flag(name), dest=name, **_argument(name))
     p.add_argument("--json", action="store_true", help="print the plan JSON instead of a table")
@@ -159,9 +161,12 @@ def _too_large(budget_gib: float, option: str) -> bool:
 def _plan(args) -> int:
     if _too_large(args.budget_gib, "--budget-gib"):
         return EXIT_BAD_INPUT
-    stats = _load(args.stats)
-    if stats is None:
+    docs = [_load(path) for path in args.stats]
+    if any(d is None for d in docs):
         return EXIT_BAD_INPUT
+    if len(docs) > 1:  # a pipeline: every stage under the one budget
+        return run_pipeline_plan(docs, args.budget_gib, _options(args), args.json)
+    stats = docs[0]
     plans = _run_sweep(stats, [args.budget_gib], args)
     if plans is None:
         return EXIT_BAD_INPUT
@@ -177,7 +182,11 @@ def _sweep(args) -> int:
     budgets = _parse_budgets(args.budgets_gib)
     if budgets is None:
         return EXIT_BAD_INPUT
-    stats = _load(args.stats)
+    if len(args.stats) > 1:
+        print(f"sacplan: sweep takes one stats file, got {len(args.stats)}: plan a pipeline's stages with sacplan "
+              f"plan STAGE0.json STAGE1.json ... --budget-gib B", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    stats = _load(args.stats[0])
     if stats is None:
         return EXIT_BAD_INPUT
 

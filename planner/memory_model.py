@@ -35,6 +35,7 @@ import numpy as np
 
 from planner.ops.frontier import max_discard_decision
 from planner.ops.recompute import recompute_transient_bytes
+from planner.pipeline_schedule import schedule_stage_model
 from planner.stats.format import ModuleStats, Stats
 from planner.stats.sharding import sharded_world_size
 
@@ -193,6 +194,8 @@ def memory_model(stats: Stats, *, world_size: int = 1, first_step_only: bool = F
     post = {f: k for k, f in enumerate(stats.fw_post_order)}
     model = _step(stats, post, world_size, first_step_only) if stats.timeline else \
         _torch(stats, post, world_size, first_step_only)
+    if stats.metadata.pipeline is not None and model.kind == "step":  # the stage's step along its schedule
+        model = schedule_stage_model(model, stats.metadata.pipeline, stats.root.output_bytes)
     if reserve_bytes:
         model = replace(model, base_bytes=model.base_bytes + reserve_bytes,
                         base_by_kind={**model.base_by_kind, "reserve": np.full(len(model.keys), float(reserve_bytes))})

@@ -303,7 +303,7 @@ def _to_plan(prob: Problem, sol: Solution, budget: float, opts: PlanOptions, bas
 
 def _accumulation(prob: Problem, recompute_ms: float | None) -> dict:
     """With gradient accumulation: the micro-batches and the recompute of a whole optimizer step."""
-    n = prob.stats.metadata.grad_accumulation
+    n = prob.model.grad_accumulation if prob.model.grad_accumulation > 1 else prob.stats.metadata.grad_accumulation
     if not n:
         return {}
     return {"grad_accumulation": n,

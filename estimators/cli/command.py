@@ -14,6 +14,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from estimators.cli.pipeline_cli import add_pipeline_options, collect_stages
+
 __all__ = ["register", "upload_stats", "UploadError"]
 
 _DTYPES = ("fp32", "bf16", "fp16")
@@ -111,6 +113,7 @@ def register(subparsers: Any) -> None:
                    help="collect the step as torch.compile(model, backend=...) runs it (the model compiled whole, "
                    "the loss inside it or after it); recorded in the stats' model settings, and apply_plan then "
                    "wants the same compile_backend (see docs/apply.md, Memory under compile)")
+    add_pipeline_options(p, _positive)
     p.add_argument("--name", help="model name in the stats (default: the model's class or config)")
     p.add_argument("--out", default="stats.json", help="output file (default stats.json)")
     p.add_argument("--upload", metavar="URL", help="also POST the stats to a sacplan service at URL")
@@ -173,6 +176,11 @@ def run_collect(args: argparse.Namespace) -> int:
         request = CollectRequest.from_args(args)
         target = target_spec(request)
         progress.note(f"collecting {request.describe(target.name)}")
+        if request.pp_stages is not None:
+            text = collect_stages(request, args.out, progress)
+            progress.close()
+            print(text)
+            return 0
         result = run_collection(request, progress=progress)
     except (ValueError, RuntimeError, ImportError) as exc:
         progress.close()

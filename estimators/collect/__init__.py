@@ -6,7 +6,7 @@ The flow: ``session`` (one run as a library call) builds the model
 its watchers: module events (``module_hooks``, ``repeat_calls``), the
 timeline (``timeline``), MoE routing (``moe``), one FSDP2 rank under a fake
 process group (``fsdp``), CUDA kernels emulated on the CPU (``emulation``),
-checkpointing's own cost (``overhead``); ``assemble`` writes the stats and
+checkpointing's own cost (``overhead``); every stage of a pipeline (``pipeline``); ``assemble`` writes the stats and
 ``settings_record`` the model's settings; ``step_errors`` names the module
 and the config's shape fields of an error raised inside the step. Imports only ``estimators.common``
 of its siblings: collecting depends neither on applying nor on measuring.
@@ -22,7 +22,9 @@ from estimators.collect.models import (ATTENTION_MASKS, DTYPES, BuiltModel, atte
                                       build_from_hf_config, load_factory, parse_attention_mask)
 from estimators.collect.moe import MoeRouting, TopKRecorder, parse_moe_routing
 from estimators.collect.overhead import measure_checkpoint_overhead
-from estimators.collect.session import COLLECTOR_VERSION, CollectRequest, CollectResult, run_collection, target_spec
+from estimators.collect.pipeline import collect_pipeline_stages, pipeline_loss
+from estimators.collect.session import (COLLECTOR_VERSION, CollectRequest, CollectResult, run_collection,
+                                       run_pipeline_collection, target_spec)
 from estimators.collect.step_errors import explain_step_error
 from estimators.collect.timeline import BACKWARD, FORWARD, OPTIMIZER, TimelineRecorder
 
@@ -30,7 +32,8 @@ __all__ = [
     "ATTENTION_MASKS", "BACKWARD", "COLLECTOR_VERSION", "CPU_CHECKPOINT_OVERHEAD_US", "DEVICES", "DTYPES", "FORWARD",
     "LEFT_OUT_TAG", "OPTIMIZER", "OPTIMIZERS", "BenchmarkCostModel", "BuiltModel", "CollectRequest", "CollectResult",
     "DeviceSpec", "MoeRouting", "RooflineCostModel", "TimelineRecorder", "TopKRecorder", "attention_kernel",
-    "attention_mask_batch", "build_from_factory", "build_from_hf_config", "collect_stats", "cuda_device_entry",
+    "attention_mask_batch", "build_from_factory", "build_from_hf_config", "collect_pipeline_stages", "collect_stats", "cuda_device_entry",
     "device_names", "device_spec", "elapsed_ms", "explain_step_error", "load_factory", "measure_checkpoint_overhead",
-    "parse_attention_mask", "parse_moe_routing", "run_collection", "target_spec",
+    "parse_attention_mask", "parse_moe_routing", "pipeline_loss", "run_collection", "run_pipeline_collection",
+    "target_spec",
 ]

@@ -14,10 +14,11 @@ from estimators.collect.cost_model import BenchmarkCostModel, RooflineCostModel
 from estimators.collect.devices import DeviceSpec, cuda_device_entry, device_spec
 from estimators.collect.models import DTYPES, BuiltModel, build_from_factory, build_from_hf_config, load_factory
 from estimators.collect.moe import parse_moe_routing
-from estimators.common import FsdpSetup, ParallelDims
+from estimators.collect.pipeline import collect_pipeline_stages
+from estimators.common import FsdpSetup, ParallelDims, PipelineSetup
 from planner import PLANNER_VERSION, Stats, StatsMetadata, baseline_peak_bytes
 
-__all__ = ["CollectRequest", "CollectResult", "run_collection", "target_spec", "COLLECTOR_VERSION"]
+__all__ = ["CollectRequest", "CollectResult", "run_collection", "run_pipeline_collection", "target_spec", "COLLECTOR_VERSION"]
 
 COLLECTOR_VERSION = f"sacplan-estimators {PLANNER_VERSION}"
 # The CUDA caching allocator hands out blocks in multiples of 512 bytes.
@@ -58,6 +59,11 @@ class CollectRequest:
     tp_size: int = 1  # tensor parallel's degree (1: none)
     parallelize: str | None = None  # the user's TP function, file.py:fn (None: the model's HF plan)
     sequence_parallel: bool = False
+    pp_stages: int | None = None  # pipeline parallel: every stage collected, one stats document each
+    pp_schedule: str = "1f1b"
+    microbatches: int = 1
+    pp_split: list[str] | None = None
+    pp_virtual_stages: int = 1
 
     @classmethod
     def from_args(cls, args: Any) -> CollectRequest:
@@ -97,6 +103,29 @@ class CollectRequest:
         return ParallelDims(fsdp=fsdp, tp_size=self.tp_size, sequence_parallel=self.sequence_parallel,
                             parallelize=self.parallelize)
 
+    def pipeline_setup(self) -> PipelineSetup | None:
+        """The pipeline asked for, or None; ValueError for options that need it or contradict it."""
+        if self.pp_stages is None:
+            for flag, given in (("--pp-split", self.pp_split), ("--microbatches", self.microbatches != 1),
+                                ("--pp-virtual-stages", self.pp_virtual_stages != 1)):
+                if given:
+                    raise ValueError(f"{flag} lays out a pipeline: it needs --pp-stages S")
+            return None
+        if self.grad_accumulation != 1:
+            raise ValueError(f"--grad-accumulation {self.grad_accumulation} with --pp-stages: the pipeline's "
+                             f"microbatches are the accumulation; use --microbatches M")
+        if self.hf_config is None:
+            raise ValueError("--pp-stages cuts a Hugging Face decoder into stages: give --hf-config")
+        for flag, given in (("--fsdp-world-size", self.fsdp_world_size), ("--tp-size", self.tp_size != 1),
+                            ("--compile-backend", self.compile_backend),
+                            ("--autocast", self.autocast), ("--grad-scaler", self.grad_scaler),
+                            ("--max-grad-norm", self.max_grad_norm is not None),
+                            ("--attention-mask", self.attention_mask != "none")):
+            if given:
+                raise ValueError(f"{flag} is not collected with --pp-stages yet")
+        return PipelineSetup(self.pp_stages, self.pp_schedule, self.microbatches,
+                             tuple(self.pp_split) if self.pp_split else None, self.pp_virtual_stages)
+
     def describe(self, target: str) -> str:
         """One line: what is collected, for which target, on what (``target``: the device table's name)."""
         src = self.model or (self.hf_config if isinstance(self.hf_config, str) else "HF config")
@@ -109,7 +138,9 @@ class CollectRequest:
                         f", autocast {self.autocast}" if self.autocast else "",
                         ", GradScaler" if self.grad_scaler else "",
                         f", gradients clipped to {self.max_grad_norm:g}" if self.max_grad_norm is not None else "",
-                        f", compiled with {self.compile_backend}" if self.compile_backend else ""])
+                        f", compiled with {self.compile_backend}" if self.compile_backend else "",
+                        f", {self.pp_stages} pipeline stages {self.pp_schedule} x {self.microbatches} microbatches"
+                        if self.pp_stages else ""])
         return (f"{src} for {target}: batch {self.batch}, seq {self.seq}, {self.dtype}, optimizer {self.optimizer}"
                 f"{loop}{shard} (fake tensors on {self.device}: no real memory or compute)")
 
@@ -209,14 +240,15 @@ def _build_model(req: CollectRequest, device: torch.device) -> BuiltModel:
                                 attention_mask=req.attention_mask)
 
 
-def run_collection(req: CollectRequest, *, progress: Any = None) -> CollectResult:
-    """Build the requested model and collect its stats."""
+def _prepare(req: CollectRequest, progress: Any) -> tuple[BuiltModel, DeviceSpec, dict, StatsMetadata]:
+    """The model built on meta, the target, collect_stats' arguments (but the model's own) and the metadata."""
     if req.dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {req.dtype!r}")
     routing = parse_moe_routing(req.moe_routing)
     req.check_loop()
     optimizer_kwargs = req.optimizer_arguments()
     parallel = req.parallel_dims()
+    req.pipeline_setup()
     target = target_spec(req)
     cost = RooflineCostModel(target, allow_tf32=req.allow_tf32)
     if req.benchmark:
@@ -226,7 +258,6 @@ def run_collection(req: CollectRequest, *, progress: Any = None) -> CollectResul
         cost = BenchmarkCostModel(cost, device=req.device)
     # Build on meta: nothing is allocated, whatever the model's size.
     built = _build(req, torch.device("meta"), progress)
-    n_params = sum(p.numel() for p in built.model.parameters())
     emulate = req.device == "cpu" and target.kind == "cuda"
     meta = StatsMetadata(
         model_name=(req.name or built.name)[:256],
@@ -242,17 +273,8 @@ def run_collection(req: CollectRequest, *, progress: Any = None) -> CollectResul
         tags={"cost_model": "benchmark" if req.benchmark else "roofline",
               "optimizer_step": "foreach" if target.kind == "cuda" else "for-loop", **built.notes},
     )
-    t0 = time.perf_counter()
-    stats = collect_stats(
-        built.model,
-        built.inputs,
-        loss_fn=built.loss_fn,
-        optimizer=built.optimizer_fn or req.optimizer,
+    kwargs = dict(
         optimizer_kwargs=None if built.optimizer_fn is not None else optimizer_kwargs,
-        grad_accumulation=req.grad_accumulation,
-        autocast=req.autocast,
-        grad_scaler=req.grad_scaler,
-        max_grad_norm=req.max_grad_norm,
         optimizer_foreach=target.kind == "cuda",  # what PyTorch picks on the target
         device=torch.device(req.device),
         dtype=DTYPES[req.dtype],
@@ -261,12 +283,53 @@ def run_collection(req: CollectRequest, *, progress: Any = None) -> CollectResul
         round_bytes_to=CUDA_BLOCK_BYTES if target.kind == "cuda" else 1,
         checkpoint_overhead_us_per_op=target.checkpoint_overhead_us_per_op,
         measure_checkpoint_overhead=req.benchmark,
-        metadata=meta,
         moe_routing=routing,
         progress=progress,
-        parallel=parallel,
+    )
+    if parallel is not None:
+        kwargs["parallel"] = parallel
+    return built, target, kwargs, meta
+
+
+def run_collection(req: CollectRequest, *, progress: Any = None) -> CollectResult:
+    """Build the requested model and collect its stats (no pipeline: see :func:`run_pipeline_collection`)."""
+    if req.pp_stages is not None:
+        raise ValueError("--pp-stages collects one stats document per stage: use run_pipeline_collection")
+    built, target, kwargs, meta = _prepare(req, progress)
+    n_params = sum(p.numel() for p in built.model.parameters())
+    t0 = time.perf_counter()
+    stats = collect_stats(
+        built.model,
+        built.inputs,
+        loss_fn=built.loss_fn,
+        optimizer=built.optimizer_fn or req.optimizer,
+        grad_accumulation=req.grad_accumulation,
+        autocast=req.autocast,
+        grad_scaler=req.grad_scaler,
+        max_grad_norm=req.max_grad_norm,
+        metadata=meta,
         compile_backend=req.compile_backend,
+        **kwargs,
     )
     seconds = time.perf_counter() - t0
     return CollectResult(stats, n_params, baseline_peak_bytes(stats), seconds, target,
                          sum(1 for _ in built.model.modules()))
+
+
+def run_pipeline_collection(req: CollectRequest, *, progress: Any = None) -> list[CollectResult]:
+    """Build the requested decoder, cut it into ``req.pp_stages`` stages and collect every stage's stats."""
+    setup = req.pipeline_setup()
+    if setup is None:
+        raise ValueError("run_pipeline_collection needs --pp-stages S")
+    built, target, kwargs, meta = _prepare(req, progress)
+    t0 = time.perf_counter()
+    ids = built.inputs["input_ids"] if isinstance(built.inputs, dict) else built.inputs
+    stats = collect_pipeline_stages(built.model, ids, setup, optimizer=req.optimizer,
+                                    metadata=meta, **kwargs)
+    seconds = time.perf_counter() - t0
+    out = []
+    for s in stats:
+        n_params = s.root.param_bytes // max(1, torch.empty((), dtype=DTYPES[req.dtype]).element_size())
+        out.append(CollectResult(s, n_params, baseline_peak_bytes(s), seconds / len(stats), target,
+                                 len(s.modules)))
+    return out

@@ -7,7 +7,9 @@ optimizer; ``training_loop``: the loop around the model (micro-batches,
 autocast, a GradScaler, clipping); ``module_names``: the stats' module
 names; ``model_settings``: the op-deciding settings of a model; ``fsdp_units``: how a model is sharded by
 FSDP2; ``parallel_dims``: the one description of a job's parallelism (FSDP2 and tensor parallel);
-``tensor_parallel``: tensor parallel applied to a model (the user's function or the HF plan). Nothing here imports another subpackage of ``estimators``.
+``tensor_parallel``: tensor parallel applied to a model (the user's function or the HF plan);
+``pipeline_setup`` and ``pipeline_stages``: a pipeline's layout and a decoder cut into its stages. Nothing here
+imports another subpackage of ``estimators``.
 """
 
 from estimators.common.aten_ops import (SAC_IGNORED_OPS, is_inplace_op, is_random_op, is_view_op, op_name,
@@ -17,6 +19,8 @@ from estimators.common.model_settings import (BATCH_VALUES_TAG, CONFIG_SETTINGS,
                                               experts_implementation, model_config, model_configs, model_dtype_name,
                                               model_settings_of, switch_off_kv_cache)
 from estimators.common.module_names import module_fqns
+from estimators.common.pipeline_setup import PP_SCHEDULES, PipelineSetup
+from estimators.common.pipeline_stages import DecoderStage, build_stages, decoder_parts, stage_layer_ids
 from estimators.common.storage_book import (ACT, BUFFER, CATEGORIES, COMM, GRAD, INPUT, OPT, PARAM, TEMP, StorageBook,
                                             follow_storage_resizes, local_shards, storages_of, tensors_in)
 from estimators.common.parallel_dims import MESH_DIM_NAMES, ParallelDims
@@ -27,10 +31,11 @@ from estimators.common.training_step import OPTIMIZER_NAMES, call_model, default
 __all__ = [
     "ACT", "AUTOCAST_DTYPES", "BATCH_VALUES_TAG", "BUFFER", "CATEGORIES", "COMM", "CONFIG_SETTINGS", "DTYPE_NAMES",
     "GRAD", "HF_TP_STYLES", "INPUT", "MESH_DIM_NAMES", "MIXED_PRECISION", "ParallelDims", "hf_tp_plan",
-    "load_function", "local_shards", "parallelize_tp", "OPT", "OPTIMIZER_NAMES", "PARAM", "SAC_IGNORED_OPS", "TEMP",
-    "UNKNOWN_VALUES_TAG", "FsdpSetup", "StorageBook", "TrainingLoop", "autocast_name", "call_model", "default_loss",
+    "load_function", "local_shards", "parallelize_tp", "OPT", "OPTIMIZER_NAMES", "PARAM", "PP_SCHEDULES",
+    "SAC_IGNORED_OPS", "TEMP", "UNKNOWN_VALUES_TAG", "DecoderStage", "FsdpSetup", "PipelineSetup", "StorageBook",
+    "TrainingLoop", "autocast_name", "build_stages", "call_model", "decoder_parts", "default_loss",
     "default_units", "experts_implementation", "follow_storage_resizes", "is_inplace_op", "is_random_op",
     "is_view_op", "make_optimizer", "model_config", "model_configs", "model_dtype_name", "model_settings_of",
-    "module_fqns", "op_name", "optimizer_class", "shard_model", "storages_of", "switch_off_kv_cache", "tensors_in",
+    "module_fqns", "op_name", "optimizer_class", "shard_model", "stage_layer_ids", "storages_of", "switch_off_kv_cache", "tensors_in",
     "unit_fqns", "written_tensors",
 ]

@@ -6,6 +6,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
 
+from planner.stats.pipeline import PipelineStageInfo
 from planner.stats.sharding import Sharding
 from planner.stats.text import Text
 
@@ -54,3 +55,7 @@ class StatsMetadata(BaseModel):
     sharding: Sharding | None = Field(
         None, description="Set when the step was collected sharded (sacplan collect --fsdp-world-size N): the "
         "figures are one rank's, all-gathered parameters and collective buffers included. Null: one unsharded rank.")
+    pipeline: PipelineStageInfo | None = Field(
+        None, exclude_if=lambda v: v is None, description="Set when the stats are one pipeline stage's (sacplan "
+        "collect --pp-stages S): which stage, the schedule, its microbatches and per-microbatch buffers. Absent: no "
+        "pipeline.")

@@ -1,0 +1,55 @@
+"""Per-stage plans held to a real pipeline on this machine: 2+ gloo ranks on 127.0.0.1, one stage each.
+
+Every rank builds the same decoder from the same config and seed, cuts it into
+the same stages (:func:`estimators.common.build_stages`), applies its own
+stage's plan (``estimators.apply_plan``) and runs the schedule
+(:func:`estimators.measure.real_pipeline.measure_pipeline_stage`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from estimators.apply import apply_plan
+from estimators.collect import pipeline_loss
+from estimators.common import PipelineSetup, build_stages
+from estimators.measure import measure_pipeline_stage, run_ranks
+
+__all__ = ["run_pipeline", "pipeline_rank"]
+
+
+def pipeline_rank(rank: int, world: int, config: dict, setup: PipelineSetup, batch: int, seq: int, steps: int,
+                  plans: list[dict | None], stats: list[dict | None], seed: int) -> dict:
+    """One rank's stage: built, planned, run; what :func:`measure_pipeline_stage` returns."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    doc = dict(config)
+    cfg = AutoConfig.for_model(doc.pop("model_type"), **doc)
+    cfg.use_cache = False
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
+    model.train()
+    stage = build_stages(model, setup)[rank]
+    if plans[rank] is not None and plans[rank].get("modules"):
+        apply_plan(stage, plans[rank], stats=stats[rank])
+    gen = torch.Generator().manual_seed(seed + 1)
+    ids = torch.randint(0, cfg.vocab_size, (batch * setup.microbatches, seq), generator=gen)
+    opt = torch.optim.AdamW(stage.parameters(), foreach=False)
+    hidden = torch.empty(batch, seq, cfg.hidden_size, device="meta", requires_grad=True)  # sends a gradient back
+    io_meta = (ids[:batch].to("meta") if rank == 0 else hidden,
+               torch.empty(batch, seq, cfg.vocab_size, device="meta") if rank == world - 1 else hidden)
+    return measure_pipeline_stage(stage, rank, world, setup.schedule, setup.microbatches, ids, ids.clone(),
+                                  pipeline_loss, opt, steps, io_meta=io_meta)
+
+
+def run_pipeline(config: dict, setup: PipelineSetup, *, batch: int, seq: int, steps: int = 3,
+                 plans: list[Any] | None = None, stats: list[Any] | None = None, seed: int = 0) -> list[dict]:
+    """Every stage's result of a real ``setup.stages``-rank pipeline (plans per stage, None: unplanned)."""
+    n = setup.stages
+    plans_doc = [None if p is None else (p.model_dump(mode="json") if hasattr(p, "model_dump") else p)
+                 for p in (plans or [None] * n)]
+    stats_doc = [None if s is None else (s.model_dump(mode="json") if hasattr(s, "model_dump") else s)
+                 for s in (stats or [None] * n)]
+    return run_ranks(pipeline_rank, n, config, setup, batch, seq, steps, plans_doc, stats_doc, seed)
