@@ -34,7 +34,8 @@ __all__ = ["Verified", "refusal", "model_refusal", "run_device", "training_loop"
 # document recording any other setting is refused rather than run as a different step.
 KNOWN_METADATA = frozenset({"model_name", "batch_size", "seq_len", "input_shape", "dtype", "device", "target_device",
                             "optimizer", "optimizer_kwargs", "grad_accumulation", "max_grad_norm", "grad_scaler",
-                            "torch_version", "collector_version", "tags", "model_settings", "sharding"})
+                            "torch_version", "collector_version", "tags", "model_settings", "sharding",
+                            "pipeline"})
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,12 @@ def refusal(stats: Stats) -> str | None:
         return (f"these stats are one rank of {kind} over {sharding.world_size} ranks (sharded parameters, gathered "
                 f"units, collective buffers): sacplan verify runs one unsharded process; measure the real job per "
                 f"rank with estimators.measure_fsdp_steps (docs/fsdp.md)")
+    stage = stats.metadata.pipeline
+    if stage is not None:
+        return (f"these stats are stage {stage.stage} of a {stage.stages}-stage {stage.schedule} pipeline with "
+                f"{stage.microbatches} microbatches in flight (P2P buffers, several microbatches held): sacplan "
+                f"verify runs one process; measure the real pipeline per stage with "
+                f"estimators.measure_pipeline_stage (docs/pipeline.md, bench/bench_pipeline.py)")
     unknown = sorted(k for k, v in stats.metadata.model_dump().items() if k not in KNOWN_METADATA and v)
     if unknown:
         return (f"the stats record settings sacplan verify does not reproduce yet ({', '.join(unknown)}): it would "

@@ -87,6 +87,16 @@ def test_one_rank_of_a_sharded_job_is_refused(collected, tmp_path, capsys):
     assert "estimators.measure_fsdp_steps" in err
 
 
+def test_one_stage_of_a_pipeline_is_refused(collected, tmp_path, capsys):
+    config, stats = collected
+    stage = _edited(stats, tmp_path, pipeline={"stage": 1, "stages": 2, "schedule": "1f1b", "microbatches": 4,
+                                               "held_bytes": 0, "buffer_bytes": 0})
+    assert main(["verify", str(stage), "--hf-config", str(config)]) == 1
+    err = capsys.readouterr().err
+    assert "not verified: these stats are stage 1 of a 2-stage 1f1b pipeline" in err
+    assert "estimators.measure_pipeline_stage" in err
+
+
 def test_another_model_is_refused(collected, tmp_path, capsys):
     _, stats = collected
     other = tmp_path / "other.json"
