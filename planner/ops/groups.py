@@ -78,22 +78,41 @@ class OpGroups:
 
 def op_groups(ops: Sequence[OpLike], force_store_random: bool = False) -> OpGroups:
     """Tie ops into groups that share one decision; raise ValueError on contradictory rules."""
-    gid, members = _tie(ops, force_store_random)
+    wants = _wants(ops, force_store_random)
+    gid, members = _tie(ops, force_store_random, wants)
     fixed = np.full(len(members), FREE, dtype=np.int8)
-    why: dict[int, str] = {}
-    for i, op in enumerate(ops):
+    why: dict[int, tuple[int, int]] = {}  # group -> (op, its rule) that fixed it; worded only on a contradiction
+    for i, op_wants in wants.items():
         g = gid[i]
-        for want, reason in _rules(i, op, force_store_random):
+        for k, want in enumerate(op_wants):
             if fixed[g] not in (FREE, want):
-                raise ValueError(f"contradictory SAC rules: {why[g]}, but {reason}, and both share one decision")
-            fixed[g], why[g] = want, reason
-    group_bytes = np.array([sum(ops[i].output_bytes for i in m) for m in members], dtype=np.int64)
-    group_ms = np.array([math.fsum(ops[i].runtime_ms for i in m) for m in members], dtype=np.float64)
-    return OpGroups(tuple(tuple(m) for m in members), group_bytes, group_ms, fixed, len(ops))
+                first, reason = _rules(why[g][0], ops[why[g][0]], force_store_random)[why[g][1]][1], \
+                    _rules(i, ops[i], force_store_random)[k][1]
+                raise ValueError(f"contradictory SAC rules: {first}, but {reason}, and both share one decision")
+            fixed[g], why[g] = want, (i, k)
+    op_bytes = np.array([op.output_bytes for op in ops], dtype=np.int64)
+    group_bytes = np.zeros(len(members), dtype=np.int64)
+    np.add.at(group_bytes, np.array(gid, dtype=np.int64), op_bytes)  # int64: exact, as the sums it replaces
+    group_ms = np.array([ops[m[0]].runtime_ms if len(m) == 1 else math.fsum(ops[i].runtime_ms for i in m)
+                         for m in members], dtype=np.float64)
+    return OpGroups(tuple(map(tuple, members)), group_bytes, group_ms, fixed, len(ops))
 
 
-def _tie(ops: Sequence[OpLike], force_store_random: bool) -> tuple[list[int], list[list[int]]]:
-    """Group index per op (union-find over the in-place and random ties), and each group's ops."""
+def _wants(ops: Sequence[OpLike], force_store_random: bool) -> dict[int, list[int]]:
+    """Op index -> the decisions the SAC conventions force on it, in :func:`_rules`' order (ops with none left
+    out): the rules without their wording, which thousands of view-like ops would pay for."""
+    out: dict[int, list[int]] = {}
+    for i, op in enumerate(ops):
+        if op.view_like or op.inplace_parent == i or (op.random and force_store_random) \
+                or getattr(op, "must_save", None):
+            out[i] = [want for want, _ in _rules(i, op, force_store_random)]
+    return out
+
+
+def _tie(ops: Sequence[OpLike], force_store_random: bool,
+         wants: dict[int, list[int]]) -> tuple[list[int], list[list[int]]]:
+    """Group index per op (union-find over the in-place and random ties), and each group's ops; ``wants`` as
+    :func:`_wants` gives them for the same ``force_store_random``."""
     n = len(ops)
     root = list(range(n))
 
@@ -120,8 +139,8 @@ def _tie(ops: Sequence[OpLike], force_store_random: bool) -> tuple[list[int], li
     # read the mutated tensor SAC cached: so it shares the parent's decision, where no rule forbids it (a
     # parent that is a view is recomputed anyway).
     forced: dict[int, int] = {}
-    for i, op in enumerate(ops):
-        for want, _ in _rules(i, op, force_store_random):
+    for i, op_wants in wants.items():
+        for want in op_wants:
             forced[find(i)] = want
     for i, op in enumerate(ops):
         p = op.inplace_parent

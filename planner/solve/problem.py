@@ -14,6 +14,7 @@ root-to-leaf chain may not both be checkpointed.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from operator import attrgetter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -236,12 +237,14 @@ def prepare(
     post = {f: k for k, f in enumerate(stats.fw_post_order)}
     cands: list[Candidate] = []
     class_cache: dict[tuple, GroupClasses] = {}
-    for fqn in stats.fw_post_order:
-        m = stats.module(fqn)
-        # A module finishing last frees nothing before any module's peak.
-        if fqn not in allowed or post[fqn] == last_post:
-            continue
-        key = ops_key(m)
+    # A module finishing last frees nothing before any module's peak.
+    modules = [stats.module(f) for f in stats.fw_post_order if f in allowed and post[f] != last_post]
+    shapes = Counter(_ops_shape(m) for m in modules)
+    for m in modules:
+        fqn = m.fqn
+        # equal keys need equal shapes: a module alone in its shape (the model-spanning ones, thousands of ops)
+        # gets a key no other can equal, without a tuple per op
+        key = ops_key(m) if shapes[_ops_shape(m)] > 1 else (_ALONE, fqn)
         if key not in class_cache:
             class_cache[key] = group_classes(op_groups(m.recompute_ops, m.force_store_random))
         cand = Candidate(fqn, post[fqn], discardable_bytes(m), class_cache[key], key, m.checkpoint_overhead_ms or 0.0,
@@ -259,6 +262,13 @@ def ops_key(m: ModuleStats) -> tuple:
     ops = m.ops or ()
     # priced as plans are: modules that recompute alike share work
     return (m.force_store_random, tuple(map(_OP_FIELDS, ops)), tuple(m.recompute_runtimes_ms))
+
+
+_ALONE = "a module alone in its ops' shape"
+
+
+def _ops_shape(m: ModuleStats) -> tuple[bool, int]:
+    return m.force_store_random, len(m.ops or ())
 
 
 _OP_FIELDS = attrgetter("name", "output_bytes", "view_like", "random", "inplace_parent", "must_save")

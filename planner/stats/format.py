@@ -16,7 +16,8 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, PrivateAttr, StrictBool, field_validator, model_validator
 
 from planner.ops.groups import op_groups
-from planner.stats.op_format import MAX_BYTES, Bytes, Millis, OpStats, StrictModel, Whole, compact_ops
+from planner.stats.op_format import (MAX_BYTES, Bytes, Millis, OpStats, StrictModel, Whole, compact_ops,
+                                    with_runtime)
 from planner.stats.orders import check_contiguous, check_order, check_sibling_order, innermost_prefix_module
 from planner.stats.metadata import StatsMetadata
 from planner.stats.sharding import Sharding
@@ -113,7 +114,7 @@ class ModuleStats(StrictModel):
         if self.ops is None or (self.recompute_op_count is None and not self.saved_op_overhead_ms):
             return self.ops
         if (ms := self.recompute_runtimes_ms) is not (self._recompute_cache or (None,))[0]:  # priced anew
-            self._recompute_cache = (ms, [op if op.view_like else op.model_copy(update={"runtime_ms": t})
+            self._recompute_cache = (ms, [op if op.view_like else with_runtime(op, t)
                                           for op, t in zip(self.ops, ms)])
         return self._recompute_cache[1]
 
