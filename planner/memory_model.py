@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Literal
 
 import numpy as np
@@ -89,6 +90,11 @@ class MemoryModel:
     # else live: activation gradients, temporaries, inputs, buffers) and reserve; they add up to base_bytes
     base_by_kind: Mapping[str, np.ndarray] = field(default_factory=dict)
 
+    @cached_property
+    def _backward(self) -> np.ndarray:
+        """Per moment, whether it is in the backward."""
+        return np.array([p == "backward" for p in self.phases], dtype=bool)
+
     def profile_bytes(self, discarded: Mapping[str, float] | None = None, *, held: bool = True,
                       shared_once: bool = True, saves: Mapping[str, Sequence[int]] | None = None) -> np.ndarray:
         """m_t per moment (in step order) with ``discarded[fqn]`` bytes freed by each checkpointed module.
@@ -112,7 +118,7 @@ class MemoryModel:
                 m += self.repeats_held[fqn] * self.held_bytes.get(fqn, 0.0)
             if held and self.held_bytes.get(fqn):
                 if backward is None:
-                    backward = np.array([p == "backward" for p in self.phases], dtype=bool)
+                    backward = self._backward
                 m[backward & (self.keys <= post) & (self.keys >= self.first_pos[fqn])] += self.held_bytes[fqn]
             if held and fqn in self.recompute_at:
                 m += self.transient_bytes(fqn, None if saves is None else saves.get(fqn))
@@ -132,7 +138,7 @@ class MemoryModel:
         key, module = self.recompute_at[fqn]
         extra = self.engine_transient.get(fqn, 0.0) if save is None else recompute_transient_bytes(module, save)
         if extra:
-            out[np.array([p == "backward" for p in self.phases], dtype=bool) & (self.keys == key)] = extra
+            out[self._backward & (self.keys == key)] = extra
         return out
 
     def _held_more_than_once(self, discarded: Mapping[str, float], saves: Mapping[str, Sequence[int]]
@@ -146,23 +152,27 @@ class MemoryModel:
         the holder, saving its last op) counts it too, from the end of its
         forward until its backward starts: one allocation all the same.
         """
-        backward = np.array([p == "backward" for p in self.phases], dtype=bool)
-        counts: dict[int, tuple[int, np.ndarray]] = {}
         sizes = {number: nbytes for fqn in discarded for number, nbytes in self.held_inputs.get(fqn, ())}
+        nbytes_of: dict[int, int] = {}
+        posts: dict[int, list[int]] = {}  # number -> the post of each window (each counts after it)
+        spans: dict[int, list[tuple[int, int]]] = {}  # number -> (first, post) of each window held in backward
         for fqn in discarded:
             post = self.post_pos[fqn]
-            windows = [(number, nbytes, (self.keys > post) | (backward & (self.keys >= self.first_pos[fqn])))
-                       for number, nbytes in self.held_inputs.get(fqn, ())]
+            for number, nbytes in self.held_inputs.get(fqn, ()):
+                nbytes_of[number] = nbytes
+                posts.setdefault(number, []).append(post)
+                spans.setdefault(number, []).append((self.first_pos[fqn], post))
             save = saves.get(fqn)
-            windows += [(number, sizes[number], self.keys > post) for op, numbers in self.op_held.get(fqn, {}).items()
-                        if save is not None and save[op] for number in numbers if number in sizes]
-            for number, nbytes, window in windows:
-                prev = counts.get(number)
-                counts[number] = (nbytes, window.astype(np.int64) + (prev[1] if prev else 0))
-        excess = np.zeros(len(self.keys), dtype=np.float64)
-        for nbytes, count in counts.values():
-            excess += nbytes * np.maximum(count - 1, 0)
-        return excess
+            if save is not None:
+                for op, numbers in self.op_held.get(fqn, {}).items():
+                    for number in numbers if save[op] else ():
+                        if number in sizes:
+                            nbytes_of[number] = sizes[number]
+                            posts.setdefault(number, []).append(post)
+        # a tensor in one window is never counted twice: only the others are counted, per moment
+        shared = [number for number in nbytes_of if len(posts[number]) > 1]
+        return _excess_bytes(self.keys, self._backward, [nbytes_of[n] for n in shared], [posts[n] for n in shared],
+                             [spans.get(n, []) for n in shared])
 
     def peak_bytes(self, discarded: Mapping[str, float] | None = None, *, held: bool = True,
                    shared_once: bool = True, saves: Mapping[str, Sequence[int]] | None = None) -> float:
@@ -179,6 +189,38 @@ class MemoryModel:
         where = f"{phase} of {module}" if module else phase
         micro = self.micro_batches[t] if self.micro_batches else None
         return f"{where} (micro-batch {micro} of {self.grad_accumulation})" if micro is not None else where
+
+
+def _excess_bytes(keys: np.ndarray, backward: np.ndarray, nbytes: list[int], posts: list[list[int]],
+                  spans: list[list[tuple[int, int]]]) -> np.ndarray:
+    """Per moment, the sum over tensors of ``nbytes`` x (windows holding it then - 1, at least 0).
+
+    A tensor's window from a post counts at the moments whose key is above it; one from a span (first, post) at
+    backward moments whose key is inside it (a holder's window is both: its own backward and after its forward).
+    Counted in key space (cumulative sums over keys), then read at each moment's key: exact integers, a few
+    tensors at a time so the counts stay small.
+    """
+    excess = np.zeros(len(keys), dtype=np.int64)
+    if not nbytes:
+        return excess.astype(np.float64)
+    lo = min(int(keys.min()), min(min(p) for p in posts), min((f for s in spans for f, _ in s), default=0), 0)
+    width = max(int(keys.max()), max(max(p) for p in posts)) - lo + 2
+    at = keys - lo
+    step = max(1, 4_000_000 // max(len(keys), width))
+    for start in range(0, len(nbytes), step):
+        rows = range(start, min(start + step, len(nbytes)))
+        after = np.zeros((len(rows), width), dtype=np.int64)
+        held = np.zeros((len(rows), width), dtype=np.int64)
+        for r, i in enumerate(rows):
+            np.add.at(after[r], np.asarray(posts[i], dtype=np.int64) - lo + 1, 1)
+            for first, post in spans[i]:
+                if first <= post:
+                    held[r, first - lo] += 1
+                    held[r, post - lo + 1] -= 1
+        counts = np.cumsum(after, axis=1)[:, at] + np.where(backward, np.cumsum(held, axis=1)[:, at], 0)
+        size = np.asarray([nbytes[i] for i in rows], dtype=np.int64)
+        excess += (size[:, None] * np.maximum(counts - 1, 0)).sum(axis=0)
+    return excess.astype(np.float64)
 
 
 def memory_model(stats: Stats, *, world_size: int = 1, first_step_only: bool = False,
