@@ -26,13 +26,14 @@ def lower_hull(xs: np.ndarray, ys: np.ndarray) -> tuple[np.ndarray, np.ndarray, 
     order = np.lexsort((ys, xs))
     xs, ys = np.asarray(xs, dtype=np.float64)[order], np.asarray(ys, dtype=np.float64)[order]
     hull: list[int] = []
-    for i in range(len(xs)):
-        if hull and xs[i] == xs[hull[-1]]:
+    px, py = xs.tolist(), ys.tolist()  # Python floats: the same doubles, without numpy's per-scalar cost
+    for i in range(len(px)):
+        if hull and px[i] == px[hull[-1]]:
             continue
         while len(hull) >= 2:
             a, b = hull[-2], hull[-1]
             # drop b if it lies on or above the segment a -> i
-            if (ys[b] - ys[a]) * (xs[i] - xs[a]) >= (ys[i] - ys[a]) * (xs[b] - xs[a]):
+            if (py[b] - py[a]) * (px[i] - px[a]) >= (py[i] - py[a]) * (px[b] - px[a]):
                 hull.pop()
             else:
                 break
