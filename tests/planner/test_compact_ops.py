@@ -15,7 +15,7 @@ import pytest
 from pydantic import ValidationError
 
 from planner import OpStats, parse_stats
-from planner.stats.op_format import OP_FIELDS, CompactOps
+from planner.stats.op_format import OP_FIELDS, CompactOps, with_runtime
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 EXAMPLE = Path(__file__).resolve().parents[2] / "service" / "example_stats.json"
@@ -66,6 +66,21 @@ def test_compact_ops_are_the_ops_pydantic_makes_or_are_left_to_it():
         else:
             assert from_json == fields  # left as it came, for the model
     assert made >= 30  # the common case does take the compact path
+
+
+def test_an_op_priced_anew_is_pydantics_copy():
+    # with_runtime stands in for op.model_copy(update={"runtime_ms": ...}) when a plan prices ops anew: the same
+    # op, fields given and dump, the original untouched, for compact ops and validated ones with every field
+    maker = CompactOps()
+    ops = [maker.op("aten.mm", 0.5, 12, False, True, None, True),
+           OpStats(name="aten.add_", runtime_ms=2.0, output_bytes=8, inplace_parent=0, must_save=True,
+                   held_tensors=[3], storages=[(8, 1, True)])]
+    for op in ops:
+        before = op.model_dump()
+        ours, theirs = with_runtime(op, 0.25), op.model_copy(update={"runtime_ms": 0.25})
+        assert _same(ours, theirs) and ours.model_fields_set == theirs.model_fields_set
+        assert ours.model_dump_json(exclude_unset=True) == theirs.model_dump_json(exclude_unset=True)
+        assert op.model_dump() == before and op.runtime_ms != 0.25
 
 
 @pytest.mark.parametrize("given", [{}, {"view_like": True}, {"storages": None}, {"held_tensors": [3]},
