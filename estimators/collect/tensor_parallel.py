@@ -79,7 +79,8 @@ def parallelize_step(model: nn.Module, dims: ParallelDims, mesh: Any, units: lis
     plan = None
     with fake:
         if dims.tp_enabled:
-            plan = parallelize_tp(model, tp_mesh, parallelize=dims.parallelize)
+            plan = parallelize_tp(model, tp_mesh, parallelize=dims.parallelize,
+                                  sequence_parallel=dims.sequence_parallel)
         if dims.fsdp is not None:
             with _meshes_joined_for_real() if dims.tp_enabled else nullcontext():
                 shard_model(model, dims.fsdp, fsdp_mesh, units, fqns)

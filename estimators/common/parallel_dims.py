@@ -27,8 +27,9 @@ class ParallelDims:
     ``fsdp``: FSDP2's setup (None: parameters not sharded by ``fully_shard``;
     its ``world_size`` is the FSDP degree); ``tp_size``: ranks of one
     tensor-parallel group (1: none); ``sequence_parallel``: norms and dropout
-    run on sequence shards (HF plans: their ``sequence_parallel`` entries;
-    torchtitan's ``SequenceParallel``); ``parallelize``: the user's function
+    run on sequence shards (with the HF plan: derived from it,
+    ``estimators.common.sequence_parallel_styles``; with a function: the
+    function applies it, torchtitan's ``SequenceParallel``); ``parallelize``: the user's function
     ``path/to/file.py:fn`` called with ``(model, tp_mesh)`` (None: the
     model's Hugging Face ``base_model_tp_plan``).
     A ``pp`` field (the pipeline's settings) is to come here when that lands.
@@ -48,10 +49,6 @@ class ParallelDims:
                     raise ValueError(f"{name} {given!r} needs tensor parallel: give tp_size > 1 (--tp-size T)")
         if self.parallelize is not None and self.parallelize.rpartition(":")[1] != ":":
             raise ValueError(f"parallelize must look like path/to/file.py:fn, got {self.parallelize!r}")
-        if self.sequence_parallel and self.parallelize is None:
-            raise ValueError("sequence_parallel with the model's Hugging Face plan is not mapped yet (its norms "
-                             "and the styles around them): give your function, --parallelize file.py:fn, that "
-                             "applies SequenceParallel as your training does")
 
     @property
     def fsdp_size(self) -> int:
