@@ -3,6 +3,9 @@
 Known answers: a column-wise Linear(64, 128) split over 2 ranks holds half its weight, 64 x 64 fp32 =
 16,384 bytes (torch.distributed.tensor.parallel.ColwiseParallel shards the weight on dim 0); a
 row-wise layer's partial sums are all-reduced once per call (RowwiseParallel's output Replicate).
+With sequence parallel (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
+Models", section 4.2.2: each all-reduce becomes a reduce-scatter onto sequence shards and an all-gather
+before the next column-wise layers), a rank's norms run on seq / TP tokens.
 """
 
 from __future__ import annotations
@@ -53,6 +56,26 @@ def test_hf_plan_rank_holds_shards_and_its_collectives_are_must_save_ops(tp_llam
     assert must == ["_c10d_functional.all_reduce", "_c10d_functional._wrap_tensor_autograd"]
     assert "_c10d_functional.wait_tensor" not in names
     assert set(must) <= MUST_SAVE_OPS
+
+
+def test_hf_plan_with_sequence_parallel_shards_the_norms_and_swaps_the_all_reduce() -> None:
+    built = build_from_hf_config(LLAMA, batch_size=2, seq_len=32, dtype=torch.float32, device=torch.device("meta"))
+    stats = _collect(built.model, built.inputs, built.loss_fn, parallel=ParallelDims(tp_size=2,
+                                                                                    sequence_parallel=True))
+    sharding = stats.metadata.sharding
+    assert (sharding.tp_plan, sharding.sequence_parallel) == ("hf:tp_plan+sequence_parallel", True)
+    must = [op.name for op in stats.module(f"{LAYER}.self_attn").ops if op.must_save]
+    # gathered once on entry (q, k and v share it), o_proj's partial sums reduce-scattered onto sequence shards
+    assert must == ["_c10d_functional.all_gather_into_tensor", "_c10d_functional._wrap_tensor_autograd",
+                    "_c10d_functional.reduce_scatter_tensor", "_c10d_functional._wrap_tensor_autograd"]
+    for norm in (f"{LAYER}.input_layernorm", f"{LAYER}.post_attention_layernorm", "LlamaForCausalLM.model.norm"):
+        # its output, a DTensor counted as its local shard: batch 2 x (seq 32 / 2 ranks) x hidden 64, fp32
+        assert stats.module(norm).output_bytes == 2 * 16 * 64 * 4, norm
+    model = nn.Sequential(nn.Linear(64, 128, bias=False), nn.Linear(128, 64, bias=False))
+    model.tp_plan = {"0": "colwise", "1": "rowwise_rep"}
+    with pytest.raises(ValueError, match="style 'rowwise_rep' is not derived for sequence parallel"):
+        _collect(model, torch.ones(4, 64), lambda out: out.sum(), parallel=ParallelDims(tp_size=2,
+                                                                                      sequence_parallel=True))
 
 
 def test_every_plan_saves_the_collectives(tp_llama) -> None:
