@@ -50,6 +50,9 @@ def job_parallelism(fsdp: FsdpSetup | None, parallel: ParallelDims | None,
     arguments; ValueError for arguments that contradict each other."""
     if parallel is None:
         return (None if fsdp is None else ParallelDims(fsdp=fsdp)), fsdp
+    if parallel.pp is not None:
+        raise ValueError(f"parallel.pp {parallel.pp}: a pipeline is collected stage by stage "
+                         f"(run_pipeline_collection, sacplan collect --pp-stages), not in one step")
     if fsdp is not None and fsdp != parallel.fsdp:
         raise ValueError("give fsdp or parallel (whose fsdp is the FSDP2 setup), not both")
     if compile_backend is not None and parallel.tp_enabled:

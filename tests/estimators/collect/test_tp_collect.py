@@ -18,9 +18,10 @@ torch = pytest.importorskip("torch")
 
 from torch import nn  # noqa: E402
 
-from estimators import (FsdpSetup, ParallelDims, RooflineCostModel, build_from_hf_config,  # noqa: E402
-                        collect_stats, device_spec)
+from estimators import (CollectRequest, FsdpSetup, ParallelDims, RooflineCostModel,  # noqa: E402
+                        build_from_hf_config, collect_stats, device_spec)
 from est_helpers import TINY_LLAMA  # noqa: E402
+from estimators.common import PipelineSetup  # noqa: E402
 from planner import MUST_SAVE_OPS, OpStats, min_feasible_budget_gib, plan  # noqa: E402
 from planner.ops.groups import SAVE, op_groups  # noqa: E402
 
@@ -119,6 +120,18 @@ def test_bad_settings_are_named() -> None:
         ParallelDims(sequence_parallel=True)
     with pytest.raises(ValueError, match="parallelize must look like path/to/file.py:fn"):
         ParallelDims(tp_size=2, parallelize="plan.py")
+
+
+def test_parallel_dims_holds_the_pipeline() -> None:
+    req = CollectRequest(hf_config=LLAMA, pp_stages=2, pp_schedule="gpipe", microbatches=4)
+    dims = req.parallel_dims()
+    assert dims.pp == PipelineSetup(2, "gpipe", 4) and (dims.fsdp, dims.tp_size) == (None, 1)
+    assert (dims.world_size, dims.stage_world_size) == (2, 1)  # two stages of one rank each
+    assert CollectRequest(hf_config=LLAMA).parallel_dims() is None
+    with pytest.raises(ValueError, match="pp must be a PipelineSetup or None, got int"):
+        ParallelDims(pp=2)
+    with pytest.raises(ValueError, match="a pipeline is collected stage by stage"):
+        _collect(nn.Linear(4, 4), torch.ones(2, 4), lambda out: out.sum(), parallel=dims)
 
 
 def test_must_save_fixes_the_group() -> None:
