@@ -39,6 +39,7 @@ from estimators import CollectRequest, run_collection, run_ranks  # noqa: E402
 SECTION = "## Tensor parallel"
 LLAMA = {"model_type": "llama", "vocab_size": 512, "hidden_size": 128, "intermediate_size": 256,
          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256}
+LLAMA_DROPOUT = {**LLAMA, "attention_dropout": 0.1}  # sequence parallel: dropout masks drawn per rank, replayed
 QWEN2 = {**LLAMA, "model_type": "qwen2"}  # q, k, v with biases: parallelized by a user's function
 QWEN2_TP = str(REPO / "bench" / "parallelize" / "qwen2_tp.py") + ":parallelize"
 BATCH, SEQ, TP = 4, 128, 2
@@ -55,27 +56,28 @@ def plans(stats: planner.Stats) -> list[tuple[str, float, planner.Plan]]:
     return out
 
 
-def run(stats_dir: Path, fsdp: int = 1, config: dict = LLAMA, parallelize: str | None = None) -> tuple[str, bool]:
-    """One job's table (TP x2, FSDP2 over it when ``fsdp`` > 1), and whether every run held (within 1%, never
-    over its budget, gradients equal)."""
+def run(stats_dir: Path, fsdp: int = 1, config: dict = LLAMA, parallelize: str | None = None,
+        sequence_parallel: bool = False) -> tuple[str, bool]:
+    """One job's table (TP x2, FSDP2 over it when ``fsdp`` > 1, sequence parallel or not), and whether every run
+    held (within 1%, never over its budget, gradients equal)."""
     t = time.perf_counter()
     stats = run_collection(CollectRequest(hf_config=config, batch=BATCH, seq=SEQ, tp_size=TP, parallelize=parallelize,
-                                          fsdp_world_size=fsdp if fsdp > 1 else None)).stats
+                                          fsdp_world_size=fsdp if fsdp > 1 else None,
+                                          sequence_parallel=sequence_parallel)).stats
     collect_s = time.perf_counter() - t
-    stats_path = stats_dir / f"tp_stats_{config['model_type']}_{fsdp}.json"
+    stats_path = stats_dir / f"tp_stats_{config['model_type']}_{fsdp}_{int(sequence_parallel)}.json"
     stats_path.write_text(json.dumps(stats.model_dump(mode="json")))
     base = planner.plan(stats, 1024.0).baseline_peak_bytes
     chosen = plans(stats)
-    runs = [TpRun("base", config, BATCH, SEQ, tp_size=TP, fsdp_size=fsdp, parallelize=parallelize)]
+    job = {"tp_size": TP, "fsdp_size": fsdp, "parallelize": parallelize, "sequence_parallel": sequence_parallel}
+    runs = [TpRun("base", config, BATCH, SEQ, **job)]
     predicted = {"base": (base, None)}
     rows, ok = [], True
     for label, budget, p in chosen:
         if p.status not in ("optimal", "feasible"):
             rows.append(f"| {label} | {budget * GIB:,.0f} | {p.status} | | | | |")
             continue
-        runs.append(TpRun(label, config, BATCH, SEQ, tp_size=TP, fsdp_size=fsdp, parallelize=parallelize,
-                          plan=p.model_dump(mode="json"),
-                          stats_path=str(stats_path)))
+        runs.append(TpRun(label, config, BATCH, SEQ, **job, plan=p.model_dump(mode="json"), stats_path=str(stats_path)))
         predicted[label] = (p.peak_bytes, budget * GIB)
     t = time.perf_counter()
     ranks = run_ranks(run_tp, TP * fsdp, runs)
@@ -96,8 +98,10 @@ def run(stats_dir: Path, fsdp: int = 1, config: dict = LLAMA, parallelize: str |
             rows.append(f"| {res.label} | {'' if budget is None else f'{budget:,.0f}'} | rank {rank} | {pred:,} | "
                         f"{', '.join(f'{m:,}' for m in res.peaks)} | {', '.join(f'{r:.4f}' for r in ratios)} | "
                         f"{'OVER' if over else 'no'} | {'equal' if grads_equal else 'DIFFER'} |")
-    job = f"{config['model_type']}, " + (f"TP x{TP}" if fsdp == 1 else f"FSDP2 x{fsdp} x TP x{TP}")
+    job = (f"{config['model_type']}, " + (f"TP x{TP}" if fsdp == 1 else f"FSDP2 x{fsdp} x TP x{TP}")
+           + (f" with sequence parallel, attention dropout {config['attention_dropout']}" if sequence_parallel else ""))
     flags = (f"--tp-size {TP}" + (f" --fsdp-world-size {fsdp}" if fsdp > 1 else "")
+             + (" --sequence-parallel" if sequence_parallel else "")
              + (" --parallelize bench/parallelize/qwen2_tp.py:parallelize" if parallelize else ""))
     how = "a user's function" if parallelize else "the HF plan"
     text = "\n".join([
@@ -114,13 +118,22 @@ def run(stats_dir: Path, fsdp: int = 1, config: dict = LLAMA, parallelize: str |
     return text, ok
 
 
+def sequence_parallel_tables(stats_dir: Path, fsdps: tuple[int, ...] = (1,)) -> list[tuple[str, bool]]:
+    """The llama with attention dropout, sequence parallel from the HF plan: TP x2 (FSDP2 over it for each
+    ``fsdps`` > 1). FSDP2 x2 x TP x2 with sequence parallel is left out of the section: its real peak is one
+    sequence shard of the residual stream over the prediction (bench/RESULTS.md, "Tensor parallel: FSDP2 x TP
+    with sequence parallel")."""
+    return [run(stats_dir, fsdp, LLAMA_DROPOUT, sequence_parallel=True) for fsdp in fsdps]
+
+
 def section(stats_dir: Path) -> tuple[str, bool]:
     """The whole section: TP alone, then FSDP2 over TP (a 2 x 2 mesh)."""
-    tables = [run(stats_dir, fsdp) for fsdp in (1, 2)] + [run(stats_dir, 1, QWEN2, QWEN2_TP)]
+    tables = ([run(stats_dir, fsdp) for fsdp in (1, 2)] + [run(stats_dir, 1, QWEN2, QWEN2_TP)]
+              + sequence_parallel_tables(stats_dir))
     head = [SECTION, "", describe_machine("bench/bench_tensor_parallel.py --write"), "",
             f"Llama and Qwen2 of {LLAMA['hidden_size']} hidden, {LLAMA['num_hidden_layers']} layers, batch {BATCH}, "
             f"seq {SEQ}, "
-            f"fp32, AdamW, no dropout. Peak: every distinct live storage once, DTensors by their local shard "
+            f"fp32, AdamW, no dropout but in the sequence-parallel job. Peak: every distinct live storage once, DTensors by their local shard "
             f"(estimators.measure_steps). Ratio: real / predicted on steps 2 and 3 (AdamW state live). Gradients: "
             f"one seeded step, every local shard against the unplanned parallel run's (torch.equal).", ""]
     return "\n".join(head + [t for t, _ in tables]), all(ok for _, ok in tables)
@@ -129,8 +142,15 @@ def section(stats_dir: Path) -> tuple[str, bool]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--write", action="store_true", help="rewrite the section in bench/RESULTS.md")
+    ap.add_argument("--only-sequence-parallel", action="store_true",
+                    help="run and print only the sequence-parallel jobs' tables, TP x2 and FSDP2 x2 x TP x2 (nothing "
+                    "written)")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="sacplan-tp-") as tmp:
+        if args.only_sequence_parallel:
+            tables = sequence_parallel_tables(Path(tmp), (1, 2))
+            print("\n".join(t for t, _ in tables))
+            return 0 if all(ok for _, ok in tables) else 1
         text, ok = section(Path(tmp))
     print(text)
     if args.write:

@@ -8,7 +8,11 @@ on fake tensors under PyTorch's fake process group. Prints the collection's
 CPU and wall time, the process's peak RSS, the per-rank baseline and the
 plan at the H100's 74.5 GiB.
 
-    python bench/bench_tp_scale.py [--model 70b] [--tp 8] [--fsdp 64]
+    python bench/bench_tp_scale.py [--model 70b] [--tp 8] [--fsdp 64] [--sequence-parallel]
+
+``--sequence-parallel``: the HF plan with sequence parallel derived from it
+(``sacplan collect --sequence-parallel``, docs/tensor-parallel.md): the
+residual stream, norms and the layers' held inputs on seq / TP tokens.
 """
 
 from __future__ import annotations
@@ -30,19 +34,21 @@ def main() -> int:
     ap.add_argument("--model", default="70b", choices=sorted(MODELS))
     ap.add_argument("--tp", type=int, default=8)
     ap.add_argument("--fsdp", type=int, default=64)
+    ap.add_argument("--sequence-parallel", action="store_true")
     args = ap.parse_args()
     from estimators import CollectRequest, device_spec, run_collection
     from planner import GIB, min_feasible_budget_gib, plan
 
     req = CollectRequest(hf_config=dict(MODELS[args.model]), batch=1, seq=8192, dtype="fp32", optimizer="adamw",
                          target_device=TARGET, fsdp_world_size=args.fsdp, mixed_precision="bf16", tp_size=args.tp,
-                         name=f"llama-3-{args.model}")
+                         sequence_parallel=args.sequence_parallel, name=f"llama-3-{args.model}")
     cpu0, wall0 = time.process_time(), time.perf_counter()
     result = run_collection(req)
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
     stats = result.stats
     device_gib = device_spec(TARGET).memory_bytes / GIB
-    line = (f"llama-3-{args.model} TP {args.tp} x FSDP {args.fsdp}: collected in {wall:.1f} s wall ({cpu:.1f} s CPU), "
+    sp = " with sequence parallel" if args.sequence_parallel else ""
+    line = (f"llama-3-{args.model} TP {args.tp}{sp} x FSDP {args.fsdp}: collected in {wall:.1f} s wall ({cpu:.1f} s CPU), "
             f"per-rank parameters {stats.root.param_bytes / GIB:.2f} GiB, baseline {result.baseline_peak_bytes / GIB:.1f} "
             f"GiB, smallest budget {min_feasible_budget_gib(stats):.1f} GiB")
     if result.baseline_peak_bytes / GIB > device_gib:

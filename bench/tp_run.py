@@ -40,6 +40,7 @@ class TpRun:
     tp_size: int = 2
     fsdp_size: int = 1
     parallelize: str | None = None
+    sequence_parallel: bool = False
     plan: dict | None = None
     stats_path: str | None = None  # the stats the plan was made from (op names for apply_plan)
     steps: int = 3
@@ -62,7 +63,7 @@ def _dims(run: TpRun) -> Any:
     from estimators import FsdpSetup, ParallelDims
 
     return ParallelDims(fsdp=FsdpSetup(run.fsdp_size) if run.fsdp_size > 1 else None, tp_size=run.tp_size,
-                        parallelize=run.parallelize)
+                        parallelize=run.parallelize, sequence_parallel=run.sequence_parallel)
 
 
 def build_parallel(run: TpRun, mesh: Any) -> Any:
@@ -73,7 +74,7 @@ def build_parallel(run: TpRun, mesh: Any) -> Any:
     torch.manual_seed(BUILD_SEED)
     built = build_from_hf_config(run.hf_config, batch_size=run.batch, seq_len=run.seq, dtype=torch.float32,
                                  device=torch.device("cpu"))
-    parallelize_tp(built.model, mesh["tp"], parallelize=dims.parallelize)
+    parallelize_tp(built.model, mesh["tp"], parallelize=dims.parallelize, sequence_parallel=dims.sequence_parallel)
     if run.plan is not None:
         stats = json.loads(Path(run.stats_path).read_text()) if run.stats_path else None
         apply_plan(built.model, run.plan, stats=stats)

@@ -107,8 +107,9 @@ def register(subparsers: Any) -> None:
                     help="your function applying tensor parallel, called as FN(model, tp_mesh) (torchtitan's "
                     "way); default: the model's Hugging Face plan (base_model_tp_plan)")
     tp.add_argument("--sequence-parallel", action="store_true",
-                    help="norms and dropout on sequence shards: with --parallelize, say that your function "
-                    "applies it (recorded in the stats); the HF plan's own sequence_parallel entries apply as given")
+                    help="norms and dropout on sequence shards: with the HF plan, derived from it (the residual stream "
+                    "on sequence shards, see docs/tensor-parallel.md); with --parallelize, say that your function "
+                    "applies it (recorded in the stats)")
     p.add_argument("--compile-backend", choices=("aot_eager", "inductor"),
                    help="collect the step as torch.compile(model, backend=...) runs it (the model compiled whole, "
                    "the loss inside it or after it); recorded in the stats' model settings, and apply_plan then "

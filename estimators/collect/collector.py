@@ -246,7 +246,7 @@ def collect_stats(
             for config in switch_off_kv_cache(m):  # as training (and apply_plan) runs it; given back after
                 stack.callback(setattr, config, "use_cache", True)
         if parallel is not None:
-            step.shard(parallel, units, stack.enter_context(fake_process_group(parallel.world_size, device.type, parallel)))
+            step.shard(parallel, units, stack.enter_context(fake_process_group(parallel.stage_world_size, device.type, parallel)))
         emulation = attention_emulation(emulate_cuda_attention)
         stats = step.run(inputs, loss_fn, (optimizer, optimizer_kwargs, optimizer_foreach, loop), device, dtype,
                          emulation, moe_routing, describe_loop(with_model_settings(metadata, model), optimizer,

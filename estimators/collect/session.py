@@ -92,16 +92,17 @@ class CollectRequest:
                          self.mixed_precision, self.reshard_after_forward, self.sync_every_micro_batch)
 
     def parallel_dims(self) -> ParallelDims | None:
-        """The job's parallelism (FSDP2 and tensor parallel), or None for one unsharded rank; ValueError for
-        options that need one it does not have."""
+        """The job's parallelism (FSDP2, tensor parallel, the pipeline), or None for one unsharded rank without a
+        pipeline; ValueError for options that need one it does not have."""
         fsdp = self.fsdp_setup()
+        pp = self.pipeline_setup()
         if self.tp_size == 1:
             for flag, given in (("--parallelize", self.parallelize), ("--sequence-parallel", self.sequence_parallel)):
                 if given:
                     raise ValueError(f"{flag} applies tensor parallel: it needs --tp-size T (T > 1)")
-            return None if fsdp is None else ParallelDims(fsdp=fsdp)
+            return None if fsdp is None and pp is None else ParallelDims(fsdp=fsdp, pp=pp)
         return ParallelDims(fsdp=fsdp, tp_size=self.tp_size, sequence_parallel=self.sequence_parallel,
-                            parallelize=self.parallelize)
+                            parallelize=self.parallelize, pp=pp)
 
     def pipeline_setup(self) -> PipelineSetup | None:
         """The pipeline asked for, or None; ValueError for options that need it or contradict it."""
@@ -247,8 +248,7 @@ def _prepare(req: CollectRequest, progress: Any) -> tuple[BuiltModel, DeviceSpec
     routing = parse_moe_routing(req.moe_routing)
     req.check_loop()
     optimizer_kwargs = req.optimizer_arguments()
-    parallel = req.parallel_dims()
-    req.pipeline_setup()
+    parallel = req.parallel_dims()  # the pipeline's part is read by run_pipeline_collection
     target = target_spec(req)
     cost = RooflineCostModel(target, allow_tf32=req.allow_tf32)
     if req.benchmark:
@@ -286,7 +286,7 @@ def _prepare(req: CollectRequest, progress: Any) -> tuple[BuiltModel, DeviceSpec
         moe_routing=routing,
         progress=progress,
     )
-    if parallel is not None:
+    if parallel is not None and parallel.pp is None:  # one step's parallelism (a pipeline's: stage by stage)
         kwargs["parallel"] = parallel
     return built, target, kwargs, meta
 
@@ -318,7 +318,8 @@ def run_collection(req: CollectRequest, *, progress: Any = None) -> CollectResul
 
 def run_pipeline_collection(req: CollectRequest, *, progress: Any = None) -> list[CollectResult]:
     """Build the requested decoder, cut it into ``req.pp_stages`` stages and collect every stage's stats."""
-    setup = req.pipeline_setup()
+    parallel = req.parallel_dims()
+    setup = parallel.pp if parallel is not None else None
     if setup is None:
         raise ValueError("run_pipeline_collection needs --pp-stages S")
     built, target, kwargs, meta = _prepare(req, progress)

@@ -50,6 +50,9 @@ def job_parallelism(fsdp: FsdpSetup | None, parallel: ParallelDims | None,
     arguments; ValueError for arguments that contradict each other."""
     if parallel is None:
         return (None if fsdp is None else ParallelDims(fsdp=fsdp)), fsdp
+    if parallel.pp is not None:
+        raise ValueError(f"parallel.pp {parallel.pp}: a pipeline is collected stage by stage "
+                         f"(run_pipeline_collection, sacplan collect --pp-stages), not in one step")
     if fsdp is not None and fsdp != parallel.fsdp:
         raise ValueError("give fsdp or parallel (whose fsdp is the FSDP2 setup), not both")
     if compile_backend is not None and parallel.tp_enabled:
@@ -79,7 +82,8 @@ def parallelize_step(model: nn.Module, dims: ParallelDims, mesh: Any, units: lis
     plan = None
     with fake:
         if dims.tp_enabled:
-            plan = parallelize_tp(model, tp_mesh, parallelize=dims.parallelize)
+            plan = parallelize_tp(model, tp_mesh, parallelize=dims.parallelize,
+                                  sequence_parallel=dims.sequence_parallel)
         if dims.fsdp is not None:
             with _meshes_joined_for_real() if dims.tp_enabled else nullcontext():
                 shard_model(model, dims.fsdp, fsdp_mesh, units, fqns)

@@ -6,8 +6,8 @@ reference; ``training_step``: calling the model, its default loss, the
 optimizer; ``training_loop``: the loop around the model (micro-batches,
 autocast, a GradScaler, clipping); ``module_names``: the stats' module
 names; ``model_settings``: the op-deciding settings of a model; ``fsdp_units``: how a model is sharded by
-FSDP2; ``parallel_dims``: the one description of a job's parallelism (FSDP2 and tensor parallel);
-``tensor_parallel``: tensor parallel applied to a model (the user's function or the HF plan);
+FSDP2; ``parallel_dims``: the one description of a job's parallelism (FSDP2, tensor parallel, the pipeline);
+``tensor_parallel``: tensor parallel applied to a model (the user's function or the HF plan, sequence parallel too);
 ``pipeline_setup`` and ``pipeline_stages``: a pipeline's layout and a decoder cut into its stages. Nothing here
 imports another subpackage of ``estimators``.
 """

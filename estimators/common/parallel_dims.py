@@ -1,11 +1,11 @@
-"""One description of how a job is parallelized: FSDP2's and tensor parallel's degrees and settings.
+"""One description of how a job is parallelized: FSDP2's, tensor parallel's and the pipeline's settings.
 
 Collection (one rank under a fake process group), the stats' metadata and
 real ranks on gloo all read a :class:`ParallelDims`, as torchtitan's jobs read
 its ``ParallelDims``. The FSDP2 part is an :class:`FsdpSetup` (kept whole, so
 code that takes one goes on working); the tensor-parallel part is ``tp_size``,
-``sequence_parallel`` and where the plan comes from. Pipeline settings
-(``estimators/common/pipeline_setup.py``) are meant to join as a ``pp`` field.
+``sequence_parallel`` and where the plan comes from; the pipeline's part is a
+:class:`PipelineSetup` (``pp``), kept whole likewise.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from estimators.common.fsdp_units import FsdpSetup
+from estimators.common.pipeline_setup import PipelineSetup
 
 __all__ = ["MESH_DIM_NAMES", "ParallelDims"]
 
@@ -27,19 +28,27 @@ class ParallelDims:
     ``fsdp``: FSDP2's setup (None: parameters not sharded by ``fully_shard``;
     its ``world_size`` is the FSDP degree); ``tp_size``: ranks of one
     tensor-parallel group (1: none); ``sequence_parallel``: norms and dropout
-    run on sequence shards (HF plans: their ``sequence_parallel`` entries;
-    torchtitan's ``SequenceParallel``); ``parallelize``: the user's function
+    run on sequence shards (with the HF plan: derived from it,
+    ``estimators.common.sequence_parallel_styles``; with a function: the
+    function applies it, torchtitan's ``SequenceParallel``); ``parallelize``: the user's function
     ``path/to/file.py:fn`` called with ``(model, tp_mesh)`` (None: the
-    model's Hugging Face ``base_model_tp_plan``).
-    A ``pp`` field (the pipeline's settings) is to come here when that lands.
+    model's Hugging Face ``base_model_tp_plan``); ``pp``: the pipeline's
+    layout (stages, schedule, microbatches, split; None: no pipeline). A job
+    with a pipeline is collected stage by stage
+    (``estimators.collect.run_pipeline_collection``, which reads ``pp`` from
+    here); FSDP2 or TP inside a pipeline stage are described but not collected
+    yet. ``make_mesh`` is one stage's (FSDP x TP) mesh.
     """
 
     fsdp: FsdpSetup | None = None
     tp_size: int = 1
     sequence_parallel: bool = False
     parallelize: str | None = None
+    pp: PipelineSetup | None = None
 
     def __post_init__(self) -> None:
+        if self.pp is not None and not isinstance(self.pp, PipelineSetup):
+            raise ValueError(f"pp must be a PipelineSetup or None, got {type(self.pp).__name__}")
         if isinstance(self.tp_size, bool) or not isinstance(self.tp_size, int) or self.tp_size < 1:
             raise ValueError(f"tp_size must be a positive integer, got {self.tp_size!r}")
         if self.tp_size == 1:
@@ -48,19 +57,25 @@ class ParallelDims:
                     raise ValueError(f"{name} {given!r} needs tensor parallel: give tp_size > 1 (--tp-size T)")
         if self.parallelize is not None and self.parallelize.rpartition(":")[1] != ":":
             raise ValueError(f"parallelize must look like path/to/file.py:fn, got {self.parallelize!r}")
-        if self.sequence_parallel and self.parallelize is None:
-            raise ValueError("sequence_parallel with the model's Hugging Face plan is not mapped yet (its norms "
-                             "and the styles around them): give your function, --parallelize file.py:fn, that "
-                             "applies SequenceParallel as your training does")
 
     @property
     def fsdp_size(self) -> int:
         return self.fsdp.world_size if self.fsdp is not None else 1
 
     @property
-    def world_size(self) -> int:
-        """Ranks of the whole job: the FSDP degree times the TP degree."""
+    def pp_size(self) -> int:
+        """Pipeline stages holding ranks of their own (1: no pipeline)."""
+        return self.pp.stages if self.pp is not None else 1
+
+    @property
+    def stage_world_size(self) -> int:
+        """Ranks of one pipeline stage (of the whole job without a pipeline): the FSDP degree times the TP degree."""
         return self.fsdp_size * self.tp_size
+
+    @property
+    def world_size(self) -> int:
+        """Ranks of the whole job: the pipeline's stages times the FSDP degree times the TP degree."""
+        return self.pp_size * self.stage_world_size
 
     @property
     def tp_enabled(self) -> bool:

@@ -3,6 +3,9 @@
 Known answers: a column-wise Linear(64, 128) split over 2 ranks holds half its weight, 64 x 64 fp32 =
 16,384 bytes (torch.distributed.tensor.parallel.ColwiseParallel shards the weight on dim 0); a
 row-wise layer's partial sums are all-reduced once per call (RowwiseParallel's output Replicate).
+With sequence parallel (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
+Models", section 4.2.2: each all-reduce becomes a reduce-scatter onto sequence shards and an all-gather
+before the next column-wise layers), a rank's norms run on seq / TP tokens.
 """
 
 from __future__ import annotations
@@ -15,9 +18,10 @@ torch = pytest.importorskip("torch")
 
 from torch import nn  # noqa: E402
 
-from estimators import (FsdpSetup, ParallelDims, RooflineCostModel, build_from_hf_config,  # noqa: E402
-                        collect_stats, device_spec)
+from estimators import (CollectRequest, FsdpSetup, ParallelDims, RooflineCostModel,  # noqa: E402
+                        build_from_hf_config, collect_stats, device_spec)
 from est_helpers import TINY_LLAMA  # noqa: E402
+from estimators.common import PipelineSetup  # noqa: E402
 from planner import MUST_SAVE_OPS, OpStats, min_feasible_budget_gib, plan  # noqa: E402
 from planner.ops.groups import SAVE, op_groups  # noqa: E402
 
@@ -53,6 +57,26 @@ def test_hf_plan_rank_holds_shards_and_its_collectives_are_must_save_ops(tp_llam
     assert must == ["_c10d_functional.all_reduce", "_c10d_functional._wrap_tensor_autograd"]
     assert "_c10d_functional.wait_tensor" not in names
     assert set(must) <= MUST_SAVE_OPS
+
+
+def test_hf_plan_with_sequence_parallel_shards_the_norms_and_swaps_the_all_reduce() -> None:
+    built = build_from_hf_config(LLAMA, batch_size=2, seq_len=32, dtype=torch.float32, device=torch.device("meta"))
+    stats = _collect(built.model, built.inputs, built.loss_fn, parallel=ParallelDims(tp_size=2,
+                                                                                    sequence_parallel=True))
+    sharding = stats.metadata.sharding
+    assert (sharding.tp_plan, sharding.sequence_parallel) == ("hf:tp_plan+sequence_parallel", True)
+    must = [op.name for op in stats.module(f"{LAYER}.self_attn").ops if op.must_save]
+    # gathered once on entry (q, k and v share it), o_proj's partial sums reduce-scattered onto sequence shards
+    assert must == ["_c10d_functional.all_gather_into_tensor", "_c10d_functional._wrap_tensor_autograd",
+                    "_c10d_functional.reduce_scatter_tensor", "_c10d_functional._wrap_tensor_autograd"]
+    for norm in (f"{LAYER}.input_layernorm", f"{LAYER}.post_attention_layernorm", "LlamaForCausalLM.model.norm"):
+        # its output, a DTensor counted as its local shard: batch 2 x (seq 32 / 2 ranks) x hidden 64, fp32
+        assert stats.module(norm).output_bytes == 2 * 16 * 64 * 4, norm
+    model = nn.Sequential(nn.Linear(64, 128, bias=False), nn.Linear(128, 64, bias=False))
+    model.tp_plan = {"0": "colwise", "1": "rowwise_rep"}
+    with pytest.raises(ValueError, match="style 'rowwise_rep' is not derived for sequence parallel"):
+        _collect(model, torch.ones(4, 64), lambda out: out.sum(), parallel=ParallelDims(tp_size=2,
+                                                                                      sequence_parallel=True))
 
 
 def test_every_plan_saves_the_collectives(tp_llama) -> None:
@@ -96,6 +120,18 @@ def test_bad_settings_are_named() -> None:
         ParallelDims(sequence_parallel=True)
     with pytest.raises(ValueError, match="parallelize must look like path/to/file.py:fn"):
         ParallelDims(tp_size=2, parallelize="plan.py")
+
+
+def test_parallel_dims_holds_the_pipeline() -> None:
+    req = CollectRequest(hf_config=LLAMA, pp_stages=2, pp_schedule="gpipe", microbatches=4)
+    dims = req.parallel_dims()
+    assert dims.pp == PipelineSetup(2, "gpipe", 4) and (dims.fsdp, dims.tp_size) == (None, 1)
+    assert (dims.world_size, dims.stage_world_size) == (2, 1)  # two stages of one rank each
+    assert CollectRequest(hf_config=LLAMA).parallel_dims() is None
+    with pytest.raises(ValueError, match="pp must be a PipelineSetup or None, got int"):
+        ParallelDims(pp=2)
+    with pytest.raises(ValueError, match="a pipeline is collected stage by stage"):
+        _collect(nn.Linear(4, 4), torch.ones(2, 4), lambda out: out.sum(), parallel=dims)
 
 
 def test_must_save_fixes_the_group() -> None:
