@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, field_validator, model_validator
 
 import planner
-from planner import Plan
+from planner import PipelinePlan, Plan
 from service.examples import EXAMPLE_PLAN_REQUEST, EXAMPLE_SWEEP_REQUEST
 from service.times import UtcTime
 
@@ -16,6 +16,7 @@ __all__ = [
     "StatsSummary", "StatsDetail", "StatsPage", "ModuleNode",
     "PlanOptions", "StatsSource", "PlanRequest", "PlanOut", "PlanSummary", "PlanPage",
     "SweepRequest", "SweepPoint", "SweepOut",
+    "PipelinePlanRequest", "PipelinePlanOut", "MAX_PIPELINE_STAGES",
 ]
 
 # Numbers are strict: JSON true, "5" or 1.0 for an integer is refused (422 naming the field), never coerced.
@@ -277,3 +278,34 @@ class SweepOut(BaseModel):
     compute_ms: float
     points: list[SweepPoint]
     chart_url: str | None
+
+
+# --- pipeline plans ------------------------------------------------------------------------------
+
+MAX_PIPELINE_STAGES = 256
+_EXAMPLE_STAGE_IDS = ["3f2b8c1e-9a47-4d2e-8b61-0c5d7e9f1a23", "5d0c4a7b-2e19-4f83-a6d5-9b8e1c3f7a40"]
+
+
+class PipelinePlanRequest(PlanOptions):
+    """Plan every stage of a pipeline under one budget per device: the stats uploads of stages 0..S-1 of one
+    collection (``sacplan collect --pp-stages S``: its ``s.stage0.json``, ``s.stage1.json``, ...)."""
+
+    stats_ids: list[Id] = Field(
+        min_length=1, max_length=MAX_PIPELINE_STAGES, examples=[_EXAMPLE_STAGE_IDS],
+        description="The stats uploads of every stage, in any order (the answer is in stage order): each a "
+                    "pipeline stage's (metadata.pipeline), all of one pipeline (the same stages, schedule and "
+                    "microbatches), each stage once.")
+    memory_budget_gib: Gib = Field(description="Peak memory allowed per device (every stage), GiB.",
+                                   examples=[2.0])
+
+
+class PipelinePlanOut(PipelinePlan):
+    """Every stage's plan (each one a stored plan, with its id) and the pipeline's predicted step."""
+
+    stages: list[PlanOut] = Field(description="One plan per stage, in stage order; each also at GET /v1/plans/{id}.")
+    id: str | None = Field(description="The pipeline plan's opaque id; null only when a stage's status is "
+                                       "'error' (nothing stored).")
+    stats_ids: list[str] = Field(description="The stages' stats ids, in stage order.")
+    cached: bool = Field(description="True when every stage's plan came from the plan cache.")
+    created_at: UtcTime | None
+    chart_url: str | None = Field(description="Every stage's peak against the budget, as a PNG.")
