@@ -205,11 +205,17 @@ def pipeline_chart(model_name: str, pipeline: dict[str, Any], *, image_format: I
     ax = fig.add_subplot()
     ax.bar(x - 0.2, baseline / unit[1], 0.38, color="0.7", label="peak without checkpointing")
     has_plan = planned > 0
-    ax.bar(x[has_plan] + 0.2, planned[has_plan] / unit[1], 0.38, color=KIND_COLORS["activations"],
-           label="peak with the stage's plan")
+    if has_plan.any():
+        ax.bar(x[has_plan] + 0.2, planned[has_plan] / unit[1], 0.38, color=KIND_COLORS["activations"],
+               label="peak with the stage's plan")
     if not has_plan.all():
         ax.plot(x[~has_plan] + 0.2, [0.0] * int((~has_plan).sum()), linestyle="none", marker="x", color=_BUDGET,
                 markersize=9, label="no plan under the budget")
+        own = [(k, p["min_feasible_budget_gib"]) for k, p in enumerate(stages)
+               if not has_plan[k] and p.get("min_feasible_budget_gib") is not None]
+        if own:  # where each stage without a plan would have one
+            ax.plot([k + 0.2 for k, _ in own], [b * GIB / unit[1] for _, b in own], linestyle="none", marker="_",
+                    markersize=22, markeredgewidth=2.5, color=_MIN_BUDGET, label="the stage's smallest budget")
     _budget_lines(ax, pipeline, unit)
     for k, p in enumerate(stages):
         if has_plan[k]:
