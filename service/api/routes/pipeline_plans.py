@@ -8,21 +8,8 @@ from fastapi import APIRouter, Request, Response, status
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
-from service.api.deps import (
-    IdPath,
-    ProjectDep,
-    RendererDep,
-    SessionFactoryDep,
-    SettingsDep,
-    SolverDep,
-)
-from service.api.responses import (
-    NOT_FOUND,
-    PIPELINE_FROM_CACHE,
-    PNG,
-    RENDER_BUSY,
-    SOLVE_ERRORS,
-)
+from service.api.deps import IdPath, ProjectDep, RendererDep, SessionFactoryDep, SettingsDep, SolverDep
+from service.api.responses import NOT_FOUND, PIPELINE_FROM_CACHE, PNG, RENDER_BUSY, SOLVE_ERRORS
 from service.schemas import PipelinePlanOut, PipelinePlanRequest
 from service.solving import pipeline_info, pipeline_plans_for
 from service.store import get_pipeline_plan, keep_pipeline_plan
