@@ -8,7 +8,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, fiel
 
 import planner
 from planner import PipelinePlan, Plan
-from service.examples import EXAMPLE_PLAN_REQUEST, EXAMPLE_SWEEP_REQUEST
+from service.examples import EXAMPLE_PIPELINE_BUDGET_GIB, EXAMPLE_PLAN_REQUEST, EXAMPLE_SWEEP_REQUEST
 from service.times import UtcTime
 
 __all__ = [
@@ -283,7 +283,8 @@ class SweepOut(BaseModel):
 # --- pipeline plans ------------------------------------------------------------------------------
 
 MAX_PIPELINE_STAGES = 256
-_EXAMPLE_STAGE_IDS = ["3f2b8c1e-9a47-4d2e-8b61-0c5d7e9f1a23", "5d0c4a7b-2e19-4f83-a6d5-9b8e1c3f7a40"]
+# service.store.ids.EXAMPLE_IDS of the example stages (service.examples.EXAMPLE_PIPELINE_STATS)
+_EXAMPLE_STAGE_IDS = ["5d0c4a7b-2e19-4f83-a6d5-9b8e1c3f7a40", "9e4f1b6c-7a20-4c58-b3d9-6e1a8f2c0b57"]
 
 
 class PipelinePlanRequest(PlanOptions):
@@ -296,7 +297,7 @@ class PipelinePlanRequest(PlanOptions):
                     "pipeline stage's (metadata.pipeline), all of one pipeline (the same stages, schedule and "
                     "microbatches), each stage once.")
     memory_budget_gib: Gib = Field(description="Peak memory allowed per device (every stage), GiB.",
-                                   examples=[2.0])
+                                   examples=[EXAMPLE_PIPELINE_BUDGET_GIB])
 
 
 class PipelinePlanOut(PipelinePlan):
