@@ -15,7 +15,7 @@ from planner.ops.policy import optimal_op_policy
 from planner.options import PlanOptions
 from planner.plan_format import Plan, PlannedModule, PlanStatus
 from planner.planning import min_feasible_budget_gib, plan, sweep
-from planner.pipeline_planning import PipelinePlan, pipeline_step_ms, plan_pipeline
+from planner.pipeline_planning import PipelinePlan, pipeline_plan_of, pipeline_step_ms, plan_pipeline
 from planner.stats.format import STATS_FORMAT, ModuleStats, Moment, OpStats, Stats, StatsMetadata, stats_hash
 from planner.stats.loader import StatsError, from_torch_format, load_stats, parse_stats
 from planner.stats.sharding import Sharding, sharding_scope
@@ -52,6 +52,7 @@ __all__ = [
     "module_frontier",
     "optimal_op_policy",
     "parse_stats",
+    "pipeline_plan_of",
     "pipeline_step_ms",
     "plan",
     "plan_pipeline",

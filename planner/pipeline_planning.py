@@ -15,9 +15,10 @@ from planner.pipeline_schedule import in_flight
 from planner.plan_format import Plan
 from planner.planning import StatsInput, plan
 from planner.stats.format import Stats
+from planner.stats.pipeline import PipelineStageInfo
 from planner.stats.loader import load_stats, parse_stats
 
-__all__ = ["PipelinePlan", "plan_pipeline", "pipeline_step_ms"]
+__all__ = ["PipelinePlan", "plan_pipeline", "pipeline_plan_of", "pipeline_step_ms"]
 
 
 class PipelinePlan(BaseModel):
@@ -87,9 +88,17 @@ def plan_pipeline(stats: Sequence[StatsInput], memory_budget_gib: float, *, opti
     docs = _stage_stats(stats)
     info = docs[0].metadata.pipeline
     plans = [plan(d, memory_budget_gib, options=opts) for d in docs]
+    return pipeline_plan_of(info, [compute_ms(d) for d in docs], plans, memory_budget_gib)
+
+
+def pipeline_plan_of(info: PipelineStageInfo, stage_compute_ms: Sequence[float], plans: list[Plan],
+                     memory_budget_gib: float) -> PipelinePlan:
+    """The pipeline's answer from each stage's plan (in stage order) and its compute (forward + backward of one
+    microbatch, :func:`planner.compute_ms`); ``info`` is any stage's pipeline metadata. The service plans each
+    stage through its plan cache and calls this."""
     status = max((p.status for p in plans), key=_ORDER.index)
-    times = [None if p.status not in ("optimal", "feasible") else compute_ms(d) + (p.recompute_ms or 0.0)
-             for d, p in zip(docs, plans)]
+    times = [None if p.status not in ("optimal", "feasible") else c + (p.recompute_ms or 0.0)
+             for c, p in zip(stage_compute_ms, plans)]
     bad = next((k for k, p in enumerate(plans) if p.status == "infeasible"), None)
     out = PipelinePlan(status=status, memory_budget_gib=memory_budget_gib, schedule=info.schedule,
                        stages_count=info.stages, microbatches=info.microbatches, stages=plans,

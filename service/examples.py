@@ -15,7 +15,8 @@ import json
 from importlib.resources import files
 from typing import Any
 
-__all__ = ["EXAMPLE_STATS", "EXAMPLE_PLAN_REQUEST", "EXAMPLE_SWEEP_REQUEST"]
+__all__ = ["EXAMPLE_STATS", "EXAMPLE_PLAN_REQUEST", "EXAMPLE_SWEEP_REQUEST", "EXAMPLE_PIPELINE_STATS",
+           "EXAMPLE_PIPELINE_BUDGET_GIB"]
 
 EXAMPLE_STATS: dict[str, Any] = json.loads((files("service") / "example_stats.json").read_text())
 
@@ -35,3 +36,12 @@ EXAMPLE_SWEEP_REQUEST: dict[str, Any] = {
     "world_size": 1,
     "time_limit_s": 10.0,
 }
+
+# ``example_pipeline_stats.json``: the two stages of a two-layer Llama under 1F1B, four microbatches, as
+# ``sacplan collect --pp-stages 2`` writes them (``tests/service/docs/make_example_pipeline_stats.py``). Stage 0
+# peaks at 1.28 MiB without checkpointing and every stage fits 0.00112 GiB at best: at this budget each stage
+# checkpoints something. A pipeline plan names uploads by id, so its request example is its fields' own (an id
+# names nothing on a fresh database); its answer is made from these stages (service.docs.response_examples).
+EXAMPLE_PIPELINE_STATS: list[dict[str, Any]] = json.loads(
+    (files("service") / "example_pipeline_stats.json").read_text())["stages"]
+EXAMPLE_PIPELINE_BUDGET_GIB = 0.00115

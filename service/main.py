@@ -34,7 +34,8 @@ Three steps:
 1. **Upload stats**: `POST /v1/stats` with a `sacplan.stats/v1` document (from
    `sacplan collect`) or PyTorch's `module_info` + `sac_stats` output. Note the `id`.
 2. **Plan**: `POST /v1/plans` with `stats_id` and `memory_budget_gib` (or
-   `POST /v1/sweeps` with several budgets for the recompute-vs-memory curve).
+   `POST /v1/sweeps` with several budgets for the recompute-vs-memory curve; or, for
+   a pipeline, `POST /v1/pipeline-plans` naming every stage's upload in `stats_ids`).
    Or skip step 1: send the stats themselves as `stats` instead of `stats_id`;
    they are stored as an upload (the answer names their `stats_id`).
 3. **Look**: `GET /v1/plans/{id}/chart.png` (the step's memory by kind,
@@ -83,6 +84,8 @@ def create_app(settings: Settings | None = None, *, solver: SolverPool | None = 
             {"name": "stats", "description": "Step 1: upload what a training step costs."},
             {"name": "plans", "description": "Step 2: a checkpointing plan for one memory budget (cached)."},
             {"name": "sweeps", "description": "Plans across budgets: the recompute-vs-memory curve."},
+            {"name": "pipeline plans", "description": "Every stage of a pipeline under one budget (each stage's "
+                                                      "upload named), and the pipeline's predicted step."},
             {"name": "health", "description": "Liveness and readiness."},
         ],
     )

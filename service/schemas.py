@@ -7,8 +7,8 @@ from typing import Annotated, Any
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, field_validator, model_validator
 
 import planner
-from planner import Plan
-from service.examples import EXAMPLE_PLAN_REQUEST, EXAMPLE_SWEEP_REQUEST
+from planner import PipelinePlan, Plan
+from service.examples import EXAMPLE_PIPELINE_BUDGET_GIB, EXAMPLE_PLAN_REQUEST, EXAMPLE_SWEEP_REQUEST
 from service.times import UtcTime
 
 __all__ = [
@@ -16,6 +16,7 @@ __all__ = [
     "StatsSummary", "StatsDetail", "StatsPage", "ModuleNode",
     "PlanOptions", "StatsSource", "PlanRequest", "PlanOut", "PlanSummary", "PlanPage",
     "SweepRequest", "SweepPoint", "SweepOut",
+    "PipelinePlanRequest", "PipelinePlanOut", "MAX_PIPELINE_STAGES",
 ]
 
 # Numbers are strict: JSON true, "5" or 1.0 for an integer is refused (422 naming the field), never coerced.
@@ -277,3 +278,35 @@ class SweepOut(BaseModel):
     compute_ms: float
     points: list[SweepPoint]
     chart_url: str | None
+
+
+# --- pipeline plans ------------------------------------------------------------------------------
+
+MAX_PIPELINE_STAGES = 256
+# service.store.ids.EXAMPLE_IDS of the example stages (service.examples.EXAMPLE_PIPELINE_STATS)
+_EXAMPLE_STAGE_IDS = ["5d0c4a7b-2e19-4f83-a6d5-9b8e1c3f7a40", "9e4f1b6c-7a20-4c58-b3d9-6e1a8f2c0b57"]
+
+
+class PipelinePlanRequest(PlanOptions):
+    """Plan every stage of a pipeline under one budget per device: the stats uploads of stages 0..S-1 of one
+    collection (``sacplan collect --pp-stages S``: its ``s.stage0.json``, ``s.stage1.json``, ...)."""
+
+    stats_ids: list[Id] = Field(
+        min_length=1, max_length=MAX_PIPELINE_STAGES, examples=[_EXAMPLE_STAGE_IDS],
+        description="The stats uploads of every stage, in any order (the answer is in stage order): each a "
+                    "pipeline stage's (metadata.pipeline), all of one pipeline (the same stages, schedule and "
+                    "microbatches), each stage once.")
+    memory_budget_gib: Gib = Field(description="Peak memory allowed per device (every stage), GiB.",
+                                   examples=[EXAMPLE_PIPELINE_BUDGET_GIB])
+
+
+class PipelinePlanOut(PipelinePlan):
+    """Every stage's plan (each one a stored plan, with its id) and the pipeline's predicted step."""
+
+    stages: list[PlanOut] = Field(description="One plan per stage, in stage order; each also at GET /v1/plans/{id}.")
+    id: str | None = Field(description="The pipeline plan's opaque id; null only when a stage's status is "
+                                       "'error' (nothing stored).")
+    stats_ids: list[str] = Field(description="The stages' stats ids, in stage order.")
+    cached: bool = Field(description="True when every stage's plan came from the plan cache.")
+    created_at: UtcTime | None
+    chart_url: str | None = Field(description="Every stage's peak against the budget, as a PNG.")

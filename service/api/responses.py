@@ -7,11 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from service.schemas import ErrorOut, PlanOut, StatsSummary, SweepOut
+from service.schemas import ErrorOut, PipelinePlanOut, PlanOut, StatsSummary, SweepOut
 
 __all__ = [
     "PNG", "NOT_FOUND", "STATS_NOT_FOUND", "STALE_STATS", "INVALID_REQUEST", "INVALID_STATS", "SOLVER_BUSY",
     "SOLVE_ERRORS", "TOO_LARGE", "RENDER_BUSY", "ALREADY_UPLOADED", "PLAN_FROM_CACHE", "SWEEP_FROM_CACHE",
+    "PIPELINE_FROM_CACHE",
     "DATABASE_UNREACHABLE",
 ]
 
@@ -27,6 +28,10 @@ PLAN_FROM_CACHE: Responses = {
 }
 SWEEP_FROM_CACHE: Responses = {
     200: {"model": SweepOut, "description": "The same sweep as asked before: the stored one, every point cached"}
+}
+PIPELINE_FROM_CACHE: Responses = {
+    200: {"model": PipelinePlanOut, "description": "The same pipeline plan as asked before: the stored one, every "
+                                                   "stage's plan cached; or a stage's status 'error', nothing stored"}
 }
 NOT_FOUND: Responses = {404: {"model": ErrorOut, "description": "No such id in your project"}}
 STATS_NOT_FOUND: Responses = {404: {"model": ErrorOut, "description": "No such stats id in your project"}}

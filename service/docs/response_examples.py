@@ -16,18 +16,20 @@ from typing import Any
 
 import planner
 from service.config import DEFAULT_PROJECT
-from service.examples import EXAMPLE_PLAN_REQUEST, EXAMPLE_STATS, EXAMPLE_SWEEP_REQUEST
-from service.schemas import PlanRequest, StatsDetail, SweepRequest
+from service.examples import (EXAMPLE_PIPELINE_BUDGET_GIB, EXAMPLE_PIPELINE_STATS, EXAMPLE_PLAN_REQUEST, EXAMPLE_STATS,
+                              EXAMPLE_SWEEP_REQUEST)
+from service.schemas import PipelinePlanOut, PipelinePlanRequest, PlanRequest, StatsDetail, SweepRequest
 from service.solving import solve_job
 from service.store import EXAMPLE_IDS, CachedPlan, SweepRecord, new_stats_record, plan_json
-from service.views import module_tree_json, stats_summary, sweep_out, sweep_point
+from service.views import module_tree_json, pipeline_plan_out, stats_summary, sweep_out, sweep_point
 
 __all__ = ["response_examples", "as_stored"]
 
 
 @lru_cache(maxsize=1)
 def response_examples() -> dict[str, dict[str, Any]]:
-    """An example per response model name (``StatsSummary``, ``StatsDetail``, ``PlanOut``, ``SweepOut``)."""
+    """An example per response model name (``StatsSummary``, ``StatsDetail``, ``PlanOut``, ``SweepOut``,
+    ``PipelinePlanOut``)."""
     now = datetime.now(timezone.utc)
     stats = planner.parse_stats(EXAMPLE_STATS)
     row = new_stats_record(DEFAULT_PROJECT, EXAMPLE_STATS)
@@ -47,7 +49,25 @@ def response_examples() -> dict[str, dict[str, Any]]:
                                    module_tree=json.loads(module_tree_json(stats))).model_dump(mode="json"),
         "PlanOut": json.loads(plan_json(plan)),
         "SweepOut": sweep_out(sweep, row, points, cached=all(p.cached for p in points)).model_dump(mode="json"),
+        "PipelinePlanOut": _pipeline_example(now).model_dump(mode="json"),
     }
+
+
+def _pipeline_example(now: datetime) -> PipelinePlanOut:
+    """The example stages uploaded, and planned at the example budget as ``POST /v1/pipeline-plans`` plans them."""
+    ids = [EXAMPLE_IDS[f"pipeline_stage{k}"] for k in range(len(EXAMPLE_PIPELINE_STATS))]
+    request = PipelinePlanRequest(stats_ids=ids, memory_budget_gib=EXAMPLE_PIPELINE_BUDGET_GIB)
+    rows, plans = [], []
+    for k, (stats_id, doc) in enumerate(zip(ids, EXAMPLE_PIPELINE_STATS)):
+        row = new_stats_record(DEFAULT_PROJECT, doc)
+        row.id, row.created_at = stats_id, now
+        rows.append(row)
+        # plan ids after those of the plan and sweep examples
+        plans += _Plans(row.id, row.document, now, first=16 + k).solve([request.memory_budget_gib],
+                                                                        request.cache_fields())
+    info = planner.parse_stats(EXAMPLE_PIPELINE_STATS[0]).metadata.pipeline
+    return pipeline_plan_out(EXAMPLE_IDS["pipeline_plan"], now, ids, info, [r.compute_ms for r in rows], plans,
+                             request.memory_budget_gib, cached=False)
 
 
 def as_stored(example: dict[str, Any]) -> dict[str, Any]:
@@ -55,19 +75,21 @@ def as_stored(example: dict[str, Any]) -> dict[str, Any]:
     if "cached" not in example:
         return example
     stored = {**example, "cached": True}
-    if "points" in stored:
-        stored["points"] = [{**p, "cached": True} for p in stored["points"]]
+    for name in ("points", "stages"):
+        if name in stored:
+            stored[name] = [{**p, "cached": True} for p in stored[name]]
     return stored
 
 
 class _Plans:
     """Plans as the service's cache would hold them: a new id per new request, the same plan for the same one."""
 
-    def __init__(self, stats_id: str, document: str, created_at: datetime):
+    def __init__(self, stats_id: str, document: str, created_at: datetime, *, first: int = 0):
         self.stats_id = stats_id
         self.document = document
         self.created_at = created_at
         self.stored: dict[str, CachedPlan] = {}
+        self.first = first  # this one's first plan id: _example_plan_id(first)
 
     def solve(self, budgets_gib: list[float], fields: dict[str, Any]) -> list[CachedPlan]:
         requests = [{**fields, "memory_budget_gib": b} for b in budgets_gib]
@@ -81,7 +103,7 @@ class _Plans:
                 out.append(CachedPlan(**{**vars(self.stored[key]), "cached": True}))
                 continue
             plan = next(solved)
-            self.stored[key] = CachedPlan(_example_plan_id(len(self.stored)), self.stats_id, self.created_at, request,
+            self.stored[key] = CachedPlan(_example_plan_id(self.first + len(self.stored)), self.stats_id, self.created_at, request,
                                           json.dumps(plan, separators=(",", ":")), cached=False)
             out.append(self.stored[key])
         return out

@@ -30,7 +30,7 @@ from service.solving.process import solve_job
 from service.store import CachedPlan, find_plans, stats_document, stats_id_of, store_plans
 from service.transport import UploadLimits, check_time_limit
 
-__all__ = ["plans_for", "stopped_plans"]
+__all__ = ["plans_for", "cached_or_solved", "stopped_plans"]
 
 
 async def plans_for(factory: sessionmaker[Session], pool: SolverPool, settings: Settings, project: str,

@@ -4,7 +4,7 @@
 ``models`` (the typed SQLAlchemy tables), ``ids`` (opaque row ids), and the
 rows of each resource: ``stats`` (uploads, validated and stored once per
 content hash), ``plans`` (the plan cache: keys, lookups, stored plans as
-served) and ``sweeps``. Imports ``service.transport`` (the upload limits) and
+served), ``sweeps`` and ``pipelines`` (a pipeline's per-stage plans). Imports ``service.transport`` (the upload limits) and
 the top-level modules, never a room above it.
 """
 
@@ -14,7 +14,7 @@ __all__ = [
     # ids
     "ID_LENGTH", "ID_PATTERN", "new_id", "is_id", "shown_id", "EXAMPLE_IDS",
     # models
-    "Base", "StatsRecord", "StatsTag", "PlanRecord", "SweepRecord", "SolveClaim", "AuthFailure", "utcnow",
+    "Base", "StatsRecord", "StatsTag", "PlanRecord", "SweepRecord", "PipelinePlanRecord", "SolveClaim", "AuthFailure", "utcnow",
     # db
     "make_engine", "make_sessionmaker", "session_scope", "insert_or_get", "write_gate", "upgrade", "Upgraded",
     "alembic_config", "redacted_url", "head_revision",
@@ -25,8 +25,10 @@ __all__ = [
     "store_stats_body", "prepare_body_job", "store_request_body", "prepare_request_job", "stats_id_of",
     # sweeps
     "keep_sweep", "get_sweep",
+    # pipelines
+    "keep_pipeline_plan", "get_pipeline_plan",
     # ranges
     "column_bounds", "check_in_range",
 ]
 
-__getattr__ = exports(__name__, ("ids", "models", "db", "plans", "stats", "sweeps", "ranges"), __all__)
+__getattr__ = exports(__name__, ("ids", "models", "db", "plans", "stats", "sweeps", "pipelines", "ranges"), __all__)

@@ -23,6 +23,9 @@ EXAMPLE_IDS = {
     "stats": "3f2b8c1e-9a47-4d2e-8b61-0c5d7e9f1a23",
     "plan": "7c9e6679-7425-40de-944b-e07fc1f90ae7",
     "sweep": "c1a5e0d2-4b8f-4e6a-9d3c-2f7b1e8a6d54",
+    "pipeline_stage0": "5d0c4a7b-2e19-4f83-a6d5-9b8e1c3f7a40",
+    "pipeline_stage1": "9e4f1b6c-7a20-4c58-b3d9-6e1a8f2c0b57",
+    "pipeline_plan": "2b7d9f3a-c6e1-4a85-9f20-d4b8e6a1c379",
 }
 
 

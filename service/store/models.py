@@ -10,7 +10,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 from service.store.ids import ID_LENGTH, new_id
 
-__all__ = ["Base", "StatsRecord", "StatsTag", "PlanRecord", "SweepRecord", "SolveClaim", "AuthFailure", "utcnow"]
+__all__ = ["Base", "StatsRecord", "StatsTag", "PlanRecord", "SweepRecord", "PipelinePlanRecord", "SolveClaim", "AuthFailure", "utcnow"]
 
 # Stable constraint names, so migrations name what the models name.
 NAMING_CONVENTION = {
@@ -103,6 +103,25 @@ class SweepRecord(Base):
     stats_id: Mapped[str] = mapped_column(String(ID_LENGTH), ForeignKey("stats.id", ondelete="CASCADE"), index=True)
     cache_key: Mapped[str] = mapped_column(String(64))
     request: Mapped[dict[str, Any]] = mapped_column(JSON)
+    plan_ids: Mapped[list[str]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class PipelinePlanRecord(Base):
+    """Every stage of a pipeline planned under one budget: one cached plan per stage, in stage order.
+
+    No foreign key: it names several uploads. Deleting one of them deletes its
+    plans, and the bundle then reads as gone (``service.store.pipelines``).
+    """
+
+    __tablename__ = "pipeline_plans"
+    __table_args__ = (UniqueConstraint("project", "cache_key"),)
+
+    id: Mapped[str] = _id_column()
+    project: Mapped[str] = mapped_column(String(128), index=True)
+    cache_key: Mapped[str] = mapped_column(String(64))
+    request: Mapped[dict[str, Any]] = mapped_column(JSON)
+    stats_ids: Mapped[list[str]] = mapped_column(JSON)
     plan_ids: Mapped[list[str]] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 

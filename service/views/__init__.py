@@ -11,11 +11,11 @@ from service.lazy import exports
 
 __all__ = [
     # bodies
-    "stats_summary", "module_tree_json", "plan_summary", "sweep_point", "sweep_out",
+    "stats_summary", "module_tree_json", "plan_summary", "sweep_point", "sweep_out", "pipeline_plan_out",
     # rendering
-    "Renderer", "plan_chart_job", "sweep_chart_job", "stats_detail_job", "raise_if_stale",
+    "Renderer", "plan_chart_job", "sweep_chart_job", "pipeline_chart_job", "stats_detail_job", "raise_if_stale",
     # charts
-    "plan_chart", "sweep_chart", "ImageFormat",
+    "plan_chart", "sweep_chart", "pipeline_chart", "ImageFormat",
 ]
 
 __getattr__ = exports(__name__, ("bodies", "rendering", "charts"), __all__)

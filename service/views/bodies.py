@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import json
 
-from planner import GIB, Stats
-from service.schemas import PlanSummary, StatsSummary, SweepOut, SweepPoint
+from datetime import datetime
+from typing import Any
+
+from planner import GIB, Plan, Stats, pipeline_plan_of
+from planner.stats.pipeline import PipelineStageInfo
+from service.schemas import PipelinePlanOut, PlanOut, PlanSummary, StatsSummary, SweepOut, SweepPoint
 from service.store import CachedPlan, PlanRecord, StatsRecord, SweepRecord
 
-__all__ = ["stats_summary", "module_tree_json", "plan_summary", "sweep_point", "sweep_out"]
+__all__ = ["stats_summary", "module_tree_json", "plan_summary", "sweep_point", "sweep_out", "pipeline_plan_out"]
 
 
 def stats_summary(row: StatsRecord) -> StatsSummary:
@@ -70,3 +74,20 @@ def sweep_out(row: SweepRecord, stats: StatsRecord, points: list[SweepPoint], ca
     return SweepOut(id=row.id, stats_id=row.stats_id, cached=cached, created_at=row.created_at,
                     baseline_peak_bytes=stats.baseline_peak_bytes, compute_ms=stats.compute_ms, points=points,
                     chart_url=f"/v1/sweeps/{row.id}/chart.png")
+
+
+def pipeline_plan_out(pipeline_plan_id: str | None, created_at: datetime | None, stats_ids: list[str],
+                      info: PipelineStageInfo, compute_ms: list[float], plans: list[CachedPlan],
+                      memory_budget_gib: float, *, cached: bool) -> PipelinePlanOut:
+    """A pipeline plan from its stage plans (in stage order) and the stages' compute: the planner's answer
+    (:func:`planner.pipeline_plan_of`) with each stage's plan as served and the bundle's id."""
+    answer = pipeline_plan_of(info, compute_ms, [Plan.model_validate(p.plan()) for p in plans], memory_budget_gib)
+    stages = [PlanOut(**_plan_fields(p), id=p.id, stats_id=p.stats_id, cached=p.cached, created_at=p.created_at,
+                      request=p.request) for p in plans]
+    return PipelinePlanOut(**{**answer.model_dump(), "stages": stages}, id=pipeline_plan_id, stats_ids=stats_ids,
+                           cached=cached, created_at=created_at,
+                           chart_url=None if pipeline_plan_id is None else f"/v1/pipeline-plans/{pipeline_plan_id}/chart.png")
+
+
+def _plan_fields(p: CachedPlan) -> dict[str, Any]:
+    return {k: v for k, v in p.plan().items() if k not in ("id", "stats_id", "cached", "created_at", "request")}

@@ -5,7 +5,9 @@ above the memory, the memory stacked by what it is (parameters, gradients,
 optimizer state, activations, the inputs checkpointing holds) without and
 with the plan, the module running at each moment on the x axis (as many
 names as fit), the budget, the peak, and for an infeasible budget the
-smallest budget with a plan.
+smallest budget with a plan. A pipeline's chart has a bar group per stage:
+its peak without and with its plan against the one budget, and under each
+stage the microbatches it holds at once and its time per microbatch.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from planner import GIB, Stats
 from service.views.chart_axes import draw_phase_strip, label_modules, label_phase_strip, short_name
 from service.views.memory_kinds import StepMemory, step_memory
 
-__all__ = ["ImageFormat", "plan_chart", "sweep_chart"]
+__all__ = ["ImageFormat", "plan_chart", "sweep_chart", "pipeline_chart"]
 
 ImageFormat = Literal["png", "svg"]
 
@@ -187,4 +189,46 @@ def sweep_chart(model_name: str, plans: Sequence[dict[str, Any]], baseline_peak_
     ax.set_title(f"{model_name}: recompute time against memory budget", fontsize=11)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
+    return _image(fig, image_format)
+
+
+def pipeline_chart(model_name: str, pipeline: dict[str, Any], *, image_format: ImageFormat = "png") -> bytes:
+    """Every stage's peak without and with its plan against the one budget (a ``PipelinePlan`` as JSON)."""
+    stages = pipeline["stages"]
+    x = np.arange(len(stages))
+    baseline = np.array([p.get("baseline_peak_bytes") or 0 for p in stages], dtype=float)
+    planned = np.array([p.get("peak_bytes") or 0 for p in stages], dtype=float)
+    top = max(float(baseline.max()), float(planned.max()), pipeline["memory_budget_gib"] * GIB,
+              (pipeline.get("min_feasible_budget_gib") or 0.0) * GIB) * 1.12
+    unit = _unit(top)
+    fig = Figure(figsize=(max(6.0, 1.3 * len(stages) + 3.5), 4.8), dpi=100, layout="constrained")
+    ax = fig.add_subplot()
+    ax.bar(x - 0.2, baseline / unit[1], 0.38, color="0.7", label="peak without checkpointing")
+    has_plan = planned > 0
+    if has_plan.any():
+        ax.bar(x[has_plan] + 0.2, planned[has_plan] / unit[1], 0.38, color=KIND_COLORS["activations"],
+               label="peak with the stage's plan")
+    if not has_plan.all():
+        ax.plot(x[~has_plan] + 0.2, [0.0] * int((~has_plan).sum()), linestyle="none", marker="x", color=_BUDGET,
+                markersize=9, label="no plan under the budget")
+        own = [(k, p["min_feasible_budget_gib"]) for k, p in enumerate(stages)
+               if not has_plan[k] and p.get("min_feasible_budget_gib") is not None]
+        if own:  # where each stage without a plan would have one
+            ax.plot([k + 0.2 for k, _ in own], [b * GIB / unit[1] for _, b in own], linestyle="none", marker="_",
+                    markersize=22, markeredgewidth=2.5, color=_MIN_BUDGET, label="the stage's smallest budget")
+    _budget_lines(ax, pipeline, unit)
+    for k, p in enumerate(stages):
+        if has_plan[k]:
+            ax.annotate(_amount(planned[k], unit), (k + 0.2, planned[k] / unit[1]), xytext=(0, 2),
+                        textcoords="offset points", ha="center", va="bottom", fontsize=7)
+    ms = pipeline.get("stage_ms") or [None] * len(stages)
+    ax.set_xticks(x, [f"stage {k}\n{n} in flight" + ("" if t is None else f"\n{t:.3g} ms/microbatch")
+                      for k, (n, t) in enumerate(zip(pipeline["in_flight"], ms))], fontsize=8)
+    ax.set_ylim(0, top / unit[1])
+    ax.set_ylabel(f"peak memory per device, {unit[0]}")
+    ax.grid(axis="y", alpha=0.3)
+    step = pipeline.get("step_ms")
+    ax.set_title(f"{model_name}: {len(stages)} stages, {pipeline['schedule']}, {pipeline['microbatches']} microbatches, "
+                 + (f"step {step:.4g} ms predicted" if step is not None else "no plan for every stage"), fontsize=10)
+    ax.legend(fontsize=8, loc="upper right")
     return _image(fig, image_format)

@@ -30,7 +30,7 @@ from typing import Any
 
 from service.errors import RenderMemoryExceeded, SolverBusy, SolverFailed, StoredStatsInvalid
 
-__all__ = ["Renderer", "plan_chart_job", "sweep_chart_job", "stats_detail_job", "raise_if_stale"]
+__all__ = ["Renderer", "plan_chart_job", "sweep_chart_job", "pipeline_chart_job", "stats_detail_job", "raise_if_stale"]
 
 _JOBS_PER_PROCESS = 20
 _WATCH_S = 0.05  # how often the render processes' memory is looked at while a job runs
@@ -211,6 +211,12 @@ def sweep_chart_job(model_name: str, plans: list[str], baseline_peak_bytes: int)
     from service.views.charts import sweep_chart
 
     return sweep_chart(model_name, [json.loads(p) for p in plans], baseline_peak_bytes)
+
+
+def pipeline_chart_job(model_name: str, pipeline_json: str) -> bytes:
+    from service.views.charts import pipeline_chart
+
+    return pipeline_chart(model_name, json.loads(pipeline_json))
 
 
 def stats_detail_job(stats_id: Any, document: str, summary_json: str) -> bytes | dict[str, Any]:

@@ -47,4 +47,4 @@ def test_the_openapi_document_tells_the_truth(tmp_path, auth):
     finally:
         server.stop()
     assert done.returncode == 0, done.stdout[-15000:] + done.stderr[-3000:]
-    assert "13 selected / 13 total" in done.stdout  # every operation was tested
+    assert "16 selected / 16 total" in done.stdout  # every operation was tested

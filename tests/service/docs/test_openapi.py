@@ -91,7 +91,9 @@ EXAMPLED = {("/v1/stats", "post", "201"): "StatsSummary", ("/v1/stats", "post", 
             ("/v1/stats/{stats_id}", "get", "200"): "StatsDetail", ("/v1/plans", "post", "201"): "PlanOut",
             ("/v1/plans", "post", "200"): "PlanOut", ("/v1/plans/{plan_id}", "get", "200"): "PlanOut",
             ("/v1/sweeps", "post", "201"): "SweepOut", ("/v1/sweeps", "post", "200"): "SweepOut",
-            ("/v1/sweeps/{sweep_id}", "get", "200"): "SweepOut"}
+            ("/v1/sweeps/{sweep_id}", "get", "200"): "SweepOut",
+            ("/v1/pipeline-plans", "post", "201"): "PipelinePlanOut", ("/v1/pipeline-plans", "post", "200"): "PipelinePlanOut",
+            ("/v1/pipeline-plans/{pipeline_plan_id}", "get", "200"): "PipelinePlanOut"}
 
 
 def test_response_examples_validate_against_their_models(client):
@@ -246,3 +248,30 @@ def test_the_document_and_the_docs_show_the_package_version(client):
 def test_the_root_redirects_to_the_docs(client):
     r = client.get("/", follow_redirects=False)
     assert r.status_code in (302, 307) and r.headers["location"] == "/docs"
+
+
+def _pipeline_without_times(answer: dict) -> dict:
+    """As ``_without_times``, each stage's plan without its times too."""
+    stages = [{k: v for k, v in p.items() if k not in ("created_at", "solve_seconds")} for p in answer["stages"]]
+    return _without_times({**answer, "stages": stages})
+
+
+def test_the_pipeline_example_is_what_the_service_answers(client):
+    """The pipeline plan's request example is its fields' (ids of the example stages); uploaded, they answer it."""
+    from service.examples import EXAMPLE_PIPELINE_STATS
+
+    spec = client.get("/openapi.json").json()
+    fields = spec["components"]["schemas"]["PipelinePlanRequest"]["properties"]
+    answers = spec["paths"]["/v1/pipeline-plans"]["post"]["responses"]
+    ids = [client.post("/v1/stats", json=doc).json()["id"] for doc in EXAMPLE_PIPELINE_STATS]
+    assert len(fields["stats_ids"]["examples"][0]) == len(ids)
+    body = {"stats_ids": ids, "memory_budget_gib": fields["memory_budget_gib"]["examples"][0]}
+    made = client.post("/v1/pipeline-plans", json=body)
+    assert made.status_code == 201, made.text
+    assert made.json()["status"] == "optimal" and all(p["modules"] for p in made.json()["stages"])
+    assert _pipeline_without_times(made.json()) == _pipeline_without_times(answers["201"]["content"]["application/json"]["example"])
+    again = client.post("/v1/pipeline-plans", json=body)
+    assert _pipeline_without_times(again.json()) == _pipeline_without_times(answers["200"]["content"]["application/json"]["example"])
+    read = spec["paths"]["/v1/pipeline-plans/{pipeline_plan_id}"]["get"]["responses"]["200"]
+    assert _pipeline_without_times(client.get(f"/v1/pipeline-plans/{made.json()['id']}").json()) == _pipeline_without_times(
+        read["content"]["application/json"]["example"])

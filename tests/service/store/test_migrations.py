@@ -49,7 +49,7 @@ def test_upgrade_is_idempotent_and_sqlite_uses_wal(tmp_path):
 
 
 def test_migrations_render_for_postgresql():
-    # The schema migrations (0001, 0003, 0004) render as PostgreSQL SQL (offline mode); 0002 converts data, so it runs
+    # The schema migrations (0001, 0003, 0004, 0005) render as PostgreSQL SQL (offline mode); 0002 converts data, so it runs
     # only against a live database (test_opaque_ids_migration.py, on the suite's PostgreSQL server).
     import io
 
@@ -63,7 +63,7 @@ def test_migrations_render_for_postgresql():
         command.upgrade(cfg, revisions, sql=True)
         return cfg.output_buffer.getvalue()
 
-    sql = render("0001") + render("0002:0004")
+    sql = render("0001") + render("0002:0005")
     for table in Base.metadata.tables:
         assert f"CREATE TABLE {table} (" in sql
     assert "TIMESTAMP WITH TIME ZONE" in sql and "ON DELETE CASCADE" in sql
