@@ -117,7 +117,8 @@ def test_the_probe_finds_the_zero_gradients_the_compiled_backward_is_handed(fami
     inputs = convert.tree(b.inputs)
     try:
         with fake:
-            got = zero_gradient_outputs(b.model, lambda m: forward_and_loss(m, inputs, None, None)[1], "aot_eager")
+            got = zero_gradient_outputs(b.model, lambda m: forward_and_loss(m, inputs, None, None)[1],
+                                        "aot_eager").zero_gradients
     finally:
         restore()
     assert (((2, 16, 512), torch.float32) in got) == logits_get_zeros, got
