@@ -11,16 +11,14 @@ one training step runs, and three things watch it:
 * a :class:`TimelineRecorder` keeps the instants of most live memory (the
   stats' ``timeline``), with a module's later calls (:mod:`estimators.collect.repeat_calls`).
 
-Beneath them, :class:`~estimators.collect.input_values.InputValues` follows
-the batch's values through the forward (inputs made on the CPU keep them),
-so model code that branches on the batch takes the real batch's path; the
-reads it answered are tagged ``batch_values_read``. The step runs with every
-Hugging Face ``use_cache`` off, as training and ``apply_plan`` run it.
+Beneath them, :class:`~estimators.collect.input_values.InputValues` follows the batch's values through the
+forward (inputs made on the CPU keep them), so model code that branches on the batch takes the real batch's
+path; the reads it answered are tagged ``batch_values_read``. The step runs with every Hugging Face
+``use_cache`` off, as training and ``apply_plan`` run it.
 
-The op lists skip exactly ``torch.utils.checkpoint.SAC_IGNORED_OPS``, so they
-are the sequence a selective-checkpoint policy function sees when the module
-runs under ``torch.utils.checkpoint``: :func:`estimators.apply_plan` matches
-ops by position and checks their names.
+The op lists skip exactly ``torch.utils.checkpoint.SAC_IGNORED_OPS``, so they are the sequence a
+selective-checkpoint policy function sees when the module runs under ``torch.utils.checkpoint``:
+:func:`estimators.apply_plan` matches ops by position and checks their names.
 """
 
 from __future__ import annotations
@@ -310,8 +308,7 @@ class _Step:
             if self.compile_backend is not None:
                 with fake:
                     self.probe = zero_gradient_outputs(
-                        model, lambda m: forward_and_loss(m, fake_in, fake_loss, loss_fn)[1], self.compile_backend,
-                        lambda m: self._eager_loss(m, fake_in, fake_loss, loss_fn))
+                        model, lambda m: forward_and_loss(m, fake_in, fake_loss, loss_fn)[1], self.compile_backend)
             book.add_tensors(list(model.parameters()), PARAM)
             book.add_tensors(model.buffers(), BUFFER)
             book.add_tensors(tensors_in(fake_in) + list(convert.memo.values()), INPUT)  # with what loss_fn captured
@@ -320,6 +317,9 @@ class _Step:
             routing = RoutingMode(moe_routing or MoeRouting())
             with fake, self.values, routing, col, col.sharded or nullcontext():
                 opt_bytes = self._training_step(fake_in, fake_loss, loss_fn, emulation, training, device, params)
+            if self.probe is not None:  # after the step: a forward more before it would change the step's ops
+                with fake, traced_ops():
+                    self.probe.count_eager(model, lambda m: self._eager_loss(m, fake_in, fake_loss, loss_fn))
             stats = build_stats(model, self.mods, col, hooks, opt_bytes, book, metadata)
             stats.metadata.model_settings.update(routing.settings(model))
             tag_batch_values(stats, self.values)

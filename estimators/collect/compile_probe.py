@@ -18,7 +18,6 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from estimators.collect.fake_step import traced_ops
 from estimators.common import tensors_in
 
 __all__ = ["mark_compiled", "zero_gradient_outputs", "CompiledProbe", "credit_compiled_saves"]
@@ -169,27 +168,32 @@ def saved_by_module(fw: torch.fx.GraphModule, bw: torch.fx.GraphModule) -> dict[
 class CompiledProbe:
     """What one compiled step on the fake model showed (see :func:`zero_gradient_outputs`)."""
 
-    def __init__(self, zero_gradients: list[tuple[tuple[int, ...], torch.dtype]], fewer_saved: dict[str, int]):
+    def __init__(self, zero_gradients: list[tuple[tuple[int, ...], torch.dtype]], compiled_saved: dict[str, int]):
         self.zero_gradients = zero_gradients
-        self.fewer_saved = fewer_saved  # per fqn relative to the compiled module: bytes the compiled forward saves fewer than eager
+        self.compiled_saved = compiled_saved  # per fqn relative to the compiled module: what its forward saves
+        self.fewer_saved: dict[str, int] = {}  # the same, what the eager forward saves more (:meth:`count_eager`)
+
+    def count_eager(self, model: nn.Module, eager_step: Any) -> None:
+        """Fill ``fewer_saved``: ``eager_step(model)`` runs the forward and loss as the stats' step does (the
+        batch's path; under :func:`traced_ops`) and returns the loss."""
+        eager = eager_saved_by_module(model, eager_step)
+        for fqn, nbytes in self.compiled_saved.items():
+            eager[fqn] = eager.get(fqn, 0) - nbytes
+        self.fewer_saved = eager
 
 
-def zero_gradient_outputs(model: nn.Module, run_step: Any, backend: str, eager_step: Any = None) -> CompiledProbe:
+def zero_gradient_outputs(model: nn.Module, run_step: Any, backend: str) -> CompiledProbe:
     """Shape and dtype of each gradient of zeros the compiled backward is handed, from one compiled step, and
     what its partitioner saves fewer than eager per module.
 
     ``run_step(model)`` runs forward and loss on the fake inputs and returns
-    the loss; ``eager_step(model)`` the same as the eager step runs them (by
-    default ``run_step`` under :func:`traced_ops`). The step's gradients are
-    dropped and dynamo reset afterwards.
+    the loss. The step's gradients are dropped and dynamo reset afterwards.
     """
     from torch._dynamo.backends.common import aot_autograd
     from torch._dynamo.backends.debugging import boxed_nop
 
     del backend  # inductor's AOT partitioning hands out the same tangents; aot_eager's needs no C++ compiler
     probe = _ZeroTangents()
-    with traced_ops():  # the ops the graph traces (and the stats' step runs)
-        eager = eager_saved_by_module(model, eager_step or run_step)
     # aot_eager's own settings (torch/_dynamo/backends/debugging.py), its partition recorded
     compiled = torch.compile(model, backend=aot_autograd(fw_compiler=boxed_nop, bw_compiler=probe.backward_compiler,
                                                          partition_fn=probe.partition,
@@ -208,9 +212,7 @@ def zero_gradient_outputs(model: nn.Module, run_step: Any, backend: str, eager_s
         for p in model.parameters():
             p.grad = None
         torch._dynamo.reset()  # layout: allow-private (the probe's graphs hold the fake model)
-    for fqn, nbytes in probe.compiled_saved.items():
-        eager[fqn] = eager.get(fqn, 0) - nbytes
-    return CompiledProbe(probe.made, eager)
+    return CompiledProbe(probe.made, probe.compiled_saved)
 
 
 def _fqn_of(path: str, root: str, fqns: set[str]) -> str:
