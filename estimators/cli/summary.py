@@ -48,11 +48,13 @@ def collect_summary(result: Any, out: str, guidance: Guidance | None) -> str:
 def _compiled_text(backend: str) -> str:
     """What a plan from stats collected under ``backend`` predicts, and what is checked (docs/apply.md)."""
     kept = ("predicted: the compiled step (ops as AOTAutograd traces them, the zero gradients its backward is "
-            "handed); outside checkpointed modules AOT's partitioner may keep less than counted")
+            "handed)")
     if backend == "aot_eager":
-        return (f"aot_eager, {kept}; checked: apply_plan(..., compile_backend='aot_eager') aligns the traced ops, "
-                f"measure_steps measures the compiled step's real peak")
-    return (f"inductor, {kept}, and fused kernels change what is kept; checked: apply_plan(..., "
+        return (f"aot_eager, {kept}, outside checkpointed modules what its partitioner saves; checked: "
+                f"apply_plan(..., compile_backend='aot_eager') aligns the traced ops, measure_steps measures the "
+                f"compiled step's real peak")
+    return (f"inductor, {kept}; outside checkpointed modules AOT's partitioner may keep less than counted, and "
+            f"fused kernels change what is kept; checked: apply_plan(..., "
             f"compile_backend='inductor') aligns the traced ops, not the peak (its buffers are not seen here)")
 
 

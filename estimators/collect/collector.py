@@ -1,29 +1,24 @@
 """One-pass stats collector: forward, backward and optimizer step under FakeTensorMode.
 
-The model's parameters, buffers and the example inputs are swapped for fake
-tensors (no memory, no compute), one training step runs, and three things
-watch it:
+The model's parameters, buffers and the example inputs are swapped for fake tensors (no memory, no compute),
+one training step runs, and three things watch it:
 
-* global module hooks give the forward pre/post order and, through
-  multi-grad hooks, each module's backward span (modules whose backward hooks
-  never fire, e.g. rotary embeddings, simply have no backward span);
-* a dispatch mode sees every ATen op: it registers new storages in a
-  :class:`StorageBook`, prices the op with the cost model and, in forward,
-  appends it to the op list of every active non-leaf module;
+* global module hooks give the forward pre/post order and, through multi-grad hooks, each module's backward
+  span (modules whose backward hooks never fire, e.g. rotary embeddings, simply have no backward span);
+* a dispatch mode sees every ATen op: it registers new storages in a :class:`StorageBook`, prices the op with
+  the cost model and, in forward, appends it to the op list of every active non-leaf module;
 * ``saved_tensors_hooks`` record which storages autograd saves;
 * a :class:`TimelineRecorder` keeps the instants of most live memory (the
   stats' ``timeline``), with a module's later calls (:mod:`estimators.collect.repeat_calls`).
 
-Beneath them, :class:`~estimators.collect.input_values.InputValues` follows
-the batch's values through the forward (inputs made on the CPU keep them),
-so model code that branches on the batch takes the real batch's path; the
-reads it answered are tagged ``batch_values_read``. The step runs with every
-Hugging Face ``use_cache`` off, as training and ``apply_plan`` run it.
+Beneath them, :class:`~estimators.collect.input_values.InputValues` follows the batch's values through the
+forward (inputs made on the CPU keep them), so model code that branches on the batch takes the real batch's
+path; the reads it answered are tagged ``batch_values_read``. The step runs with every Hugging Face
+``use_cache`` off, as training and ``apply_plan`` run it.
 
-The op lists skip exactly ``torch.utils.checkpoint.SAC_IGNORED_OPS``, so they
-are the sequence a selective-checkpoint policy function sees when the module
-runs under ``torch.utils.checkpoint``: :func:`estimators.apply_plan` matches
-ops by position and checks their names.
+The op lists skip exactly ``torch.utils.checkpoint.SAC_IGNORED_OPS``, so they are the sequence a
+selective-checkpoint policy function sees when the module runs under ``torch.utils.checkpoint``:
+:func:`estimators.apply_plan` matches ops by position and checks their names.
 """
 
 from __future__ import annotations
@@ -38,7 +33,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from estimators.collect.assemble import build_stats
-from estimators.collect.compile_probe import mark_compiled, zero_gradient_outputs
+from estimators.collect.compile_probe import CompiledProbe, mark_compiled, zero_gradient_outputs
 from estimators.collect.fake_step import (FakeConverter, fake_loss_fn, fakeify, forward_and_loss, optimizer_bytes,
                                          traced_ops, with_zero_gradients)
 from estimators.collect.emulation import attention_emulation
@@ -252,7 +247,7 @@ def collect_stats(
                          emulation, moe_routing, describe_loop(with_model_settings(metadata, model), optimizer,
                                                                optimizer_kwargs, loop))
     if compile_backend is not None:
-        mark_compiled(stats, compile_backend)
+        mark_compiled(stats, compile_backend, step.probe)
     if parallel is not None:
         record_sharding(stats, fsdp, units, parallel, step.tp_plan)
     if checkpoint_overhead_us_per_op is not None or measure_checkpoint_overhead:
@@ -284,7 +279,7 @@ class _Step:
         self.tp_plan: str | None = None  # what tensor parallel applied
         self.optimizer_built: torch.optim.Optimizer | None = None
         self.compile_backend: str | None = None  # the step runs compiled whole
-        self.zero_gradients: list[tuple[tuple[int, ...], torch.dtype]] = []  # what the compiled backward is handed
+        self.probe: CompiledProbe | None = None  # what the compiled step on the fake model showed
 
     def shard(self, setup: ParallelDims, units: list[str], mesh: Any) -> None:
         """Run the step parallelized: TP over ``mesh``'s ``tp`` dimension, then ``fully_shard`` the (copied)
@@ -312,7 +307,7 @@ class _Step:
             restores.append(restore_loss)
             if self.compile_backend is not None:
                 with fake:
-                    self.zero_gradients = zero_gradient_outputs(
+                    self.probe = zero_gradient_outputs(
                         model, lambda m: forward_and_loss(m, fake_in, fake_loss, loss_fn)[1], self.compile_backend)
             book.add_tensors(list(model.parameters()), PARAM)
             book.add_tensors(model.buffers(), BUFFER)
@@ -322,6 +317,9 @@ class _Step:
             routing = RoutingMode(moe_routing or MoeRouting())
             with fake, self.values, routing, col, col.sharded or nullcontext():
                 opt_bytes = self._training_step(fake_in, fake_loss, loss_fn, emulation, training, device, params)
+            if self.probe is not None:  # after the step: a forward more before it would change the step's ops
+                with fake, traced_ops():
+                    self.probe.count_eager(model, lambda m: self._eager_loss(m, fake_in, fake_loss, loss_fn))
             stats = build_stats(model, self.mods, col, hooks, opt_bytes, book, metadata)
             stats.metadata.model_settings.update(routing.settings(model))
             tag_batch_values(stats, self.values)
@@ -362,6 +360,11 @@ class _Step:
         self.optimizer_built = opt
         return optimizer_bytes(opt, self.book)
 
+    @staticmethod
+    def _eager_loss(model: nn.Module, fake_in: Any, fake_loss: Any, loss_fn: Any) -> torch.Tensor:
+        with (values := InputValues()).activated(), hf_fake_as_real(model, values), one_hot_as_on_device():
+            return forward_and_loss(model, fake_in, fake_loss, loss_fn)[1]  # the batch's path, as the step's
+
     def _micro_batch(self, hooks: ModuleHooks, fake_in: Any, fake_loss: Any, loss_fn: Any, emulation: Any,
                      loop: TrainingLoop, scaler: Any, device: torch.device, params: list[nn.Parameter]) -> None:
         model, col = self.model, self.col
@@ -375,8 +378,8 @@ class _Step:
                   traced()):
                 output, loss = forward_and_loss(model, fake_in, fake_loss, loss_fn)
                 unmatched: list[torch.Tensor] = []  # zero gradients held to the backward's end
-                if self.zero_gradients:
-                    loss = with_zero_gradients(loss, output, self.zero_gradients, unmatched)
+                if self.probe is not None and self.probe.zero_gradients:  # what the compiled backward is handed
+                    loss = with_zero_gradients(loss, output, self.probe.zero_gradients, unmatched)
             del output  # as a training loop does: `loss = model(**batch).loss; loss.backward()`
             col.phase = TEMP
             col.timeline.enter(BACKWARD)

@@ -3,21 +3,24 @@
 ``torch.compile`` runs on fake tensors: dynamo traces the fake model, AOTAutograd partitions each graph as
 ``aot_eager`` does (``inductor`` partitions alike; its kernels only change what runs inside), and the graphs
 run on the fake tensors. What the probe reads: the gradients of zeros the compiled backward is handed for
-graph outputs that get none. Where dynamo breaks the graph (Hugging Face's GPT-2 logs a warning before its
+graph outputs that get none, and, under ``aot_eager``, what its partitioner saves for the backward per module
+(:func:`credit_compiled_saves`). Where dynamo breaks the graph (Hugging Face's GPT-2 logs a warning before its
 loss: the loss is a graph of its own, whose backward sends the logits their real gradient) there are none, so
 it is the compiled run, not the model's outputs, that says which outputs get them.
 """
 
 from __future__ import annotations
 
-import functools
+import re
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["mark_compiled", "zero_gradient_outputs"]
+from estimators.common import tensors_in
+
+__all__ = ["mark_compiled", "zero_gradient_outputs", "CompiledProbe", "credit_compiled_saves"]
 
 _ZERO_MAKERS = {torch.ops.aten.zeros.default, torch.ops.aten.zeros_like.default, torch.ops.aten.new_zeros.default}
 
@@ -31,6 +34,7 @@ class _ZeroTangents(TorchDispatchMode):
         super().__init__()
         self.in_graph = 0
         self.made: list[tuple[tuple[int, ...], torch.dtype]] = []
+        self.compiled_saved: dict[str, int] = {}  # per module fqn (relative), what the partitioned forward saves
 
     @classmethod
     def ignore_compile_internals(cls) -> bool:
@@ -55,17 +59,145 @@ class _ZeroTangents(TorchDispatchMode):
         return make_boxed_func(run)
 
 
-def zero_gradient_outputs(model: nn.Module, run_step: Any, backend: str) -> list[tuple[tuple[int, ...], torch.dtype]]:
-    """Shape and dtype of each gradient of zeros the compiled backward is handed, from one compiled step.
+    def partition(self, joint: torch.fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> Any:
+        """``aot_eager``'s partition (the min-cut one), what it saves recorded per module in ``compiled_saved``."""
+        from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+        fw, bw = min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
+        for path, nbytes in saved_by_module(fw, bw).items():
+            fqn = _relative_fqn(path)
+            self.compiled_saved[fqn] = self.compiled_saved.get(fqn, 0) + nbytes
+        return fw, bw
+
+
+def _storage_key(t: torch.Tensor) -> int:
+    return t.untyped_storage()._cdata  # layout: allow-private (a fake storage's only identity, as StorageBook's)
+
+
+class _Creators(TorchDispatchMode):
+    """Which module made each storage, while the eager forward runs: the innermost one running."""
+
+    def __init__(self, running: list[str]) -> None:
+        super().__init__()
+        self.running = running
+        self.made: dict[int, tuple[str, int, Any]] = {}  # storage -> (module fqn, bytes, a tensor holding it)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        taken = {_storage_key(t) for t in tensors_in((args, kwargs)) if t.layout == torch.strided}
+        for t in tensors_in(out):  # a view's or in-place op's output is not made here: a parameter's transpose
+            if t.layout == torch.strided and _storage_key(t) not in taken:
+                self.made.setdefault(_storage_key(t), (self.running[-1], t.untyped_storage().nbytes(), t))
+        return out
+
+
+def eager_saved_by_module(model: nn.Module, run_step: Any) -> dict[str, int]:
+    """Bytes the eager forward and loss save for the backward, per innermost module (fqn relative to ``model``,
+    ``""`` the root) that made each storage; storages made before the step (parameters, inputs) do not count."""
+    running = [""]
+    handles = []
+
+    def leave(*_: Any) -> None:  # a hook returning something would replace the module's output
+        running.pop()
+
+    for fqn, mod in model.named_modules():
+        handles.append(mod.register_forward_pre_hook(lambda m, a, fqn=fqn: running.append(fqn)))
+        handles.append(mod.register_forward_hook(leave, always_call=True))
+    creators = _Creators(running)
+    saved: dict[int, str] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if t.layout == torch.strided:
+            if (key := _storage_key(t)) in creators.made:
+                saved.setdefault(key, creators.made[key][0])
+        return t
+
+    try:
+        with creators, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = run_step(model)
+        del loss
+    finally:
+        for h in handles:
+            h.remove()
+    out: dict[str, int] = {}
+    for key, fqn in saved.items():
+        out[fqn] = out.get(fqn, 0) + creators.made[key][1]
+    return out
+
+
+def _relative_fqn(path: str) -> str:
+    """A dynamo module path (``L['self'].model.layers[0].mlp``, ``L['args'][0].model...``) as an fqn relative
+    to the compiled module."""
+    path = re.sub(r"^L\[[^\]]*\](\[\d+\])?\.?", "", path)
+    return re.sub(r"\[(\d+)\]", r".\1", path).replace("_modules['", "").replace("']", "")
+
+
+def _base(node: torch.fx.Node) -> torch.fx.Node:
+    """The node whose storage ``node`` shares: through view ops (their first argument aliases the output)."""
+    while node.op == "call_function" and node.args and isinstance(node.args[0], torch.fx.Node):
+        schema = getattr(node.target, "_schema", None)
+        if schema is None or not schema.arguments or schema.arguments[0].alias_info is None:
+            break
+        node = node.args[0]
+    return node
+
+
+def saved_by_module(fw: torch.fx.GraphModule, bw: torch.fx.GraphModule) -> dict[str, int]:
+    """Bytes the forward graph ``fw`` saves for the backward graph ``bw``, per innermost module path of the node
+    that made each storage (``nn_module_stack``; ``""`` outside every module). Inputs and parameters are not
+    activations, and a saved tensor the forward also returns (the logits) is live as an output anyway: neither
+    counts, as eager stats count neither in a module's saved bytes."""
+    saved = [n.name for n in bw.graph.nodes if n.op == "placeholder" and not n.name.startswith("tangents")]
+    nodes = {n.name: n for n in fw.graph.nodes}
+    outputs = [a for a in next(n for n in fw.graph.nodes if n.op == "output").args[0]]
+    returned = {_base(a) for a in outputs[:len(outputs) - len(saved)] if isinstance(a, torch.fx.Node)}
+    out: dict[str, int] = {}
+    seen: set[torch.fx.Node] = set()
+    for name in saved:
+        base = _base(nodes[name])
+        val = base.meta.get("val")
+        if base.op == "placeholder" or base in returned or base in seen or not isinstance(val, torch.Tensor):
+            continue
+        seen.add(base)
+        stack = list((base.meta.get("nn_module_stack") or {}).values())
+        path = stack[-1][0] if stack else ""
+        out[path] = out.get(path, 0) + val.untyped_storage().nbytes()
+    return out
+
+
+class CompiledProbe:
+    """What one compiled step on the fake model showed (see :func:`zero_gradient_outputs`)."""
+
+    def __init__(self, zero_gradients: list[tuple[tuple[int, ...], torch.dtype]], compiled_saved: dict[str, int]):
+        self.zero_gradients = zero_gradients
+        self.compiled_saved = compiled_saved  # per fqn relative to the compiled module: what its forward saves
+        self.fewer_saved: dict[str, int] = {}  # the same, what the eager forward saves more (:meth:`count_eager`)
+
+    def count_eager(self, model: nn.Module, eager_step: Any) -> None:
+        """Fill ``fewer_saved``: ``eager_step(model)`` runs the forward and loss as the stats' step does (the
+        batch's path; under :func:`traced_ops`) and returns the loss."""
+        eager = eager_saved_by_module(model, eager_step)
+        for fqn, nbytes in self.compiled_saved.items():
+            eager[fqn] = eager.get(fqn, 0) - nbytes
+        self.fewer_saved = eager
+
+
+def zero_gradient_outputs(model: nn.Module, run_step: Any, backend: str) -> CompiledProbe:
+    """Shape and dtype of each gradient of zeros the compiled backward is handed, from one compiled step, and
+    what its partitioner saves fewer than eager per module.
 
     ``run_step(model)`` runs forward and loss on the fake inputs and returns
     the loss. The step's gradients are dropped and dynamo reset afterwards.
     """
-    from torch._dynamo.backends.debugging import aot_eager
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._dynamo.backends.debugging import boxed_nop
 
     del backend  # inductor's AOT partitioning hands out the same tangents; aot_eager's needs no C++ compiler
     probe = _ZeroTangents()
-    compiled = torch.compile(model, backend=functools.partial(aot_eager, bw_compiler=probe.backward_compiler))
+    # aot_eager's own settings (torch/_dynamo/backends/debugging.py), its partition recorded
+    compiled = torch.compile(model, backend=aot_autograd(fw_compiler=boxed_nop, bw_compiler=probe.backward_compiler,
+                                                         partition_fn=probe.partition,
+                                                         keep_inference_input_mutations=True))
     torch._dynamo.reset()  # layout: allow-private (no graph of an earlier compile may answer)
     try:
         loss = run_step(compiled)
@@ -80,12 +212,57 @@ def zero_gradient_outputs(model: nn.Module, run_step: Any, backend: str) -> list
         for p in model.parameters():
             p.grad = None
         torch._dynamo.reset()  # layout: allow-private (the probe's graphs hold the fake model)
-    return probe.made
+    return CompiledProbe(probe.made, probe.compiled_saved)
 
 
-def mark_compiled(stats: Any, backend: str) -> None:
+def _fqn_of(path: str, root: str, fqns: set[str]) -> str:
+    """The stats fqn of a module ``path`` relative to the root: the innermost module of the stats on it."""
+    parts = [p for p in path.split(".") if p]
+    while parts and ".".join([root, *parts]) not in fqns:
+        parts.pop()
+    return ".".join([root, *parts])
+
+
+def credit_compiled_saves(stats: Any, fewer_saved: dict[str, int]) -> None:
+    """Make the stats describe what the compiled step keeps: per module, ``fewer_saved`` bytes (eager saves less
+    the partitioner's, by the innermost module of the node that made them) come off ``act_saved_bytes`` of that
+    module and of every module around it, and off the live activations of every moment while its forward has
+    ended and its backward not begun (forward and backward moments whose key passes its fw_post_order position,
+    as a checkpointing discard is counted). A module a plan checkpoints discards from the compiled figure."""
+    order = stats.fw_post_order
+    fqns = set(order)
+    root = next(m.fqn for m in stats.modules if m.parent is None)
+    per_fqn: dict[str, int] = {}
+    for path, nbytes in fewer_saved.items():
+        fqn = _fqn_of(path, root, fqns)
+        fqn = fqn if fqn in fqns else root
+        per_fqn[fqn] = per_fqn.get(fqn, 0) + nbytes
+    inside: dict[str, int] = {}
+    for fqn, nbytes in per_fqn.items():
+        up: str | None = fqn
+        while up is not None:
+            inside[up] = inside.get(up, 0) + nbytes
+            up = stats.module(up).parent
+    for m in stats.modules:
+        m.act_saved_bytes = max(0, m.act_saved_bytes - inside.get(m.fqn, 0))
+    position = {fqn: k for k, fqn in enumerate(order)}
+    ended = [0] * (len(order) + 1)  # by key: bytes of the modules at positions below it
+    for fqn, nbytes in per_fqn.items():
+        ended[position[fqn] + 1] += nbytes
+    for k in range(1, len(ended)):
+        ended[k] += ended[k - 1]
+    for t in stats.timeline or ():
+        if t.phase in ("forward", "backward"):
+            t.activation_bytes = max(0, t.activation_bytes - ended[min(t.key, len(order))])
+
+
+def mark_compiled(stats: Any, backend: str, probe: CompiledProbe | None = None) -> None:
     """Record the compile backend in the stats' model settings, and save every random op: a traced
-    recomputation cannot replay the RNG on the CPU, so apply saves random ops under compile."""
+    recomputation cannot replay the RNG on the CPU, so apply saves random ops under compile. Under
+    ``aot_eager``, the stats then count what its partitioner saves (``probe``: :func:`credit_compiled_saves`);
+    inductor's partitioner runs with settings of its own, not followed here."""
     stats.metadata.model_settings["compile_backend"] = backend
     for m in stats.modules:
         m.force_store_random = m.force_store_random or any(op.random for op in m.ops or ())
+    if backend == "aot_eager" and probe is not None:
+        credit_compiled_saves(stats, probe.fewer_saved)

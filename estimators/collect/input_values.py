@@ -26,6 +26,8 @@ those are not the batch's and are not recorded.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from contextlib import ExitStack
 from typing import Any
 
@@ -86,6 +88,16 @@ class InputValues(TorchDispatchMode):
         self.reads: list[str] = []
         self.unanswered: list[str] = []
         self.unknown: list[str] = []
+
+    @contextlib.contextmanager
+    def activated(self) -> Iterator[InputValues]:
+        """This mode entered and acting, for one more run of the forward (the compiled step's probe)."""
+        self.active = True
+        try:
+            with self:
+                yield self
+        finally:
+            self.active = False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
