@@ -103,3 +103,15 @@ def test_a_document_without_a_pipeline_is_refused_and_keeps_its_fields():
     bad["metadata"]["pipeline"]["stage"] = 2
     with pytest.raises(ValueError, match="pipeline.stage 2 is out of range for 2 stages"):
         parse_stats(bad)
+
+
+def test_interleaved_stage_info_needs_one_chunk_entry_per_virtual_stage():
+    from planner.stats.pipeline import PipelineChunkInfo, PipelineStageInfo
+
+    base = dict(stage=0, stages=2, microbatches=4, held_bytes=1, buffer_bytes=1)
+    chunk = PipelineChunkInfo(stage_index=0, modules=["M.model.layers.0"], held_bytes=1, output_bytes=1)
+    with pytest.raises(ValueError, match="pipeline.chunks must be given exactly for interleaved-1f1b"):
+        PipelineStageInfo(schedule="interleaved-1f1b", virtual_stages=2, **base)
+    with pytest.raises(ValueError, match="pipeline.chunks has 1 entries for virtual_stages 2"):
+        PipelineStageInfo(schedule="interleaved-1f1b", virtual_stages=2, chunks=[chunk], **base)
+    assert "chunks" not in PipelineStageInfo(schedule="1f1b", **base).model_dump()  # absent: stored ids unchanged
