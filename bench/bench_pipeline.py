@@ -148,6 +148,10 @@ def main(argv: list[str] | None = None) -> int:
     CONFIG["model_type"] = args.family
     if STAGES != 2 or args.family != "llama":
         SECTION = f"## Pipeline parallel: {STAGES} stages, {args.family}"
+    if STAGES == 2 and MICROBATCHES != 4:  # the matrix's other microbatch count: its own section
+        SECTION = f"## Pipeline parallel: {STAGES} stages x {MICROBATCHES} microbatches, {args.family}"
+    if STAGES != 2 and args.schedules == "gpipe":  # the 1f1b section of these stages stays as it is
+        SECTION = f"## Pipeline parallel: {STAGES} stages, {args.family}, gpipe"
     if "interleaved-1f1b" in args.schedules:
         SECTION = f"## Pipeline parallel: interleaved 1F1B, {STAGES} ranks x {VIRTUAL} chunks, {args.family}"
     t0 = time.perf_counter()
@@ -155,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     command = "python bench/bench_pipeline.py --write" + (
         f" --stages {STAGES} --microbatches {MICROBATCHES} --batch {BATCH} --schedules {args.schedules}"
         if STAGES != 2 else "") + (f" --family {args.family}" if args.family != "llama" else "") + (
-        f" --schedules {args.schedules}" if STAGES == 2 and args.schedules != "1f1b,gpipe" else "")
+        f" --schedules {args.schedules}" if STAGES == 2 and args.schedules != "1f1b,gpipe" else "") + (
+        f" --microbatches {MICROBATCHES} --batch {BATCH}" if STAGES == 2 and MICROBATCHES != 4 else "")
     text = report(rows, command, (time.perf_counter() - t0) / 60)
     print(text)
     if args.write:

@@ -25,7 +25,7 @@ from planner.pipeline_planning import PipelinePlan, pipeline_step_ms, plan_pipel
 from planner.pipeline_schedule import in_flight
 from planner.stats.format import Stats
 
-__all__ = ["SplitChoice", "choose_pipeline_split"]
+__all__ = ["SplitChoice", "best_split", "choose_pipeline_split"]
 
 _LAYER = re.compile(r"\.layers\.(\d+)$")
 
@@ -86,7 +86,7 @@ def choose_pipeline_split(stats: Sequence[Stats], memory_budget_gib: float, *, w
         x = need(k, a, b)
         return None if x > 1 else pos[k][0] + ct[b] - ct[a] + (b - a) * float(np.interp(x, *curve))
 
-    best = _pareto_split(stage_ms, n_stages, n_layers, m)
+    best = best_split(stage_ms, n_stages, n_layers, m)
     if best is None:
         raise ValueError(f"no split of {n_layers} layers over {n_stages} stages fits {memory_budget_gib:g} GiB "
                          f"under the estimate")
@@ -125,8 +125,11 @@ def _equal_bounds(n_layers: int, n_stages: int) -> tuple[list[int], list[int]]:
     return starts, [a + n for a, n in zip(starts, sizes)]
 
 
-def _pareto_split(stage_ms, n_stages: int, n_layers: int, m: int) -> tuple[list[int], list[float]] | None:
-    """Stage by stage, per last layer, the (slowest, sum, starts, times) not beaten on both; the least step."""
+def best_split(stage_ms, n_stages: int, n_layers: int, m: int) -> tuple[list[int], list[float]] | None:
+    """The split of ``n_layers`` layers over ``n_stages`` stages (each at least one) with the least
+    :func:`pipeline_step_ms` over ``m`` microbatches, given ``stage_ms(stage, first, end)`` (None: does not fit):
+    (each stage's first layer, each stage's ms), or None. Stage by stage, per last layer, every (slowest, sum)
+    pair not beaten on both is kept: the step M x slowest + (sum - slowest) is least at one of them."""
     front: dict[int, list[tuple[float, float, tuple[int, ...], tuple[float, ...]]]] = {0: [(0.0, 0.0, (), ())]}
     for k in range(n_stages):
         nxt: dict[int, list] = {}

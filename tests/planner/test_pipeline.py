@@ -115,3 +115,27 @@ def test_interleaved_stage_info_needs_one_chunk_entry_per_virtual_stage():
     with pytest.raises(ValueError, match="pipeline.chunks has 1 entries for virtual_stages 2"):
         PipelineStageInfo(schedule="interleaved-1f1b", virtual_stages=2, chunks=[chunk], **base)
     assert "chunks" not in PipelineStageInfo(schedule="1f1b", **base).model_dump()  # absent: stored ids unchanged
+
+
+def test_the_split_dynamic_program_finds_the_split_enumeration_finds():
+    import itertools
+
+    from planner.pipeline_split import best_split
+
+    # stage k of a run of layers: its layers (weights 1..7) plus a position cost, the first stage over a cap
+    weights = [3.0, 1.0, 4.0, 1.0, 5.0, 2.0, 6.0]
+    fixed = [2.0, 0.0, 3.0]
+
+    def stage_ms(k, a, b):
+        ms = fixed[k] + sum(weights[a:b])
+        return None if k == 0 and b - a > 3 else ms
+
+    def step(starts):
+        ends = list(starts[1:]) + [len(weights)]
+        times = [stage_ms(k, a, b) for k, (a, b) in enumerate(zip(starts, ends))]
+        return None if None in times else planner.pipeline_step_ms(times, 4)
+
+    every = [s for cut in itertools.combinations(range(1, len(weights)), 2)
+             if (s := step((0, *cut))) is not None]
+    starts, times = best_split(stage_ms, 3, len(weights), 4)
+    assert planner.pipeline_step_ms(times, 4) == pytest.approx(min(every)) == pytest.approx(step(starts))
