@@ -15,8 +15,9 @@ sum over stages) pair not beaten on both, and the split with the least predicted
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -50,6 +51,9 @@ def choose_pipeline_split(stats: Sequence[Stats], memory_budget_gib: float, *, w
     of its activations it must discard. ValueError when no split fits the budget under the estimate.
     """
     info = stats[0].metadata.pipeline
+    if info is None or info.virtual_stages != 1:
+        raise ValueError("choose_pipeline_split takes the stages of a gpipe or 1f1b collection (one chunk per rank), "
+                         f"got {'no pipeline' if info is None else info.schedule}")
     n_stages, m = info.stages, info.microbatches
     layer_mod, layer_pos = {}, {}
     for k, s in enumerate(stats):
@@ -99,7 +103,9 @@ def choose_pipeline_split(stats: Sequence[Stats], memory_budget_gib: float, *, w
                        equal_step_ms=None if None in equal else pipeline_step_ms(equal, m))
 
 
-def _recompute_curve(stats, budget_gib, world_size, equal_plan, need, layer_pos, layer_mod):
+def _recompute_curve(stats: Sequence[Stats], budget_gib: float, world_size: int, equal_plan: PipelinePlan | None,
+                     need: Callable[[int, int, int], float], layer_pos: dict[int, int],
+                     layer_mod: dict[int, Any]) -> tuple[np.ndarray, np.ndarray]:
     """(share of a layer's discardable bytes, recompute ms per layer and microbatch), through each stage of the
     collected split's exact plan: no discard costs nothing, discarding everything costs the layer's forward."""
     pp = equal_plan or plan_pipeline(stats, budget_gib, world_size=world_size, time_limit_s=60.0)
@@ -125,7 +131,8 @@ def _equal_bounds(n_layers: int, n_stages: int) -> tuple[list[int], list[int]]:
     return starts, [a + n for a, n in zip(starts, sizes)]
 
 
-def best_split(stage_ms, n_stages: int, n_layers: int, m: int) -> tuple[list[int], list[float]] | None:
+def best_split(stage_ms: Callable[[int, int, int], float | None], n_stages: int, n_layers: int,
+               m: int) -> tuple[list[int], list[float]] | None:
     """The split of ``n_layers`` layers over ``n_stages`` stages (each at least one) with the least
     :func:`pipeline_step_ms` over ``m`` microbatches, given ``stage_ms(stage, first, end)`` (None: does not fit):
     (each stage's first layer, each stage's ms), or None. Stage by stage, per last layer, every (slowest, sum)
