@@ -36,7 +36,7 @@ SECTION = "## Pipeline parallel"
 CONFIG = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
           "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 64,
           "tie_word_embeddings": False}
-BATCH, SEQ, MICROBATCHES, STAGES, STEPS = 4, 64, 4, 2, 3
+BATCH, SEQ, MICROBATCHES, STAGES, STEPS, VIRTUAL = 4, 64, 4, 2, 3, 2
 FRACTIONS = (0.6, 0.85)
 
 
@@ -45,8 +45,12 @@ def collect(config: dict, schedule: str) -> list[planner.Stats]:
         path = Path(tmp, "config.json")
         path.write_text(json.dumps(config))
         req = CollectRequest(hf_config=str(path), batch=BATCH, seq=SEQ, pp_stages=STAGES, pp_schedule=schedule,
-                             microbatches=MICROBATCHES)
+                             microbatches=MICROBATCHES, pp_virtual_stages=_virtual(schedule))
         return [r.stats for r in run_pipeline_collection(req)]
+
+
+def _virtual(schedule: str) -> int:
+    return VIRTUAL if schedule == "interleaved-1f1b" else 1
 
 
 def budgets(stats: list[planner.Stats]) -> list[tuple[str, float]]:
@@ -58,7 +62,7 @@ def budgets(stats: list[planner.Stats]) -> list[tuple[str, float]]:
 
 def run(config: dict, schedule: str) -> list[dict]:
     stats = collect(config, schedule)
-    setup = PipelineSetup(STAGES, schedule, MICROBATCHES)
+    setup = PipelineSetup(STAGES, schedule, MICROBATCHES, virtual_stages=_virtual(schedule))
     rows = [{"schedule": schedule, "label": "no plan", "budget_gib": None, "predicted": [planner.baseline_peak_bytes(s) for s in stats],
              "modules": [0] * STAGES, "step_ms": planner.plan_pipeline(stats, 1e3).step_ms,
              "real": run_pipeline(config, setup, batch=BATCH, seq=SEQ, steps=STEPS)}]
@@ -88,7 +92,10 @@ def report(rows: list[dict], command: str, minutes: float) -> str:
     lines = [SECTION, "", "Machine: " + describe_machine("every stage a process on 1 thread, gloo over 127.0.0.1"),
              "", f"Command: `{command}` (from the repo root; {minutes:.1f} min in all). A tiny {CONFIG['model_type']} decoder "
              f"(hidden {CONFIG['hidden_size']}, {CONFIG['num_hidden_layers']} layers, vocab {CONFIG['vocab_size']}, "
-             f"random weights, seed 0), {STAGES} stages of equal layer counts (embedding with the first, norm and "
+             f"random weights, seed 0), {STAGES} stages of equal layer counts" + (
+                 f" (interleaved: {STAGES} ranks x {VIRTUAL} chunks, rank r holding stages r and r + {STAGES}, "
+                 "`ScheduleInterleaved1F1B`; a rank's row is its whole memory)"
+                 if any(r["schedule"] == "interleaved-1f1b" for r in rows) else "") + " (embedding with the first, norm and "
              f"head with the last), {' and '.join(sorted({r['schedule'] for r in rows}))}, {MICROBATCHES} microbatches of batch {BATCH} x seq {SEQ}, AdamW "
              f"(`foreach=False`), {STEPS} steps. Predicted: `planner.plan_pipeline` on the stages' stats "
              f"(`sacplan collect --pp-stages {STAGES} --pp-schedule ... --microbatches {MICROBATCHES}`); real: each rank's peak at "
@@ -128,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     global STAGES, MICROBATCHES, BATCH, SECTION  # one configuration per run of the script
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--write", action="store_true", help="rewrite the section of bench/RESULTS.md")
-    ap.add_argument("--schedules", default="1f1b,gpipe", help="comma-separated: 1f1b, gpipe (default both)")
+    ap.add_argument("--schedules", default="1f1b,gpipe", help="comma-separated: 1f1b, gpipe, interleaved-1f1b "
+                    f"({VIRTUAL} chunks per rank; its own section) (default 1f1b,gpipe)")
     ap.add_argument("--stages", type=int, default=STAGES, help=f"pipeline stages (default {STAGES}; not 2: its own "
                     "section)")
     ap.add_argument("--microbatches", type=int, default=MICROBATCHES, help=f"default {MICROBATCHES}")
@@ -140,11 +148,19 @@ def main(argv: list[str] | None = None) -> int:
     CONFIG["model_type"] = args.family
     if STAGES != 2 or args.family != "llama":
         SECTION = f"## Pipeline parallel: {STAGES} stages, {args.family}"
+    if STAGES == 2 and MICROBATCHES != 4:  # the matrix's other microbatch count: its own section
+        SECTION = f"## Pipeline parallel: {STAGES} stages x {MICROBATCHES} microbatches, {args.family}"
+    if STAGES != 2 and args.schedules == "gpipe":  # the 1f1b section of these stages stays as it is
+        SECTION = f"## Pipeline parallel: {STAGES} stages, {args.family}, gpipe"
+    if "interleaved-1f1b" in args.schedules:
+        SECTION = f"## Pipeline parallel: interleaved 1F1B, {STAGES} ranks x {VIRTUAL} chunks, {args.family}"
     t0 = time.perf_counter()
     rows = [row for schedule in args.schedules.split(",") for row in run(CONFIG, schedule)]
     command = "python bench/bench_pipeline.py --write" + (
         f" --stages {STAGES} --microbatches {MICROBATCHES} --batch {BATCH} --schedules {args.schedules}"
-        if STAGES != 2 else "") + (f" --family {args.family}" if args.family != "llama" else "")
+        if STAGES != 2 else "") + (f" --family {args.family}" if args.family != "llama" else "") + (
+        f" --schedules {args.schedules}" if STAGES == 2 and args.schedules != "1f1b,gpipe" else "") + (
+        f" --microbatches {MICROBATCHES} --batch {BATCH}" if STAGES == 2 and MICROBATCHES != 4 else "")
     text = report(rows, command, (time.perf_counter() - t0) / 60)
     print(text)
     if args.write:

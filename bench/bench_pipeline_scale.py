@@ -37,13 +37,13 @@ STAGES, MICROBATCHES, WORLD, BUDGET_GIB = 8, 8, 8, 74.5
 _LAYER = re.compile(r"\.layers\.(\d+)")
 
 
-def collect(out_dir: Path) -> list[planner.Stats]:
+def collect(out_dir: Path, split: list[str] | None = None) -> list[planner.Stats]:
     from estimators.collect import CollectRequest, run_pipeline_collection
 
     path = out_dir / "llama3-70b.json"
     path.write_text(json.dumps(CONFIG))
     req = CollectRequest(hf_config=str(path), batch=1, seq=8192, dtype="bf16", target_device="H100-SXM",
-                         pp_stages=STAGES, pp_schedule="1f1b", microbatches=MICROBATCHES)
+                         pp_stages=STAGES, pp_schedule="1f1b", microbatches=MICROBATCHES, pp_split=split)
     return [r.stats for r in run_pipeline_collection(req)]
 
 
@@ -86,10 +86,9 @@ def uniform(stats: list[planner.Stats], reference: planner.Plan) -> tuple[list[f
     return peaks, recomputes
 
 
-def report(stats: list[planner.Stats], minutes: float) -> str:
-    pp = planner.plan_pipeline(stats, BUDGET_GIB, world_size=WORLD, time_limit_s=120)
+def report(stats: list[planner.Stats], minutes: float, pp: planner.PipelinePlan, auto: tuple | None) -> str:
     lines = [SECTION, "", f"Command: `python bench/bench_pipeline_scale.py --write` ({minutes:.1f} min on the "
-             "2-core shared CPU, mostly the 8 fake collections). " + __doc__.split("\n\n")[2].replace("\n", " "), "",
+             "2-core shared CPU, mostly the fake collections: 8 stages, twice with the auto split). " + __doc__.split("\n\n")[2].replace("\n", " "), "",
              "| stage | layers | in flight | baseline GiB | per-stage plan | peak GiB | recompute ms | uniform peak GiB "
              "| uniform recompute ms |", "|---|---|---|---|---|---|---|---|---|"]
     ref = pp.stages[0]
@@ -112,22 +111,53 @@ def report(stats: list[planner.Stats], minutes: float) -> str:
                      f"slowest stage {pp.slowest_stage} with per-stage plans. {pp.message}.")
     else:
         lines.append(f"No per-stage plan set: {pp.message}.")
-    lines.append("\nNot done: the auto split (`--pp-split auto`) against the equal split.")
+    if auto is not None:
+        lines += [""] + auto_lines(pp, *auto)
     return "\n".join(lines)
+
+
+def auto_lines(equal: planner.PipelinePlan, choice: planner.SplitChoice, exact: planner.PipelinePlan) -> list[str]:
+    """The auto split against the equal split: the estimate that chose it, and both collected and planned exactly."""
+    sizes = "/".join(str(len(x)) for x in choice.layers)
+    def fig(pp: planner.PipelinePlan) -> str:
+        return "-" if pp.step_ms is None else f"{pp.step_ms:.0f}"
+    lines = ["### Auto split (`--pp-split auto --budget-gib 74.5`, predicted)", "",
+             "The split chosen with the per-stage plans from the equal split's collection (`planner."
+             "choose_pipeline_split`: each layer's figures, the recompute a layer needs for the share it must "
+             "discard calibrated by the equal split's exact plans), then collected with that split and every "
+             "stage planned exactly (`planner.plan_pipeline`, `world_size=8`). Predicted (H100 roofline), not "
+             "measured.", "",
+             "| split | layers per stage | estimated step ms | exact per-stage plans: step ms | slowest stage | "
+             "stage ms |", "|---|---|---|---|---|---|",
+             f"| equal | {'/'.join(['10'] * STAGES)} | {choice.equal_step_ms:.0f} | {fig(equal)} | {equal.slowest_stage} "
+             f"| {', '.join(f'{t:.0f}' for t in equal.stage_ms)} |",
+             f"| auto: {', '.join(x.split('.')[-1] for x in choice.split)} | {sizes} | {choice.step_ms:.0f} "
+             f"| {fig(exact)} | {exact.slowest_stage} | {', '.join('-' if t is None else f'{t:.0f}' for t in exact.stage_ms)} |", ""]
+    if exact.step_ms is not None and equal.step_ms is not None:
+        lines.append(f"Auto split vs equal split, exact per-stage plans: {equal.step_ms / exact.step_ms:.3f}x "
+                     f"({exact.status}; {exact.message}).")
+    else:
+        lines.append(f"The auto split has no exact plan set: {exact.message}.")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--write", action="store_true")
+    ap.add_argument("--no-auto", action="store_true", help="leave out the auto split (its collection)")
     ap.add_argument("--stats", nargs="*", help="the 8 stage files, already collected (default: collect them)")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
-    if args.stats:
-        stats = [planner.load_stats(p) for p in args.stats]
-    else:
-        with tempfile.TemporaryDirectory() as tmp:
-            stats = collect(Path(tmp))
-    text = report(stats, (time.perf_counter() - t0) / 60)
+    with tempfile.TemporaryDirectory() as tmp:
+        stats = [planner.load_stats(p) for p in args.stats] if args.stats else collect(Path(tmp))
+        pp = planner.plan_pipeline(stats, BUDGET_GIB, world_size=WORLD, time_limit_s=120)
+        auto = None
+        if not args.no_auto:
+            choice = planner.choose_pipeline_split(stats, BUDGET_GIB, world_size=WORLD, equal_plan=pp)
+            exact = planner.plan_pipeline(collect(Path(tmp), choice.split), BUDGET_GIB, world_size=WORLD,
+                                          time_limit_s=120)
+            auto = (choice, exact)
+    text = report(stats, (time.perf_counter() - t0) / 60, pp, auto)
     print(text)
     if args.write:
         write_results(text, REPO / "bench" / "RESULTS.md", SECTION)

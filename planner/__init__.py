@@ -16,6 +16,7 @@ from planner.options import PlanOptions
 from planner.plan_format import Plan, PlannedModule, PlanStatus
 from planner.planning import min_feasible_budget_gib, plan, sweep
 from planner.pipeline_planning import PipelinePlan, pipeline_plan_of, pipeline_step_ms, plan_pipeline
+from planner.pipeline_split import SplitChoice, choose_pipeline_split
 from planner.stats.format import STATS_FORMAT, ModuleStats, Moment, OpStats, Stats, StatsMetadata, stats_hash
 from planner.stats.loader import StatsError, from_torch_format, load_stats, parse_stats
 from planner.stats.sharding import Sharding, sharding_scope
@@ -54,6 +55,8 @@ __all__ = [
     "parse_stats",
     "pipeline_plan_of",
     "pipeline_step_ms",
+    "SplitChoice",
+    "choose_pipeline_split",
     "plan",
     "plan_pipeline",
     "recompute_split",

@@ -36,6 +36,7 @@ import numpy as np
 
 from planner.ops.frontier import max_discard_decision
 from planner.ops.recompute import recompute_transient_bytes
+from planner.pipeline_interleaved import interleaved_stage_model
 from planner.pipeline_schedule import schedule_stage_model
 from planner.stats.format import ModuleStats, Stats
 from planner.stats.sharding import sharded_world_size
@@ -237,7 +238,9 @@ def memory_model(stats: Stats, *, world_size: int = 1, first_step_only: bool = F
     model = _step(stats, post, world_size, first_step_only) if stats.timeline else \
         _torch(stats, post, world_size, first_step_only)
     if stats.metadata.pipeline is not None and model.kind == "step":  # the stage's step along its schedule
-        model = schedule_stage_model(model, stats.metadata.pipeline, stats.root.output_bytes)
+        info = stats.metadata.pipeline
+        model = interleaved_stage_model(model, info) if info.chunks else \
+            schedule_stage_model(model, info, stats.root.output_bytes)
     if reserve_bytes:
         model = replace(model, base_bytes=model.base_bytes + reserve_bytes,
                         base_by_kind={**model.base_by_kind, "reserve": np.full(len(model.keys), float(reserve_bytes))})

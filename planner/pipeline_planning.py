@@ -11,6 +11,7 @@ from pydantic import BaseModel, Field
 
 from planner.memory_model import GIB, compute_ms
 from planner.options import PlanOptions, plan_options
+from planner.pipeline_interleaved import interleaved_in_flight
 from planner.pipeline_schedule import in_flight
 from planner.plan_format import Plan
 from planner.planning import StatsInput, plan
@@ -32,7 +33,8 @@ class PipelinePlan(BaseModel):
     stages_count: int = Field(description="Pipeline stages.")
     microbatches: int
     stages: list[Plan] = Field(description="One plan per stage, in stage order.")
-    in_flight: list[int] = Field(description="Per stage, the most microbatches it holds at once.")
+    in_flight: list[int] = Field(description="Per stage, the most microbatches it holds at once (interleaved: "
+                                 "chunk-microbatches, summed over the rank's chunks).")
     stage_ms: list[float | None] = Field(description="Per stage, one microbatch's forward + backward + recompute "
                                          "(null where the stage has no plan).")
     step_ms: float | None = Field(None, description="Predicted step time: the stages' microbatch times through the "
@@ -48,10 +50,19 @@ class PipelinePlan(BaseModel):
 _ORDER = ("optimal", "feasible", "time_limit", "error", "infeasible")
 
 
-def pipeline_step_ms(stage_ms: Sequence[float], microbatches: int) -> float:
-    """The step of a GPipe or 1F1B pipeline from each stage's microbatch time (forward + backward): the first
-    microbatch passes every stage, the other M - 1 follow at the pace of the slowest (see docs/pipeline.md)."""
-    return math.fsum(stage_ms) + (microbatches - 1) * max(stage_ms)
+def pipeline_step_ms(stage_ms: Sequence[float], microbatches: int, virtual_stages: int = 1) -> float:
+    """The step of a pipeline from each stage's (rank's) microbatch time (forward + backward): the slowest rank
+    runs all M microbatches, and the others' times, divided by the chunks per rank, are the bubble (GPipe and
+    1F1B: the first microbatch passes every stage, the other M - 1 follow at the pace of the slowest;
+    interleaved: a bubble V times smaller, Narayanan et al. 2021; see docs/pipeline.md)."""
+    slowest = max(stage_ms)
+    return microbatches * slowest + (math.fsum(stage_ms) - slowest) / virtual_stages
+
+
+def _in_flight(info: Any, stage: int) -> int:
+    if info.chunks:
+        return interleaved_in_flight(stage, info.stages, info.virtual_stages, info.microbatches)
+    return in_flight(info.schedule, stage, info.stages, info.microbatches)
 
 
 def _stage_stats(stats: Sequence[StatsInput]) -> list[Stats]:
@@ -102,10 +113,9 @@ def pipeline_plan_of(info: PipelineStageInfo, stage_compute_ms: Sequence[float],
     bad = next((k for k, p in enumerate(plans) if p.status == "infeasible"), None)
     out = PipelinePlan(status=status, memory_budget_gib=memory_budget_gib, schedule=info.schedule,
                        stages_count=info.stages, microbatches=info.microbatches, stages=plans,
-                       in_flight=[in_flight(info.schedule, k, info.stages, info.microbatches)
-                                  for k in range(info.stages)], stage_ms=times)
+                       in_flight=[_in_flight(info, k) for k in range(info.stages)], stage_ms=times)
     if all(t is not None for t in times):
-        out.step_ms = pipeline_step_ms(times, info.microbatches)
+        out.step_ms = pipeline_step_ms(times, info.microbatches, info.virtual_stages)
         out.slowest_stage = max(range(len(times)), key=times.__getitem__)
         out.bubble_ms = out.step_ms - info.microbatches * times[out.slowest_stage]
     if bad is not None:

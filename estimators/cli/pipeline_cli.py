@@ -17,12 +17,19 @@ def add_pipeline_options(p: Any, positive: Any) -> None:
                     help="cut the --hf-config decoder into S stages (embedding with the first, final norm and head "
                     "with the last) and collect each: --out s.json writes s.stage0.json ... s.stage{S-1}.json")
     pp.add_argument("--pp-schedule", choices=("gpipe", "1f1b", "interleaved-1f1b"), default="1f1b",
-                    help="the pipeline schedule the stages run (default 1f1b; interleaved-1f1b is not collected yet)")
+                    help="the pipeline schedule the stages run (default 1f1b; interleaved-1f1b: one stats file per rank, "
+                    "its --pp-virtual-stages chunks in it)")
     pp.add_argument("--microbatches", type=positive, default=1, metavar="M",
                     help="microbatches per optimizer step; --batch is per microbatch (default 1)")
     pp.add_argument("--pp-split", action="append", metavar="FQN",
                     help="where a stage starts, a decoder layer of the whole model (model.layers.N), repeatable: "
-                    "S - 1 of them (default: equal layer counts)")
+                    "S - 1 of them, S x V - 1 for interleaved-1f1b (default: equal layer counts); auto: chosen "
+                    "with the per-stage plans to least predicted step under --budget-gib (the equal split is "
+                    "collected first for its per-layer figures, then the chosen one)")
+    pp.add_argument("--budget-gib", type=float, metavar="B", help="--pp-split auto: the device budget per stage")
+    pp.add_argument("--world-size", type=positive, default=1, metavar="N",
+                    help="--pp-split auto: ranks sharing each stage's parameters, gradients and optimizer state "
+                    "(the planner's --world-size; default 1)")
     pp.add_argument("--pp-virtual-stages", type=positive, default=1, metavar="V",
                     help="model chunks per rank, interleaved-1f1b only (default 1)")
 

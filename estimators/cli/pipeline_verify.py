@@ -14,7 +14,7 @@ import torch
 
 from estimators.apply import apply_plan
 from estimators.collect import pipeline_loss
-from estimators.common import PipelineSetup, build_stages
+from estimators.common import PipelineSetup, RankChunks, build_stages
 from estimators.measure import measure_pipeline_stage, run_ranks
 
 __all__ = ["run_pipeline", "pipeline_rank"]
@@ -31,15 +31,24 @@ def pipeline_rank(rank: int, world: int, config: dict, setup: PipelineSetup, bat
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
     model.train()
-    stage = build_stages(model, setup)[rank]
+    chunk_stages = build_stages(model, setup)
+    if setup.virtual_stages > 1:  # interleaved: this rank's chunks, stages rank, rank + S, ...
+        stage = RankChunks(model, chunk_stages[rank::setup.stages])
+    else:
+        stage = chunk_stages[rank]
     if plans[rank] is not None and plans[rank].get("modules"):
         apply_plan(stage, plans[rank], stats=stats[rank])
     gen = torch.Generator().manual_seed(seed + 1)
     ids = torch.randint(0, cfg.vocab_size, (batch * setup.microbatches, seq), generator=gen)
     opt = torch.optim.AdamW(stage.parameters(), foreach=False)
     hidden = torch.empty(batch, seq, cfg.hidden_size, device="meta", requires_grad=True)  # sends a gradient back
-    io_meta = (ids[:batch].to("meta") if rank == 0 else hidden,
-               torch.empty(batch, seq, cfg.vocab_size, device="meta") if rank == world - 1 else hidden)
+    n = setup.chunks
+
+    def io(g: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return (ids[:batch].to("meta") if g == 0 else hidden,
+                torch.empty(batch, seq, cfg.vocab_size, device="meta") if g == n - 1 else hidden)
+
+    io_meta = [io(rank + world * v) for v in range(setup.virtual_stages)] if setup.virtual_stages > 1 else io(rank)
     return measure_pipeline_stage(stage, rank, world, setup.schedule, setup.microbatches, ids, ids.clone(),
                                   pipeline_loss, opt, steps, io_meta=io_meta)
 

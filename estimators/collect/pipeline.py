@@ -23,11 +23,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from estimators.collect.collector import collect_stats
-from estimators.common import PipelineSetup, build_stages, make_optimizer
+from estimators.common import PipelineSetup, RankChunks, build_stages, make_optimizer
 from planner import Stats
-from planner.stats.pipeline import PipelineStageInfo
+from planner.stats.pipeline import PipelineChunkInfo, PipelineStageInfo
 
-__all__ = ["collect_pipeline_stages", "pipeline_loss"]
+__all__ = ["collect_interleaved_ranks", "collect_pipeline_stages", "pipeline_loss"]
 
 
 def pipeline_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -114,10 +114,13 @@ def collect_pipeline_stages(model: nn.Module, ids: torch.Tensor, setup: Pipeline
                             progress: Any = None, **collect_kwargs: Any) -> list[Stats]:
     """Every stage's stats: ``ids`` (batch, seq) is one microbatch's tokens; ``collect_kwargs`` go to collect_stats.
 
-    Only 1F1B and GPipe (one model chunk per rank) are collected here.
+    Interleaved 1F1B: one document per rank, its chunks run as one microbatch passes them
+    (:func:`collect_interleaved_ranks`).
     """
     if setup.virtual_stages != 1:
-        raise ValueError(f"pp_schedule {setup.schedule}: interleaved stages are not collected yet; use 1f1b or gpipe")
+        return collect_interleaved_ranks(model, ids, setup, dtype=dtype, optimizer=optimizer,
+                                         optimizer_kwargs=optimizer_kwargs, optimizer_foreach=optimizer_foreach,
+                                         progress=progress, **collect_kwargs)
     stages = build_stages(model, setup)
     width = int(model.config.hidden_size)
     out = []
@@ -152,5 +155,80 @@ def collect_pipeline_stages(model: nn.Module, ids: torch.Tensor, setup: Pipeline
             # the last stage's schedule also keeps every microbatch's loss (a scalar)
             buffer_bytes=_nbytes(kept) + (4 if s == len(stages) - 1 else 0),
             input_grad_bytes=0 if s == 0 else _nbytes([x]))
+        out.append(stats)
+    return out
+
+
+def _chunk_infos(stage_stats: list[Stats], stage_modules: list[nn.Module], rank: int, setup: PipelineSetup,
+                 dtype: torch.dtype, root: str) -> list[PipelineChunkInfo]:
+    """Rank ``rank``'s chunks, each measured as the stage of a pipeline of every chunk it is; module FQNs as the
+    rank's stats name them (under ``root``)."""
+    size = torch.empty((), dtype=dtype).element_size()
+    out = []
+    for v in range(setup.virtual_stages):
+        g = rank + setup.stages * v
+        info, mod = stage_stats[g].metadata.pipeline, stage_modules[g]
+        owned = sorted({f for f, _ in mod.named_children() if f == "lm_head"} |
+                       {f"model.{n}" for n in ("embed_tokens", "norm") if getattr(mod.model, n) is not None} |
+                       {f"model.layers.{i}" for i in mod.model.layers})
+        out.append(PipelineChunkInfo(stage_index=g, modules=[f"{root}.{f}" for f in owned], held_bytes=info.held_bytes,
+                                     output_bytes=stage_stats[g].root.output_bytes,
+                                     grad_bytes=sum(p.numel() for p in mod.parameters()) * size,
+                                     input_grad_bytes=info.input_grad_bytes))
+    return out
+
+
+def collect_interleaved_ranks(model: nn.Module, ids: torch.Tensor, setup: PipelineSetup, *, dtype: torch.dtype,
+                              optimizer: str, optimizer_kwargs: dict | None, optimizer_foreach: bool,
+                              progress: Any = None, **collect_kwargs: Any) -> list[Stats]:
+    """Every rank's stats under interleaved 1F1B: its V chunks (stages ``rank + S x v``) run as one microbatch
+    passes them (each chunk's forward in order, then each one's backward in reverse), two microbatches; each
+    chunk's own sizes measured as a stage of a pipeline of all S x V chunks (``metadata.pipeline.chunks``)."""
+    chunked = PipelineSetup(setup.chunks, "1f1b", setup.microbatches, setup.split)
+    stage_stats = collect_pipeline_stages(model, ids, chunked, dtype=dtype, optimizer=optimizer,
+                                          optimizer_kwargs=optimizer_kwargs, optimizer_foreach=optimizer_foreach,
+                                          **collect_kwargs)
+    stage_modules = build_stages(model, chunked)
+    width, n = int(model.config.hidden_size), setup.chunks
+    out = []
+    for r in range(setup.stages):
+        if progress:
+            progress("rank", r + 1, setup.stages)
+        rank_module = RankChunks(model, [stage_modules[r + setup.stages * v] for v in range(setup.virtual_stages)])
+        held = _HeldOutput()
+        ios = [_stage_io(r + setup.stages * v, n, ids, (*ids.shape, width), dtype, held)
+               for v in range(setup.virtual_stages)]
+        targets = [io[2][1] for io in ios]  # per chunk: the labels (the last stage) or the received gradient
+        ends_in_loss = [r + setup.stages * v == n - 1 for v in range(setup.virtual_stages)]
+
+        def loss_fn(outs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+            held.output = outs
+            losses = [pipeline_loss(o, t) if end else _SendBoundary.apply(o, t)
+                      for o, t, end in zip(outs, targets, ends_in_loss)]
+            return sum(losses[1:], losses[0])
+
+        def build_optimizer(params: list[nn.Parameter], held: _HeldOutput = held) -> torch.optim.Optimizer | None:
+            held.clear()
+            return make_optimizer(optimizer, params, foreach=optimizer_foreach, kwargs=optimizer_kwargs)
+
+        hook = rank_module.register_forward_pre_hook(held.clear)
+        kwargs = dict(collect_kwargs)
+        if kwargs.get("metadata") is not None:
+            kwargs["metadata"] = kwargs["metadata"].model_copy(deep=True)
+        try:
+            stats = collect_stats(rank_module, tuple(io[0] for io in ios), loss_fn=loss_fn,
+                                  optimizer=build_optimizer, grad_accumulation=2, dtype=dtype, progress=progress,
+                                  **kwargs)
+        finally:
+            hook.remove()
+        chunks = _chunk_infos(stage_stats, stage_modules, r, setup, dtype, stats.root.fqn)
+        stats.metadata.optimizer = optimizer
+        stats.metadata.optimizer_kwargs = optimizer_kwargs
+        stats.metadata.pipeline = PipelineStageInfo(
+            stage=r, stages=setup.stages, schedule=setup.schedule, microbatches=setup.microbatches,
+            virtual_stages=setup.virtual_stages, chunks=chunks,
+            held_bytes=sum(c.held_bytes for c in chunks),
+            buffer_bytes=sum(_nbytes(io[2]) for io in ios) + (4 if r == setup.stages - 1 else 0),
+            input_grad_bytes=sum(c.input_grad_bytes for c in chunks))
         out.append(stats)
     return out

@@ -15,6 +15,7 @@ from estimators.collect.devices import DeviceSpec, cuda_device_entry, device_spe
 from estimators.collect.models import DTYPES, BuiltModel, build_from_factory, build_from_hf_config, load_factory
 from estimators.collect.moe import parse_moe_routing
 from estimators.collect.pipeline import collect_pipeline_stages
+from planner import choose_pipeline_split
 from estimators.common import FsdpSetup, ParallelDims, PipelineSetup
 from planner import PLANNER_VERSION, Stats, StatsMetadata, baseline_peak_bytes
 
@@ -62,8 +63,10 @@ class CollectRequest:
     pp_stages: int | None = None  # pipeline parallel: every stage collected, one stats document each
     pp_schedule: str = "1f1b"
     microbatches: int = 1
-    pp_split: list[str] | None = None
+    pp_split: list[str] | None = None  # ["auto"]: chosen under pp_budget_gib (see run_pipeline_collection)
     pp_virtual_stages: int = 1
+    budget_gib: float | None = None  # --pp-split auto: the device budget the split is chosen under
+    world_size: int = 1  # --pp-split auto: ranks sharing each stage's parameters, gradients and optimizer state
 
     @classmethod
     def from_args(cls, args: Any) -> CollectRequest:
@@ -124,8 +127,15 @@ class CollectRequest:
                             ("--attention-mask", self.attention_mask != "none")):
             if given:
                 raise ValueError(f"{flag} is not collected with --pp-stages yet")
+        auto = self.pp_split == ["auto"]
+        if auto and (self.budget_gib is None or self.pp_virtual_stages != 1):
+            raise ValueError("--pp-split auto chooses the split under a budget: give --budget-gib B (1f1b or gpipe)"
+                             if self.budget_gib is None else "--pp-split auto is for 1f1b and gpipe, got "
+                             f"--pp-virtual-stages {self.pp_virtual_stages}")
+        if not auto and self.budget_gib is not None:
+            raise ValueError(f"--budget-gib {self.budget_gib:g} chooses a split: it needs --pp-split auto")
         return PipelineSetup(self.pp_stages, self.pp_schedule, self.microbatches,
-                             tuple(self.pp_split) if self.pp_split else None, self.pp_virtual_stages)
+                             tuple(self.pp_split) if self.pp_split and not auto else None, self.pp_virtual_stages)
 
     def describe(self, target: str) -> str:
         """One line: what is collected, for which target, on what (``target``: the device table's name)."""
@@ -327,6 +337,13 @@ def run_pipeline_collection(req: CollectRequest, *, progress: Any = None) -> lis
     ids = built.inputs["input_ids"] if isinstance(built.inputs, dict) else built.inputs
     stats = collect_pipeline_stages(built.model, ids, setup, optimizer=req.optimizer,
                                     metadata=meta, **kwargs)
+    if req.pp_split == ["auto"]:  # the equal split's per-layer figures choose the split, then it is collected
+        choice = choose_pipeline_split(stats, req.budget_gib, world_size=req.world_size)
+        if getattr(progress, "note", None):
+            progress.note(f"  --pp-split auto: {' '.join(choice.split)} (estimated step {choice.step_ms:.0f} ms, "
+                          f"equal split {choice.equal_step_ms or float('nan'):.0f} ms); collecting it")
+        setup = PipelineSetup(setup.stages, setup.schedule, setup.microbatches, tuple(choice.split))
+        stats = collect_pipeline_stages(built.model, ids, setup, optimizer=req.optimizer, metadata=meta, **kwargs)
     seconds = time.perf_counter() - t0
     out = []
     for s in stats:

@@ -20,7 +20,7 @@ from estimators.common.model_settings import (BATCH_VALUES_TAG, CONFIG_SETTINGS,
                                               model_settings_of, switch_off_kv_cache)
 from estimators.common.module_names import module_fqns
 from estimators.common.pipeline_setup import PP_SCHEDULES, PipelineSetup
-from estimators.common.pipeline_stages import DecoderStage, build_stages, decoder_parts, stage_layer_ids
+from estimators.common.pipeline_stages import DecoderStage, RankChunks, build_stages, decoder_parts, stage_layer_ids
 from estimators.common.storage_book import (ACT, BUFFER, CATEGORIES, COMM, GRAD, INPUT, OPT, PARAM, TEMP, StorageBook,
                                             follow_storage_resizes, local_shards, storages_of, tensors_in)
 from estimators.common.parallel_dims import MESH_DIM_NAMES, ParallelDims
@@ -32,7 +32,7 @@ __all__ = [
     "ACT", "AUTOCAST_DTYPES", "BATCH_VALUES_TAG", "BUFFER", "CATEGORIES", "COMM", "CONFIG_SETTINGS", "DTYPE_NAMES",
     "GRAD", "HF_TP_STYLES", "INPUT", "MESH_DIM_NAMES", "MIXED_PRECISION", "ParallelDims", "hf_tp_plan",
     "load_function", "local_shards", "parallelize_tp", "OPT", "OPTIMIZER_NAMES", "PARAM", "PP_SCHEDULES",
-    "SAC_IGNORED_OPS", "TEMP", "UNKNOWN_VALUES_TAG", "DecoderStage", "FsdpSetup", "PipelineSetup", "StorageBook",
+    "SAC_IGNORED_OPS", "TEMP", "UNKNOWN_VALUES_TAG", "DecoderStage", "FsdpSetup", "PipelineSetup", "RankChunks", "StorageBook",
     "TrainingLoop", "autocast_name", "build_stages", "call_model", "decoder_parts", "default_loss",
     "default_units", "experts_implementation", "follow_storage_resizes", "is_inplace_op", "is_random_op",
     "is_view_op", "make_optimizer", "model_config", "model_configs", "model_dtype_name", "model_settings_of",

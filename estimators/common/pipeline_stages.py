@@ -16,7 +16,7 @@ from torch import nn
 
 from estimators.common.pipeline_setup import PipelineSetup
 
-__all__ = ["DecoderStage", "build_stages", "decoder_parts", "stage_layer_ids"]
+__all__ = ["DecoderStage", "RankChunks", "build_stages", "decoder_parts", "stage_layer_ids"]
 
 _LAYER = re.compile(r"^(?:model\.)?layers\.(\d+)$")
 
@@ -95,3 +95,25 @@ def build_stages(model: nn.Module, setup: PipelineSetup) -> list[DecoderStage]:
     ids = stage_layer_ids(len(trunk.layers), setup)
     last = len(ids) - 1
     return [DecoderStage(model, layer_ids, first=c == 0, last=c == last) for c, layer_ids in enumerate(ids)]
+
+
+class RankChunks(nn.Module):
+    """One rank's model chunks under interleaved 1F1B as one module with the whole model's FQNs (a plan of the
+    rank applies to it, and so to each chunk: they share the modules): ``forward(x_0, ..., x_V-1)`` runs chunk v
+    on x_v and returns every chunk's output."""
+
+    def __init__(self, model: nn.Module, chunks: list[DecoderStage]):
+        super().__init__()
+        trunk, head = decoder_parts(model)
+        ids = [int(i) for c in chunks for i in c.model.layers]
+        first = any(c.model.embed_tokens is not None for c in chunks)
+        last = any(c.lm_head is not None for c in chunks)
+        self.model = _Trunk(trunk, ids, first, last)
+        self.lm_head = head if last else None
+        self.config = getattr(model, "config", None)
+        self.__dict__["chunks"] = list(chunks)  # not submodules: their modules are this one's already
+
+    def forward(self, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if len(xs) != len(self.chunks):
+            raise ValueError(f"RankChunks takes one input per chunk ({len(self.chunks)}), got {len(xs)}")
+        return tuple(chunk(x) for chunk, x in zip(self.chunks, xs))

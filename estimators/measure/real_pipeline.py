@@ -31,25 +31,38 @@ def measure_pipeline_stage(stage_module: nn.Module, stage: int, stages: int, sch
 
     ``batch`` and ``labels``: the whole step's (microbatches x per-microbatch batch); every rank passes them,
     the first stage uses the batch, the last the labels. ``io_meta``: one microbatch's stage input and output
-    as meta tensors (the static metadata mode: no shape inference over P2P at the first step).
+    as meta tensors (the static metadata mode: no shape inference over P2P at the first step); interleaved-1f1b
+    (``stage_module`` a :class:`estimators.common.RankChunks`): one such pair per chunk.
     """
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
-    kinds = {"1f1b": Schedule1F1B, "gpipe": ScheduleGPipe}
+    kinds = {"1f1b": Schedule1F1B, "gpipe": ScheduleGPipe, "interleaved-1f1b": ScheduleInterleaved1F1B}
     if schedule not in kinds:
         raise ValueError(f"schedule {schedule!r}: only {', '.join(kinds)} run here")
-    pipe_stage = PipelineStage(stage_module, stage, stages, torch.device("cpu"), input_args=io_meta[0],
-                               output_args=io_meta[1])
-    # every rank gets the loss function: a schedule without one runs no backward
-    sched = kinds[schedule](pipe_stage, n_microbatches=microbatches, loss_fn=loss_fn)
+    chunks = getattr(stage_module, "chunks", None)
+    if schedule == "interleaved-1f1b":
+        if chunks is None:
+            raise ValueError("interleaved-1f1b runs a RankChunks (one rank's model chunks)")
+        pipe_stages = [PipelineStage(c, stage + stages * v, stages * len(chunks), torch.device("cpu"),
+                                     input_args=io[0], output_args=io[1])
+                       for v, (c, io) in enumerate(zip(chunks, io_meta))]
+        last = stage == stages - 1  # the last rank holds the pipeline's last stage (its last chunk)
+        # every rank gets the loss function: a schedule without one runs no backward
+        sched = ScheduleInterleaved1F1B(pipe_stages, n_microbatches=microbatches, loss_fn=loss_fn)
+    else:
+        pipe_stages = [PipelineStage(stage_module, stage, stages, torch.device("cpu"), input_args=io_meta[0],
+                                     output_args=io_meta[1])]
+        last = stage == stages - 1
+        sched = kinds[schedule](pipe_stages[0], n_microbatches=microbatches, loss_fn=loss_fn)
     peaks, losses, where = [], [], []
     with track_live_storages(stage_module) as tracker:
-        _follow_phases(pipe_stage, tracker)
+        for pipe_stage in pipe_stages:
+            _follow_phases(pipe_stage, tracker)
         for _ in range(steps):
             tracker.restart_peak()
             step_losses: list[torch.Tensor] = []
             args = (batch,) if stage == 0 else ()
-            kwargs = {"target": labels, "losses": step_losses} if stage == stages - 1 else {}
+            kwargs = {"target": labels, "losses": step_losses} if last else {}
             sched.step(*args, return_outputs=False, **kwargs)
             # each gradient's sum and norm: scalars, so the step's memory is as it would be
             grads = {n: (float(p.grad.sum()), float(p.grad.norm())) for n, p in stage_module.named_parameters()
@@ -70,7 +83,7 @@ def _follow_phases(pipe_stage: Any, tracker: Any) -> None:
         run = getattr(pipe_stage, name)
 
         def wrapped(chunk: int, *args: Any, run: Any = run, phase: str = phase, **kwargs: Any) -> Any:
-            tracker.phase, tracker.micro_batch = phase, chunk + 1
+            tracker.phase, tracker.micro_batch = phase, chunk + 1 + 100 * pipe_stage.stage_index  # DEBUG
             return run(chunk, *args, **kwargs)
 
         setattr(pipe_stage, name, wrapped)

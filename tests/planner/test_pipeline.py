@@ -103,3 +103,39 @@ def test_a_document_without_a_pipeline_is_refused_and_keeps_its_fields():
     bad["metadata"]["pipeline"]["stage"] = 2
     with pytest.raises(ValueError, match="pipeline.stage 2 is out of range for 2 stages"):
         parse_stats(bad)
+
+
+def test_interleaved_stage_info_needs_one_chunk_entry_per_virtual_stage():
+    from planner.stats.pipeline import PipelineChunkInfo, PipelineStageInfo
+
+    base = dict(stage=0, stages=2, microbatches=4, held_bytes=1, buffer_bytes=1)
+    chunk = PipelineChunkInfo(stage_index=0, modules=["M.model.layers.0"], held_bytes=1, output_bytes=1)
+    with pytest.raises(ValueError, match="pipeline.chunks must be given exactly for interleaved-1f1b"):
+        PipelineStageInfo(schedule="interleaved-1f1b", virtual_stages=2, **base)
+    with pytest.raises(ValueError, match="pipeline.chunks has 1 entries for virtual_stages 2"):
+        PipelineStageInfo(schedule="interleaved-1f1b", virtual_stages=2, chunks=[chunk], **base)
+    assert "chunks" not in PipelineStageInfo(schedule="1f1b", **base).model_dump()  # absent: stored ids unchanged
+
+
+def test_the_split_dynamic_program_finds_the_split_enumeration_finds():
+    import itertools
+
+    from planner.pipeline_split import best_split
+
+    # stage k of a run of layers: its layers (weights 1..7) plus a position cost, the first stage over a cap
+    weights = [3.0, 1.0, 4.0, 1.0, 5.0, 2.0, 6.0]
+    fixed = [2.0, 0.0, 3.0]
+
+    def stage_ms(k, a, b):
+        ms = fixed[k] + sum(weights[a:b])
+        return None if k == 0 and b - a > 3 else ms
+
+    def step(starts):
+        ends = list(starts[1:]) + [len(weights)]
+        times = [stage_ms(k, a, b) for k, (a, b) in enumerate(zip(starts, ends))]
+        return None if None in times else planner.pipeline_step_ms(times, 4)
+
+    every = [s for cut in itertools.combinations(range(1, len(weights)), 2)
+             if (s := step((0, *cut))) is not None]
+    starts, times = best_split(stage_ms, 3, len(weights), 4)
+    assert planner.pipeline_step_ms(times, 4) == pytest.approx(min(every)) == pytest.approx(step(starts))
