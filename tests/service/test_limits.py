@@ -48,7 +48,12 @@ def test_a_solve_past_its_time_limit_is_stopped_and_answered_time_limit(settings
         return r, page, (await c.get("/metrics")).text
 
     try:
-        r, before, after = _run(create_app(settings, solver=pool), work)
+        # On a machine busy enough that reading the request spends the whole limit, the answer is the other
+        # time_limit path (no solve started): try again, up to three times, for the one under test.
+        for _ in range(3):
+            r, before, after = _run(create_app(settings, solver=pool), work)
+            if "before the solve could start" not in r.text:
+                break
     finally:
         pool.shutdown()
     assert r.status_code == 200, r.text  # answered, nothing stored
