@@ -22,11 +22,14 @@ __all__ = [
     "CachedPlan", "plan_json", "plan_cache_key", "get_plan", "find_plans", "store_plans",
     # stats
     "get_stats", "stats_document", "new_stats_record", "stats_row_fields", "keep_stats", "store_stats",
-    "store_stats_body", "prepare_body_job", "store_request_body", "prepare_request_job", "stats_id_of",
+    "store_stats_body", "prepare_body_job", "stats_id_of", "spooled", "keep_spooled", "in_render_process",
+    "raise_unless_ok", "parse_body_file", "stats_columns", "OutOfTime",
+    # request_bodies
+    "store_request_body", "prepare_request_job", "StatsNotInTime",
     # sweeps
     "keep_sweep", "get_sweep",
     # ranges
     "column_bounds", "check_in_range",
 ]
 
-__getattr__ = exports(__name__, ("ids", "models", "db", "plans", "stats", "sweeps", "ranges"), __all__)
+__getattr__ = exports(__name__, ("ids", "models", "db", "plans", "stats", "request_bodies", "sweeps", "ranges"), __all__)
