@@ -26,7 +26,7 @@ from starlette.concurrency import run_in_threadpool
 
 from service.errors import InvalidInput
 from service.schemas import StatsSource
-from service.store.stats import (in_render_process, keep_spooled, parse_body_file, raise_unless_ok, spool,
+from service.store.stats import (in_render_process, keep_in_render_process, parse_body_file, raise_unless_ok, spool,
                                  stats_columns)
 from service.transport import UploadLimits, check_time_limit
 
@@ -81,8 +81,9 @@ async def store_request_body(factory: sessionmaker[Session], run_in_process: Cal
             raise StatsNotInTime(model.model_validate({**outcome[1], "stats": {}}))
         fields, columns = outcome[1], outcome[2]
         if columns is not None:
-            row, _ = await run_in_threadpool(keep_spooled, factory, project, columns, document_file)
-            fields = {**fields, "stats_id": row.id}
+            row_id, _ = await keep_in_render_process(factory, run_in_process, project, columns, document_file,
+                                                     len(body))
+            fields = {**fields, "stats_id": row_id}
     finally:
         _unlink(paths)
     return model.model_validate(fields)

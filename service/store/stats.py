@@ -29,7 +29,7 @@ import planner
 from planner import baseline_peak_bytes, compute_ms
 from service.errors import InvalidInput, NotFound, PayloadTooLarge, RenderMemoryExceeded
 from service.schemas import StatsSource
-from service.store.db import write_gate
+from service.store.db import make_engine, make_sessionmaker, write_gate
 from service.store.ids import is_id, shown_id
 from service.store.models import StatsRecord, StatsTag
 from service.store.ranges import check_in_range
@@ -38,7 +38,8 @@ from service.transport import UploadLimits, check_upload
 
 __all__ = ["get_stats", "stats_document", "new_stats_record", "stats_row_fields", "keep_stats", "store_stats",
            "store_stats_body", "prepare_body_job", "stats_id_of", "spooled", "keep_spooled", "in_render_process",
-           "raise_unless_ok", "parse_body_file", "stats_columns", "OutOfTime"]
+           "raise_unless_ok", "parse_body_file", "stats_columns", "OutOfTime", "keep_in_render_process",
+           "keep_spooled_job"]
 
 
 def get_stats(session: Session, project: str, stats_id: str) -> StatsRecord:
@@ -210,7 +211,43 @@ async def store_stats_body(factory: sessionmaker[Session], run_in_process: Calla
     async with spooled(body) as (body_file, document_file):
         outcome = raise_unless_ok(await in_render_process(run_in_process, prepare_body_job, len(body), body_file,
                                                           document_file, limits), body)
-        return await run_in_threadpool(keep_spooled, factory, project, outcome[1], document_file)
+        row_id, inserted = await keep_in_render_process(factory, run_in_process, project, outcome[1],
+                                                        document_file, len(body))
+        return await run_in_threadpool(_stored, factory, row_id), inserted
+
+
+async def keep_in_render_process(factory: sessionmaker[Session], run_in_process: Callable[..., Awaitable[Any]],
+                                 project: str, columns: dict[str, Any], document_file: str,
+                                 size: int) -> tuple[str, bool]:
+    """The upload with ``columns`` and the text in ``document_file`` stored (or found) by a render process: its
+    id, and whether it was stored now.
+
+    In a thread of this process, reading the text (tens of MB decoded) and binding it into the insert (the
+    database driver copies it) each held the GIL for 100-200 ms at a time: the event loop, ``/healthz``
+    included, stood still meanwhile. The write gate is a file lock, so it holds across processes.
+    """
+    url = factory.kw["bind"].url.render_as_string(hide_password=False)
+    return await in_render_process(run_in_process, keep_spooled_job, size, url, project, columns, document_file)
+
+
+_factories: dict[str, sessionmaker[Session]] = {}  # a render process's database, made on its first write
+
+
+def keep_spooled_job(database_url: str, project: str, columns: dict[str, Any], document_file: str) -> tuple[str, bool]:
+    """In a render process: :func:`keep_spooled`; the row's id and whether it was stored now."""
+    factory = _factories.get(database_url)
+    if factory is None:
+        factory = _factories[database_url] = make_sessionmaker(make_engine(database_url))
+    row, inserted = keep_spooled(factory, project, columns, document_file)
+    return row.id, inserted
+
+
+def _stored(factory: sessionmaker[Session], row_id: str) -> StatsRecord:
+    """The upload ``row_id`` with its tags, without its document."""
+    with factory() as session:
+        row = session.get(StatsRecord, row_id)
+        row.tags  # noqa: B018 - loaded while the session is open
+        return row
 
 
 @asynccontextmanager
