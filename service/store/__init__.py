@@ -23,9 +23,9 @@ __all__ = [
     # stats
     "get_stats", "stats_document", "new_stats_record", "stats_row_fields", "keep_stats", "store_stats",
     "store_stats_body", "prepare_body_job", "stats_id_of", "spooled", "keep_spooled", "in_render_process",
-    "raise_unless_ok", "parse_body_file", "stats_columns", "OutOfTime", "keep_in_render_process", "keep_spooled_job",
+    "raise_unless_ok", "parse_body_file", "stats_columns", "OutOfTime", "database_of", "keep_spooled_job",
     # request_bodies
-    "store_request_body", "prepare_request_job", "StatsNotInTime",
+    "store_request_body", "prepare_request_job", "StatsNotInTime", "claim",
     # sweeps
     "keep_sweep", "get_sweep",
     # ranges

@@ -26,11 +26,11 @@ from starlette.concurrency import run_in_threadpool
 
 from service.errors import InvalidInput
 from service.schemas import StatsSource
-from service.store.stats import (in_render_process, keep_in_render_process, parse_body_file, raise_unless_ok, spool,
-                                 stats_columns)
+from service.store.stats import (database_of, in_render_process, keep_spooled_job, parse_body_file, raise_unless_ok,
+                                 spool, stats_columns)
 from service.transport import UploadLimits, check_time_limit
 
-__all__ = ["store_request_body", "prepare_request_job", "StatsNotInTime"]
+__all__ = ["store_request_body", "prepare_request_job", "StatsNotInTime", "claim"]
 
 log = logging.getLogger(__name__)
 
@@ -61,14 +61,14 @@ async def store_request_body(factory: sessionmaker[Session], run_in_process: Cal
     limit (from ``started``, ``time.monotonic()`` at the request's arrival) if the stats are not stored by then.
     """
     body_file, document_file = await run_in_threadpool(spool, body)
-    limit_file = document_file + ".limit"
+    limit_file, claim_file = document_file + ".limit", document_file + ".claim"
     started_epoch = time.time() - (time.monotonic() - started)
     job = asyncio.ensure_future(in_render_process(run_in_process, prepare_request_job, len(body), body_file,
                                                   document_file, limit_file, model, limits, max_time_limit_s,
-                                                  started_epoch))
-    paths = (body_file, document_file, limit_file, limit_file + ".part")
+                                                  started_epoch, database_of(factory), project))
+    paths = (body_file, document_file, limit_file, limit_file + ".part", claim_file)
     try:
-        late = await _done_or_late(job, limit_file, started)
+        late = await _done_or_late(job, limit_file, claim_file, started)
     except BaseException:  # the client went away: the job's files go once it is done
         job.add_done_callback(lambda done: _let_go(done, paths))
         raise
@@ -79,19 +79,19 @@ async def store_request_body(factory: sessionmaker[Session], run_in_process: Cal
         outcome = raise_unless_ok(job.result(), body)
         if outcome[0] == "time_limit":
             raise StatsNotInTime(model.model_validate({**outcome[1], "stats": {}}))
-        fields, columns = outcome[1], outcome[2]
-        if columns is not None:
-            row_id, _ = await keep_in_render_process(factory, run_in_process, project, columns, document_file,
-                                                     len(body))
+        fields, row_id = outcome[1], outcome[2]
+        if row_id is not None:
             fields = {**fields, "stats_id": row_id}
     finally:
         _unlink(paths)
     return model.model_validate(fields)
 
 
-async def _done_or_late(job: asyncio.Future, limit_file: str, started: float) -> dict[str, Any] | None:
+async def _done_or_late(job: asyncio.Future, limit_file: str, claim_file: str,
+                        started: float) -> dict[str, Any] | None:
     """None once ``job`` is done; the request's fields if its time limit passes first (known once the render
-    process has read the request and written them to ``limit_file``)."""
+    process has read the request and written them to ``limit_file``) and the job has not begun to store the
+    stats (whichever of the two claims ``claim_file`` first decides)."""
     deadline, fields = None, None
     while not job.done():
         wait_s = _LOOK_S if deadline is None else max(deadline - time.monotonic(), 0.0)
@@ -103,8 +103,20 @@ async def _done_or_late(job: asyncio.Future, limit_file: str, started: float) ->
             if told is not None:
                 deadline, fields = started + told["time_limit_s"], told["fields"]
         if deadline is not None and time.monotonic() >= deadline:
-            return fields
+            if claim(claim_file):
+                return fields
+            deadline = float("inf")  # the job is storing them: its answer, a moment after the limit
     return None
+
+
+def claim(path: str) -> bool:
+    """Whether this caller is the first to claim ``path`` (made atomically: of the service answering at the
+    time limit and the render process storing the stats, only one goes ahead)."""
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except FileExistsError:
+        return False
+    return True
 
 
 def _told(limit_file: str) -> dict[str, Any] | None:
@@ -129,12 +141,14 @@ def _unlink(paths: tuple[str, ...]) -> None:
 
 
 def prepare_request_job(body_file: str, document_file: str, limit_file: str, model: type[StatsSource],
-                        limits: UploadLimits, max_time_limit_s: float, started_epoch: float) -> tuple:
-    """In a render process: ``("ok", fields, columns)`` for a valid plan or sweep request ``model`` (the body in
-    ``body_file``): its fields but ``stats``, and the columns of its inline stats (their text written to
-    ``document_file``), or None; ``("time_limit", fields)`` when its time limit (from ``started_epoch``,
-    ``time.time()`` at its arrival) passed first; else what is wrong with it. Once the request's own fields are
-    valid they go to ``limit_file`` with its ``time_limit_s``, for the service to keep the time."""
+                        limits: UploadLimits, max_time_limit_s: float, started_epoch: float, database_url: str,
+                        project: str) -> tuple:
+    """In a render process: ``("ok", fields, stats_id)`` for a valid plan or sweep request ``model`` (the body in
+    ``body_file``): its fields but ``stats``, and the id of its inline stats stored through ``database_url`` (their
+    text written to ``document_file`` on the way), or None; ``("time_limit", fields)`` when its time limit (from
+    ``started_epoch``, ``time.time()`` at its arrival) passed first, nothing stored; else what is wrong with it.
+    Once the request's own fields are valid they go to ``limit_file`` with its ``time_limit_s``, for the service to
+    keep the time; the stats are stored only if this job claims ``<document_file>.claim`` before the service."""
     parsed = parse_body_file(body_file)
     if parsed[0] != "ok":
         return parsed
@@ -156,9 +170,12 @@ def prepare_request_job(body_file: str, document_file: str, limit_file: str, mod
     holder, stats = [stats], None  # only the holder has the stats now
     outcome = stats_columns(holder, limits, document_file, loc=("body", "stats"),
                             until=started_epoch + request.time_limit_s)
-    if outcome[0] == "time_limit":
+    if outcome[0] != "ok":
+        return ("time_limit", fields) if outcome[0] == "time_limit" else outcome
+    if time.time() >= started_epoch + request.time_limit_s or not claim(document_file + ".claim"):
         return "time_limit", fields
-    return (outcome[0], fields, outcome[1]) if outcome[0] == "ok" else outcome
+    row_id, _ = keep_spooled_job(database_url, project, outcome[1], document_file)
+    return "ok", fields, row_id
 
 
 def _tell(limit_file: str, told: dict[str, Any]) -> None:

@@ -38,7 +38,7 @@ from service.transport import UploadLimits, check_upload
 
 __all__ = ["get_stats", "stats_document", "new_stats_record", "stats_row_fields", "keep_stats", "store_stats",
            "store_stats_body", "prepare_body_job", "stats_id_of", "spooled", "keep_spooled", "in_render_process",
-           "raise_unless_ok", "parse_body_file", "stats_columns", "OutOfTime", "keep_in_render_process",
+           "raise_unless_ok", "parse_body_file", "stats_columns", "OutOfTime", "database_of",
            "keep_spooled_job"]
 
 
@@ -210,24 +210,18 @@ async def store_stats_body(factory: sessionmaker[Session], run_in_process: Calla
     """
     async with spooled(body) as (body_file, document_file):
         outcome = raise_unless_ok(await in_render_process(run_in_process, prepare_body_job, len(body), body_file,
-                                                          document_file, limits), body)
-        row_id, inserted = await keep_in_render_process(factory, run_in_process, project, outcome[1],
-                                                        document_file, len(body))
-        return await run_in_threadpool(_stored, factory, row_id), inserted
+                                                          document_file, limits, database_of(factory), project), body)
+        return await run_in_threadpool(_stored, factory, outcome[1]), outcome[2]
 
 
-async def keep_in_render_process(factory: sessionmaker[Session], run_in_process: Callable[..., Awaitable[Any]],
-                                 project: str, columns: dict[str, Any], document_file: str,
-                                 size: int) -> tuple[str, bool]:
-    """The upload with ``columns`` and the text in ``document_file`` stored (or found) by a render process: its
-    id, and whether it was stored now.
+def database_of(factory: sessionmaker[Session]) -> str:
+    """The URL a render process stores an upload through (:func:`keep_spooled_job`).
 
-    In a thread of this process, reading the text (tens of MB decoded) and binding it into the insert (the
-    database driver copies it) each held the GIL for 100-200 ms at a time: the event loop, ``/healthz``
-    included, stood still meanwhile. The write gate is a file lock, so it holds across processes.
+    Stored from a thread of this process, reading the document's text back (tens of MB decoded) and binding it
+    into the insert (the database driver copies it) each held the GIL for 100-200 ms at a time: the event loop,
+    ``/healthz`` included, stood still meanwhile. The write gate is a file lock, so it holds across processes.
     """
-    url = factory.kw["bind"].url.render_as_string(hide_password=False)
-    return await in_render_process(run_in_process, keep_spooled_job, size, url, project, columns, document_file)
+    return factory.kw["bind"].url.render_as_string(hide_password=False)
 
 
 _factories: dict[str, sessionmaker[Session]] = {}  # a render process's database, made on its first write
@@ -351,11 +345,16 @@ def stats_columns(holder: list[dict[str, Any]], limits: UploadLimits, document_f
         return "invalid", exc.message, exc.errors
 
 
-def prepare_body_job(body_file: str, document_file: str, limits: UploadLimits) -> tuple:
-    """In a render process: ``("ok", columns)`` for a valid stats document (the body in ``body_file``; its
-    canonical text written to ``document_file``), else what is wrong with it."""
+def prepare_body_job(body_file: str, document_file: str, limits: UploadLimits, database_url: str,
+                     project: str) -> tuple:
+    """In a render process: ``("ok", row_id, inserted)`` for a valid stats document (the body in ``body_file``;
+    its canonical text written to ``document_file``), stored through ``database_url`` (or found there), else what
+    is wrong with it. One job: between two, a render process holding the validation's memory is replaced."""
     parsed = parse_body_file(body_file)
-    return stats_columns(parsed[1], limits, document_file) if parsed[0] == "ok" else parsed
+    outcome = stats_columns(parsed[1], limits, document_file) if parsed[0] == "ok" else parsed
+    if outcome[0] != "ok":
+        return outcome
+    return ("ok", *keep_spooled_job(database_url, project, outcome[1], document_file))
 
 
 def _keep(factory: sessionmaker[Session], project: str, row: StatsRecord) -> tuple[StatsRecord, bool]:

@@ -119,7 +119,7 @@ def test_large_bodies_leave_no_temporary_files(client, big_doc, tmp_path, monkey
 def test_a_large_uploads_text_is_stored_by_the_render_process_never_read_here(settings, big_doc):
     # Reading the canonical text back (tens of MB decoded) and binding it into the insert held the GIL in a thread
     # of the service process for 100-200 ms at a time, stalling its event loop (/healthz): the render process that
-    # wrote the text now stores it (the write gate is a file lock), and only the row's id comes back.
+    # wrote the text now stores it in the same job (the write gate is a file lock), and only the row's id comes back.
     from sqlalchemy import inspect
 
     from service.store import make_engine, make_sessionmaker, store_stats_body
@@ -139,7 +139,7 @@ def test_a_large_uploads_text_is_stored_by_the_render_process_never_read_here(se
         again, inserted_again = asyncio.run(store_stats_body(factory, run, "p", body, limits=UploadLimits.of(settings)))
     finally:
         renderer.shutdown()
-    assert ran == ["prepare_body_job", "keep_spooled_job"] * 2
+    assert ran == ["prepare_body_job"] * 2
     assert (inserted, inserted_again, again.id) == (True, False, row.id)
     assert "document" not in inspect(row).dict  # the text never loaded in this process
     with factory() as session:
