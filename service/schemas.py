@@ -193,8 +193,14 @@ class PlanRequest(StatsSource):
 class PlanOut(Plan):
     """A plan with its id; ``cached`` says it came from the store without a solve."""
 
-    id: str | None = Field(description="The plan's opaque id; null only for status 'error' (not stored).")
-    stats_id: str
+    id: str | None = Field(description="The plan's opaque id; null when nothing was stored: status 'error', "
+                                       "or 'time_limit' (no plan found in time).")
+    stats_id: str | None = Field(description="The stats upload planned. Null only when the request's inline stats "
+                                             "were not validated and stored within time_limit_s (status "
+                                             "'time_limit', the message says so): nothing was stored.")
+    baseline_peak_bytes: int | None = Field(description="Peak memory with no checkpointing; null with stats_id.")
+    compute_ms: float | None = Field(description="Forward + backward time of the step without recomputation; null "
+                                                 "with stats_id.")
     cached: bool = Field(description="True: served from the plan cache; no solver ran for this request.")
     created_at: UtcTime | None
     request: dict[str, Any] = Field(description="The normalised request fields the plan was cached under.")
@@ -270,12 +276,19 @@ class SweepPoint(BaseModel):
 
 class SweepOut(BaseModel):
     id: str | None = Field(description="The sweep's opaque id; null only when a point failed with status 'error' "
-                                       "(nothing stored).")
-    stats_id: str
+                                       "(nothing stored), or when the inline stats were not validated and "
+                                       "stored within time_limit_s (then stats_id too).")
+    stats_id: str | None = Field(description="The stats upload planned. Null only when the request's inline stats "
+                                             "were not validated and stored within time_limit_s (every point "
+                                             "'time_limit', the message says so): nothing was stored.")
     cached: bool = Field(description="True when every point came from the plan cache.")
-    created_at: UtcTime
-    baseline_peak_bytes: int
-    compute_ms: float
+    created_at: UtcTime | None = Field(description="When the sweep (or, when it is not stored, its stats) was "
+                                                   "stored; null with stats_id.")
+    baseline_peak_bytes: int | None = Field(description="Peak memory with no checkpointing; null with stats_id.")
+    compute_ms: float | None = Field(description="Forward + backward time of the step without recomputation; "
+                                                 "null with stats_id.")
+    message: str | None = Field(None, exclude_if=lambda v: v is None,
+                                description="Present only when the answer is not the sweep asked for: why.")
     points: list[SweepPoint]
     chart_url: str | None
 

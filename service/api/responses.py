@@ -23,11 +23,20 @@ ALREADY_UPLOADED: Responses = {
     200: {"model": StatsSummary, "description": "Same stats uploaded before: the existing upload"}
 }
 PLAN_FROM_CACHE: Responses = {
-    200: {"model": PlanOut, "description": "From the plan cache (cached: true, no solve); or status 'error', "
-                                           "nothing stored"}
+    200: {"model": PlanOut, "description": "From the plan cache (cached: true, no solve); or status 'error' or "
+                                           "'time_limit', nothing stored. time_limit_s bounds the whole request "
+                                           "from its arrival: when it passes before inline stats are validated "
+                                           "and stored, the answer comes at the limit with stats_id, "
+                                           "baseline_peak_bytes and compute_ms null and a message saying so, "
+                                           "and nothing is stored, then or later (upload such stats with POST "
+                                           "/v1/stats, which has no time limit)"}
 }
 SWEEP_FROM_CACHE: Responses = {
-    200: {"model": SweepOut, "description": "The same sweep as asked before: the stored one, every point cached"}
+    200: {"model": SweepOut, "description": "The same sweep as asked before: the stored one, every point cached; "
+                                            "or a point failed (id null, nothing stored); or time_limit_s passed "
+                                            "before inline stats were validated and stored: every point "
+                                            "'time_limit', stats_id, created_at, baseline_peak_bytes and "
+                                            "compute_ms null, a message saying so, nothing stored"}
 }
 PIPELINE_FROM_CACHE: Responses = {
     200: {"model": PipelinePlanOut, "description": "The same pipeline plan as asked before: the stored one, every "

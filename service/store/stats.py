@@ -13,12 +13,12 @@ import hashlib
 import json
 import os
 import tempfile
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import HTTPException
-from pydantic import ValidationError
 from fastapi.exceptions import RequestValidationError
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
@@ -29,15 +29,17 @@ import planner
 from planner import baseline_peak_bytes, compute_ms
 from service.errors import InvalidInput, NotFound, PayloadTooLarge, RenderMemoryExceeded
 from service.schemas import StatsSource
-from service.store.db import write_gate
+from service.store.db import make_engine, make_sessionmaker, write_gate
 from service.store.ids import is_id, shown_id
 from service.store.models import StatsRecord, StatsTag
 from service.store.ranges import check_in_range
 from service.text import check_storable
-from service.transport import UploadLimits, check_time_limit, check_upload
+from service.transport import UploadLimits, check_upload
 
 __all__ = ["get_stats", "stats_document", "new_stats_record", "stats_row_fields", "keep_stats", "store_stats",
-           "store_stats_body", "prepare_body_job", "store_request_body", "prepare_request_job", "stats_id_of"]
+           "store_stats_body", "prepare_body_job", "stats_id_of", "spooled", "keep_spooled", "in_render_process",
+           "raise_unless_ok", "parse_body_file", "stats_columns", "OutOfTime", "database_of",
+           "keep_spooled_job"]
 
 
 def get_stats(session: Session, project: str, stats_id: str) -> StatsRecord:
@@ -82,14 +84,16 @@ def stats_row_fields(doc: dict[str, Any], *, loc: Sequence[str] = (),
 
 
 def _row_fields(holder: list[dict[str, Any]], loc: Sequence[str], limits: UploadLimits | None,
-                document_file: str | None = None) -> dict[str, Any]:
+                document_file: str | None = None, until: float | None = None) -> dict[str, Any]:
     """:func:`stats_row_fields` of the one document in ``holder``: taken out, and let go once validated when
     nobody else holds it (a worker's decoded body is a few times the body's size). With ``document_file`` the
-    document's text is written there instead of returned (a worker's answer then needs no copy of it)."""
+    document's text is written there instead of returned (a worker's answer then needs no copy of it). Past
+    ``until`` (``time.time()``) it stops between steps with :class:`OutOfTime`."""
     doc = holder.pop()
     if limits is not None:
         check_upload(doc, limits, loc)
     source_format = "v1" if doc.get("format") else "torch"
+    _check_time(until)
     try:
         stats = planner.parse_stats(doc)
     except planner.StatsError as exc:
@@ -97,6 +101,7 @@ def _row_fields(holder: list[dict[str, Any]], loc: Sequence[str], limits: Upload
         errors = [{**e, "loc": [*loc, *e.get("loc", ())]} for e in exc.errors]
         raise InvalidInput(f"invalid stats{where}: {exc}", errors=errors) from None
     del doc
+    _check_time(until)
     # The columns the document's text goes to as such (the document itself is stored as escaped JSON).
     check_storable(stats.metadata.model_name, [*loc, "metadata", "model_name"])
     for key, value in stats.metadata.tags.items():
@@ -111,16 +116,26 @@ def _row_fields(holder: list[dict[str, Any]], loc: Sequence[str], limits: Upload
     fields = {"model_name": stats.metadata.model_name, "source_format": source_format, **figures,
               "tags": dict(stats.metadata.tags)}
     if document_file is not None:
-        return {**fields, "content_hash": _write_document(stats, document_file)}
+        return {**fields, "content_hash": _write_document(stats, document_file, until)}
     document = stats.canonical_json()  # once: planner.stats_hash(stats) is the SHA-256 of this same text
     return {**fields, "content_hash": hashlib.sha256(document.encode()).hexdigest(), "document": document}
 
 
-def _write_document(stats: planner.Stats, path: str) -> str:
+class OutOfTime(Exception):
+    """A job's time limit passed before it was done (:func:`stats_columns` answers ``("time_limit",)``)."""
+
+
+def _check_time(until: float | None) -> None:
+    if until is not None and time.time() >= until:
+        raise OutOfTime
+
+
+def _write_document(stats: planner.Stats, path: str, until: float | None = None) -> str:
     """Write the canonical text of ``stats`` to ``path`` a module at a time; its SHA-256 (planner.stats_hash)."""
     digest = hashlib.sha256()
     with open(path, "wb") as out:
         for part in stats.canonical_json_parts():
+            _check_time(until)
             data = part.encode()
             digest.update(data)
             out.write(data)
@@ -193,40 +208,49 @@ async def store_stats_body(factory: sessionmaker[Session], run_in_process: Calla
     CPU for a document of tens of MB, which in a thread of this process held the GIL for up to a second at
     a time and stalled the event loop (``/healthz`` and cached reads included). Only the columns come back.
     """
-    async with _spooled(body) as (body_file, document_file):
-        outcome = _raise_unless_ok(await _in_process(run_in_process, prepare_body_job, len(body), body_file,
-                                                     document_file, limits), body)
-        return await run_in_threadpool(_keep_spooled, factory, project, outcome[1], document_file)
+    async with spooled(body) as (body_file, document_file):
+        outcome = raise_unless_ok(await in_render_process(run_in_process, prepare_body_job, len(body), body_file,
+                                                          document_file, limits, database_of(factory), project), body)
+        return await run_in_threadpool(_stored, factory, outcome[1]), outcome[2]
 
 
-async def store_request_body(factory: sessionmaker[Session], run_in_process: Callable[..., Awaitable[Any]],
-                             project: str, body: bytes, model: type[StatsSource], *, limits: UploadLimits,
-                             max_time_limit_s: float) -> StatsSource:
-    """A plan or sweep request (``model``) too large to read in the service process, as the route would have
-    had it, with its inline ``stats`` stored (as :func:`stats_id_of` would) and named by ``stats_id``.
+def database_of(factory: sessionmaker[Session]) -> str:
+    """The URL a render process stores an upload through (:func:`keep_spooled_job`).
 
-    The request is parsed and validated, its time limit checked and its stats validated in another process
-    (:func:`prepare_request_job`), as an upload over a MiB is: only the request's other fields and the stats'
-    columns come back. Errors are those of the small path, in its order: the request's fields (422), its
-    ``time_limit_s``, then the stats (413, 422 under ``body.stats``).
+    Stored from a thread of this process, reading the document's text back (tens of MB decoded) and binding it
+    into the insert (the database driver copies it) each held the GIL for 100-200 ms at a time: the event loop,
+    ``/healthz`` included, stood still meanwhile. The write gate is a file lock, so it holds across processes.
     """
-    async with _spooled(body) as (body_file, document_file):
-        outcome = _raise_unless_ok(await _in_process(run_in_process, prepare_request_job, len(body), body_file,
-                                                     document_file, model, limits, max_time_limit_s), body)
-        fields, columns = outcome[1], outcome[2]
-        if columns is not None:
-            row, _ = await run_in_threadpool(_keep_spooled, factory, project, columns, document_file)
-            fields = {**fields, "stats_id": row.id}
-    return model.model_validate(fields)
+    return factory.kw["bind"].url.render_as_string(hide_password=False)
+
+
+_factories: dict[str, sessionmaker[Session]] = {}  # a render process's database, made on its first write
+
+
+def keep_spooled_job(database_url: str, project: str, columns: dict[str, Any], document_file: str) -> tuple[str, bool]:
+    """In a render process: :func:`keep_spooled`; the row's id and whether it was stored now."""
+    factory = _factories.get(database_url)
+    if factory is None:
+        factory = _factories[database_url] = make_sessionmaker(make_engine(database_url))
+    row, inserted = keep_spooled(factory, project, columns, document_file)
+    return row.id, inserted
+
+
+def _stored(factory: sessionmaker[Session], row_id: str) -> StatsRecord:
+    """The upload ``row_id`` with its tags, without its document."""
+    with factory() as session:
+        row = session.get(StatsRecord, row_id)
+        row.tags  # noqa: B018 - loaded while the session is open
+        return row
 
 
 @asynccontextmanager
-async def _spooled(body: bytes) -> AsyncIterator[tuple[str, str]]:
+async def spooled(body: bytes) -> AsyncIterator[tuple[str, str]]:
     """``body`` in a temporary file, and an empty one for the document's text: a render process reads the one
     and writes the other. Passed as job arguments they were pickled, and the executor's feeder thread keeps the
     last message it sent (the body again) until it sends another; the text, tens of MB more, came back the same
     way."""
-    paths = await run_in_threadpool(_spool, body)
+    paths = await run_in_threadpool(spool, body)
     try:
         yield paths
     finally:
@@ -235,7 +259,7 @@ async def _spooled(body: bytes) -> AsyncIterator[tuple[str, str]]:
                 os.unlink(path)
 
 
-def _spool(body: bytes) -> tuple[str, str]:
+def spool(body: bytes) -> tuple[str, str]:
     paths = []
     try:
         for data in (body, b""):
@@ -250,15 +274,15 @@ def _spool(body: bytes) -> tuple[str, str]:
     return paths[0], paths[1]
 
 
-def _keep_spooled(factory: sessionmaker[Session], project: str, columns: dict[str, Any],
-                  document_file: str) -> tuple[StatsRecord, bool]:
+def keep_spooled(factory: sessionmaker[Session], project: str, columns: dict[str, Any],
+                 document_file: str) -> tuple[StatsRecord, bool]:
     with open(document_file, encoding="utf-8") as text:
         document = text.read()
     return _keep(factory, project, _record(project, {**columns, "document": document}))
 
 
-async def _in_process(run_in_process: Callable[..., Awaitable[Any]], job: Callable[..., tuple], size: int,
-                      *args: Any) -> tuple:
+async def in_render_process(run_in_process: Callable[..., Awaitable[Any]], job: Callable[..., tuple], size: int,
+                            *args: Any) -> tuple:
     """``job(*args)`` in a render process; 413 when validating the body (``size`` bytes) needs more than its
     memory cap."""
     try:
@@ -269,7 +293,7 @@ async def _in_process(run_in_process: Callable[..., Awaitable[Any]], job: Callab
         raise PayloadTooLarge(message, errors=[{"loc": ["body"], "msg": message, "input": size}]) from None
 
 
-def _raise_unless_ok(outcome: tuple, body: bytes) -> tuple:
+def raise_unless_ok(outcome: tuple, body: bytes) -> tuple:
     """A worker's ``("ok", ...)``, or its account of what is wrong raised as the small path would."""
     kind = outcome[0]
     if kind == "json_invalid":  # as FastAPI words a body it cannot parse, so the same handler explains it
@@ -290,7 +314,7 @@ def _raise_unless_ok(outcome: tuple, body: bytes) -> tuple:
     return outcome
 
 
-def _parse(body_file: str) -> tuple:
+def parse_body_file(body_file: str) -> tuple:
     """``("ok", [doc])`` of the body in ``body_file`` (in a list, so the validation can let it go), or what is
     wrong with the body."""
     with open(body_file, "rb") as source:
@@ -307,57 +331,30 @@ def _parse(body_file: str) -> tuple:
     return "ok", [doc]
 
 
-def _columns(holder: list[dict[str, Any]], limits: UploadLimits, document_file: str,
-             loc: Sequence[str] = ()) -> tuple:
+def stats_columns(holder: list[dict[str, Any]], limits: UploadLimits, document_file: str,
+                  loc: Sequence[str] = (), until: float | None = None) -> tuple:
     """``("ok", columns)`` of the stats document in ``holder`` (its text written to ``document_file``), else
-    what is wrong with it."""
+    what is wrong with it; ``("time_limit",)`` once ``time.time()`` passes ``until`` (checked between steps)."""
     try:
-        return "ok", _row_fields(holder, loc, limits, document_file)
+        return "ok", _row_fields(holder, loc, limits, document_file, until)
+    except OutOfTime:
+        return ("time_limit",)
     except PayloadTooLarge as exc:
         return "too_large", exc.message, exc.errors
     except InvalidInput as exc:
         return "invalid", exc.message, exc.errors
 
 
-def prepare_body_job(body_file: str, document_file: str, limits: UploadLimits) -> tuple:
-    """In a render process: ``("ok", columns)`` for a valid stats document (the body in ``body_file``; its
-    canonical text written to ``document_file``), else what is wrong with it."""
-    parsed = _parse(body_file)
-    return _columns(parsed[1], limits, document_file) if parsed[0] == "ok" else parsed
-
-
-def prepare_request_job(body_file: str, document_file: str, model: type[StatsSource], limits: UploadLimits,
-                        max_time_limit_s: float) -> tuple:
-    """In a render process: ``("ok", fields, columns)`` for a valid plan or sweep request ``model`` (the body in
-    ``body_file``): its fields but ``stats``, and the columns of its inline stats (their text written to
-    ``document_file``), or None; else what is wrong with it."""
-    parsed = _parse(body_file)
-    if parsed[0] != "ok":
-        return parsed
-    doc = parsed[1].pop()
-    stats = doc.pop("stats", None)
-    try:  # the request's own fields, the stats standing in as any object (they are validated as stats below)
-        request = model.model_validate({**doc, "stats": {}} if isinstance(stats, dict) else
-                                       {**doc, **({} if stats is None else {"stats": stats})})
-    except ValidationError as exc:
-        return "request_invalid", [_request_error(e) for e in exc.errors(include_url=False, include_context=False)]
-    fields = request.model_dump(mode="json", exclude_unset=True, exclude={"stats"})
-    try:
-        check_time_limit(request.time_limit_s, max_time_limit_s)
-    except InvalidInput as exc:
-        return "invalid", exc.message, exc.errors
-    if stats is None:
-        return "ok", fields, None
-    holder, stats = [stats], None  # only the holder has the stats now
-    outcome = _columns(holder, limits, document_file, loc=("body", "stats"))
-    return (outcome[0], fields, outcome[1]) if outcome[0] == "ok" else outcome
-
-
-def _request_error(error: dict[str, Any]) -> dict[str, Any]:
-    value = error.get("input")
-    if isinstance(value, (dict, list, str)) and len(value) > 64:  # a large body's part is not sent back whole
-        value = value[:64] if isinstance(value, (list, str)) else type(value)()
-    return {"type": error["type"], "loc": ("body", *error["loc"]), "msg": error["msg"], "input": value}
+def prepare_body_job(body_file: str, document_file: str, limits: UploadLimits, database_url: str,
+                     project: str) -> tuple:
+    """In a render process: ``("ok", row_id, inserted)`` for a valid stats document (the body in ``body_file``;
+    its canonical text written to ``document_file``), stored through ``database_url`` (or found there), else what
+    is wrong with it. One job: between two, a render process holding the validation's memory is replaced."""
+    parsed = parse_body_file(body_file)
+    outcome = stats_columns(parsed[1], limits, document_file) if parsed[0] == "ok" else parsed
+    if outcome[0] != "ok":
+        return outcome
+    return ("ok", *keep_spooled_job(database_url, project, outcome[1], document_file))
 
 
 def _keep(factory: sessionmaker[Session], project: str, row: StatsRecord) -> tuple[StatsRecord, bool]:

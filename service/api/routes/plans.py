@@ -7,11 +7,11 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 from service.api.deps import IdPath, ProjectDep, RendererDep, SessionFactoryDep, SettingsDep, SolverDep
-from service.api.inline import arrival_and_body
+from service.api.inline import arrival_and_body, plan_not_in_time
 from service.api.responses import NOT_FOUND, PLAN_FROM_CACHE, PNG, RENDER_BUSY, SOLVE_ERRORS, STALE_STATS
 from service.schemas import PlanOut, PlanRequest
 from service.solving import plans_for
-from service.store import CachedPlan, get_plan, get_stats, plan_json
+from service.store import CachedPlan, StatsNotInTime, get_plan, get_stats, plan_json
 from service.times import iso_utc
 from service.transport import deferred_body_route
 from service.views import plan_chart_job, raise_if_stale
@@ -40,7 +40,10 @@ async def create_plan(
     Name the stats by ``stats_id``, or send them inline as ``stats`` (stored as ``POST /v1/stats`` would).
     """
     # time_limit_s counts from the request's arrival: reading, validating and storing inline stats included
-    started, body = await arrival_and_body(request, body, factory, renderer, settings, project)
+    try:
+        started, body = await arrival_and_body(request, body, factory, renderer, settings, project)
+    except StatsNotInTime as late:  # nothing stored: answered at the limit
+        return plan_not_in_time(late.request)
     _, [plan] = await plans_for(factory, solver, settings, project, body, [body.memory_budget_gib], started=started)
     return plan_response(plan)
 

@@ -7,11 +7,11 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 from service.api.deps import IdPath, ProjectDep, RendererDep, SessionDep, SessionFactoryDep, SettingsDep, SolverDep
-from service.api.inline import arrival_and_body
+from service.api.inline import arrival_and_body, sweep_not_in_time
 from service.api.responses import NOT_FOUND, PNG, RENDER_BUSY, SOLVE_ERRORS, SWEEP_FROM_CACHE
 from service.schemas import SweepOut, SweepRequest
 from service.solving import plans_for
-from service.store import CachedPlan, StatsRecord, SweepRecord, get_stats, get_sweep, keep_sweep
+from service.store import CachedPlan, StatsNotInTime, StatsRecord, SweepRecord, get_stats, get_sweep, keep_sweep
 from service.times import iso_utc
 from service.transport import deferred_body_route
 from service.views import sweep_chart_job, sweep_out, sweep_point
@@ -30,7 +30,11 @@ async def create_sweep(
     """Plans at each budget (missing ones solved in one job), stored as a new sweep (201) or the same as
     before (200); the curve is also a chart."""
     # one time_limit_s for the whole sweep, from the request's arrival (inline stats read off the event loop)
-    started, body = await arrival_and_body(request, body, factory, renderer, settings, project)
+    try:
+        started, body = await arrival_and_body(request, body, factory, renderer, settings, project)
+    except StatsNotInTime as late:  # nothing stored: answered at the limit
+        response.status_code = status.HTTP_200_OK
+        return sweep_not_in_time(late.request)
     budgets = body.budgets()
     stats_id, plans = await plans_for(factory, solver, settings, project, body, budgets, started=started)
     points = [sweep_point(p) for p in plans]

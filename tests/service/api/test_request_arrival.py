@@ -111,3 +111,21 @@ def test_bodies_are_utf8_json_only(client, count_rows, encoding, content_type, s
     assert count_rows()["stats"] == 0
     ok = client.post("/v1/stats", content=text.encode(), headers={"content-type": "application/json; charset=UTF-8"})
     assert ok.status_code == 201
+
+
+def test_inline_stats_not_stored_in_time_are_answered_at_the_limit_storing_nothing(client, big_doc, count_rows):
+    # Reading ~1.2 MiB of stats in a render process (starting it, json.loads, validation) takes well over the
+    # smallest time limit: the answer said time_limit only once the stats were stored, with their stats_id.
+    for path, extra in (("/v1/plans", {"memory_budget_gib": 1000}), ("/v1/sweeps", {"budgets_gib": [900, 1000]})):
+        request = {"stats": big_doc, "time_limit_s": MIN_TIME_LIMIT_S, **extra}
+        r = client.post(path, content=json.dumps(request).encode(), headers=JSON)
+        assert r.status_code == 200, r.text[:500]
+        out = r.json()
+        assert (out["id"], out["stats_id"], out["baseline_peak_bytes"], out["compute_ms"]) == (None,) * 4
+        statuses = [out["status"]] if path == "/v1/plans" else [p["status"] for p in out["points"]]
+        assert statuses == ["time_limit"] * (1 if path == "/v1/plans" else 2)
+        assert "nothing was stored" in out["message"] and "POST /v1/stats" in out["message"]
+    # nothing stored, now or once the render process has stopped; the same stats are then stored in time
+    r = client.post("/v1/sweeps", content=json.dumps({**request, "time_limit_s": 60}).encode(), headers=JSON)
+    assert r.status_code == 201 and r.json()["stats_id"] is not None and "message" not in r.json(), r.text[:300]
+    assert count_rows()["stats"] == 1

@@ -114,3 +114,33 @@ def test_large_bodies_leave_no_temporary_files(client, big_doc, tmp_path, monkey
     spooled = [Path(path) for _, path in made if Path(path).name.startswith("sacplan-body-")]
     assert len(spooled) == 6 and {p.parent for p in spooled} == {spool}  # a body and a text each
     assert list(spool.iterdir()) == []
+
+
+def test_a_large_uploads_text_is_stored_by_the_render_process_never_read_here(settings, big_doc):
+    # Reading the canonical text back (tens of MB decoded) and binding it into the insert held the GIL in a thread
+    # of the service process for 100-200 ms at a time, stalling its event loop (/healthz): the render process that
+    # wrote the text now stores it in the same job (the write gate is a file lock), and only the row's id comes back.
+    from sqlalchemy import inspect
+
+    from service.store import make_engine, make_sessionmaker, store_stats_body
+    from service.transport import UploadLimits
+    from service.views import Renderer
+
+    factory = make_sessionmaker(make_engine(settings.sqlalchemy_url))
+    renderer, ran = Renderer(1, 4, 5, 0), []
+
+    async def run(fn, *args):
+        ran.append(fn.__name__)
+        return await renderer.run(fn, *args)
+
+    try:
+        body = json.dumps(big_doc).encode()
+        row, inserted = asyncio.run(store_stats_body(factory, run, "p", body, limits=UploadLimits.of(settings)))
+        again, inserted_again = asyncio.run(store_stats_body(factory, run, "p", body, limits=UploadLimits.of(settings)))
+    finally:
+        renderer.shutdown()
+    assert ran == ["prepare_body_job"] * 2
+    assert (inserted, inserted_again, again.id) == (True, False, row.id)
+    assert "document" not in inspect(row).dict  # the text never loaded in this process
+    with factory() as session:
+        assert session.get(type(row), row.id).document == stats_row_fields(big_doc)["document"]
