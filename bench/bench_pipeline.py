@@ -143,8 +143,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=BATCH, help=f"per microbatch (default {BATCH})")
     ap.add_argument("--family", choices=("llama", "qwen2"), default="llama", help="the decoder's model_type, same "
                     "shape (default llama; not llama: its own section)")
+    ap.add_argument("--layers", type=int, default=CONFIG["num_hidden_layers"], help="decoder layers (default "
+                    f"{CONFIG['num_hidden_layers']}; interleaved needs stages x {VIRTUAL})")
     args = ap.parse_args(argv)
     STAGES, MICROBATCHES, BATCH = args.stages, args.microbatches, args.batch
+    default_layers, CONFIG["num_hidden_layers"] = CONFIG["num_hidden_layers"], args.layers
     CONFIG["model_type"] = args.family
     if STAGES != 2 or args.family != "llama":
         SECTION = f"## Pipeline parallel: {STAGES} stages, {args.family}"
@@ -160,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
         f" --stages {STAGES} --microbatches {MICROBATCHES} --batch {BATCH} --schedules {args.schedules}"
         if STAGES != 2 else "") + (f" --family {args.family}" if args.family != "llama" else "") + (
         f" --schedules {args.schedules}" if STAGES == 2 and args.schedules != "1f1b,gpipe" else "") + (
-        f" --microbatches {MICROBATCHES} --batch {BATCH}" if STAGES == 2 and MICROBATCHES != 4 else "")
+        f" --microbatches {MICROBATCHES} --batch {BATCH}" if STAGES == 2 and MICROBATCHES != 4 else "") + (
+        f" --layers {args.layers}" if args.layers != default_layers else "")
     text = report(rows, command, (time.perf_counter() - t0) / 60)
     print(text)
     if args.write:
