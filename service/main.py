@@ -84,7 +84,7 @@ def create_app(settings: Settings | None = None, *, solver: SolverPool | None = 
             {"name": "stats", "description": "Step 1: upload what a training step costs."},
             {"name": "plans", "description": "Step 2: a checkpointing plan for one memory budget (cached)."},
             {"name": "sweeps", "description": "Plans across budgets: the recompute-vs-memory curve."},
-            {"name": "pipeline plans", "description": "Every stage of a pipeline under one budget (each stage's "
+            {"name": "pipeline-plans", "description": "Every stage of a pipeline under one budget (each stage's "
                                                       "upload named), and the pipeline's predicted step."},
             {"name": "health", "description": "Liveness and readiness."},
         ],

@@ -17,7 +17,7 @@ from service.times import iso_utc
 from service.transport import arrived_at
 from service.views import pipeline_chart_job, pipeline_plan_out
 
-router = APIRouter(prefix="/v1/pipeline-plans", tags=["pipeline plans"])
+router = APIRouter(prefix="/v1/pipeline-plans", tags=["pipeline-plans"])
 
 
 @router.post("", response_model=PipelinePlanOut, status_code=status.HTTP_201_CREATED,
