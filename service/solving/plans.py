@@ -156,8 +156,9 @@ async def cached_or_solved(
             # callers sharing a flight may list their units in other orders: map the message to this one's
             raise _planner_rejection(exc.message, options) from None
         for k, p in solved.items():
-            found[k] = CachedPlan(p.id, p.stats_id, p.created_at, p.request, p.result,
-                                  cached=p.cached or joined or elsewhere)
+            # cached: this request did not run the solve. The one that ran it is never "cached", even when a caller
+            # sharing its result (another process) stored the row first: exactly one caller answers 201.
+            found[k] = CachedPlan(p.id, p.stats_id, p.created_at, p.request, p.result, cached=joined or elsewhere)
     return [found[k] for k in keys]
 
 
