@@ -19,7 +19,6 @@ declares are passed.
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import json
 import re
@@ -32,6 +31,7 @@ import torch
 from torch import nn
 
 from estimators.collect.input_values import InputValues, has_value
+from estimators.common import load_function
 
 __all__ = ["ATTENTION_MASKS", "BuiltModel", "DTYPES", "attention_mask_batch", "build_from_factory",
            "build_from_hf_config", "load_factory", "parse_attention_mask"]
@@ -52,19 +52,7 @@ class BuiltModel:
 
 def load_factory(spec: str) -> Callable[..., Any]:
     """The function named by ``path/to/file.py:factory``."""
-    path, sep, name = spec.rpartition(":")
-    if not sep or not path or not name:
-        raise ValueError(f"--model must look like path/to/file.py:factory, got {spec!r}")
-    file = Path(path)
-    if not file.is_file():
-        raise ValueError(f"--model file {path!r} does not exist")
-    mod_spec = importlib.util.spec_from_file_location(f"sacplan_user_{file.stem}", file)
-    module = importlib.util.module_from_spec(mod_spec)
-    mod_spec.loader.exec_module(module)
-    fn = getattr(module, name, None)
-    if not callable(fn):
-        raise ValueError(f"--model {spec!r}: {path} has no function {name!r}")
-    return fn
+    return load_function(spec, "--model", what="factory")
 
 
 def build_from_factory(

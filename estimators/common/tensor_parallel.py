@@ -39,11 +39,12 @@ HF_TP_STYLES = ("colwise", "rowwise", "colwise_rep", "colwise_gather_output", "r
                 "sequence_parallel")
 
 
-def load_function(spec: str, option: str) -> Callable[..., Any]:
-    """The function named by ``path/to/file.py:fn``; ValueError naming ``option`` otherwise."""
+def load_function(spec: str, option: str, what: str = "function") -> Callable[..., Any]:
+    """The function named by ``path/to/file.py:fn``; ValueError naming ``option`` (and ``what`` the function is,
+    in the expected form) otherwise."""
     path, sep, name = spec.rpartition(":")
     if not sep or not path or not name:
-        raise ValueError(f"{option} must look like path/to/file.py:function, got {spec!r}")
+        raise ValueError(f"{option} must look like path/to/file.py:{what}, got {spec!r}")
     file = Path(path)
     if not file.is_file():
         raise ValueError(f"{option} file {path!r} does not exist")
