@@ -76,6 +76,9 @@ class Settings(BaseSettings):
     render_memory_mb: int = Field(
         1024, ge=256, description="Memory cap of a render process (resident, MiB): a job passing it is stopped, its "
                                   "process replaced; an upload or inline stats needing more get 413.")
+    render_nice: int = Field(
+        10, ge=0, le=19, description="Niceness added to render processes, so that the service's own event loop "
+                                     "(/healthz, cached reads) keeps its CPU while they validate large bodies.")
     render_idle_memory_mb: int = Field(
         384, ge=128, description="Render processes holding more than this (MiB) after a job are replaced.")
     body_memory_mb: int = Field(

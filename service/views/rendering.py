@@ -14,11 +14,19 @@ process would not run), and a process passing ``memory_cap_bytes`` is killed
 (the job answers :class:`~service.errors.RenderMemoryExceeded`; the pool is
 made anew). A process holding more than ``idle_memory_bytes`` once its jobs
 are done is retired the same way, and each is replaced after a few jobs anyway.
+
+A render process is started ahead of need (:meth:`Renderer.warm`: when the
+service starts, and again whenever one is retired), its ``preload`` modules
+imported, so a request never waits for a process to start (about a second of a
+2-core machine, out of a plan request's ``time_limit_s``). Render processes run
+at a lower priority (``nice``): the service's event loop (``/healthz``, cached
+reads) comes first while they parse and validate a large body.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import multiprocessing
 import os
@@ -40,8 +48,11 @@ class Renderer:
     """A bounded process pool for renders, and the chart cache."""
 
     def __init__(self, workers: int, queue_size: int, retry_after_s: int, cache_entries: int, *,
-                 memory_cap_bytes: int | None = None, idle_memory_bytes: int | None = None):
+                 memory_cap_bytes: int | None = None, idle_memory_bytes: int | None = None, nice: int = 0,
+                 preload: tuple[str, ...] = ()):
         self.workers = workers
+        self.nice = nice
+        self.preload = preload
         self.memory_cap_bytes = memory_cap_bytes
         self.idle_memory_bytes = idle_memory_bytes
         self.peak_rss_bytes = 0  # the largest render process seen while a job ran
@@ -64,8 +75,15 @@ class Renderer:
             self._running = context.Array("q", 2 * self.workers, lock=False)
             self._executor = ProcessPoolExecutor(self.workers, mp_context=context,
                                                  max_tasks_per_child=_JOBS_PER_PROCESS, initializer=_set_up,
-                                                 initargs=(os.getpid(), self._running, context.Value("i", 0)))
+                                                 initargs=(os.getpid(), self._running, context.Value("i", 0),
+                                                           self.nice))
         return self._executor
+
+    def warm(self) -> None:
+        """Start a render process now (its ``preload`` modules imported), not when a request needs one."""
+        executor = self._pool()
+        if not self._pids(executor):  # no process yet: a job makes one (the pool starts them as jobs come)
+            executor.submit(_preload, self.preload).add_done_callback(_ignore)
 
     def shutdown(self) -> None:
         executor, self._executor = self._executor, None
@@ -113,6 +131,10 @@ class Renderer:
         # concurrent.futures keeps its processes by pid; it offers no public way to see them
         return list(getattr(executor, "_processes", None) or ())
 
+    def process_ids(self) -> list[int]:
+        """The render processes running now (started ahead of need, or by jobs)."""
+        return self._pids(self._executor)
+
     async def _watch(self) -> None:
         """Kill a render process passing the cap, while any job runs (its jobs then fail: see :meth:`run`)."""
         while self.in_flight > 0:
@@ -135,6 +157,7 @@ class Renderer:
         if any(self._rss(pid) > self.idle_memory_bytes for pid in self._pids(executor)):
             self._executor = None
             executor.shutdown(wait=False)
+            self.warm()
 
     async def chart(self, key: tuple, fn, *args: Any) -> bytes:
         """The PNG ``fn(*args)`` draws, from the cache when ``key`` (the rows it shows) was drawn before."""
@@ -163,10 +186,12 @@ def _kill(pid: int) -> None:
 _slot: tuple[Any, int] | None = None  # this process's (pid, job id) slot in the pool's shared array
 
 
-def _set_up(service_pid: int, running: Any, started: Any) -> None:
+def _set_up(service_pid: int, running: Any, started: Any, nice: int = 0) -> None:
     global _slot
     # A Ctrl-C reaches the whole process group: the service stops its render processes itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if nice > 0:
+        os.nice(nice)
     with started.get_lock():  # processes replaced after their jobs take the slots in turn
         k = started.value % (len(running) // 2)
         started.value += 1
@@ -175,6 +200,16 @@ def _set_up(service_pid: int, running: Any, started: Any) -> None:
     from service.solving.lifeline import die_with_parent
 
     die_with_parent(service_pid)  # a killed service leaves no render process behind
+
+
+def _preload(modules: tuple[str, ...]) -> None:
+    for name in modules:
+        importlib.import_module(name)
+
+
+def _ignore(future: Any) -> None:
+    if not future.cancelled():
+        future.exception()  # a warm-up that failed (the pool shut down meanwhile) is not worth a log line
 
 
 def _tracked(job: int, fn, args: tuple) -> Any:

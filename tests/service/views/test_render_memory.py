@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -56,6 +58,37 @@ def test_a_process_holding_memory_after_its_job_is_replaced():
     kept = Renderer(1, 2, 1, 0, idle_memory_bytes=200 * MIB)
     small, same = _run(kept, (solver_jobs.grow, 1), (solver_jobs.pid,))
     assert same == small  # under the idle cap the process stays
+
+
+def _started(renderer: Renderer, timeout_s: float = 60.0) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    while not renderer.process_ids() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return renderer.process_ids()
+
+
+def test_a_render_process_is_started_ahead_of_need_at_a_lower_priority():
+    # Issue 33: a 29 MB inline plan at time_limit_s=3 answered in 4.07 s, a new render process started for it
+    renderer = Renderer(1, 2, 1, 0, nice=5, preload=("colorsys",))
+    try:
+        renderer.warm()
+        started = _started(renderer)
+        assert len(started) == 1  # before any job
+        ran_in, niceness, imported = _run(renderer, (solver_jobs.niceness_and_modules, "colorsys"))[0]
+        assert ran_in == started[0] and imported == [True]
+        assert niceness == os.nice(0) + 5  # the service's own loop keeps its CPU during large bodies
+    finally:
+        renderer.shutdown()
+
+
+def test_a_retired_process_is_replaced_at_once():
+    renderer = Renderer(1, 2, 1, 0, idle_memory_bytes=200 * MIB)
+    try:
+        grew = asyncio.run(renderer.run(solver_jobs.grow, 300))
+        replacement = _started(renderer)
+        assert replacement and grew not in replacement  # waiting for the next job, not started by it
+    finally:
+        renderer.shutdown()
 
 
 @pytest.fixture(scope="module")
