@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -120,8 +121,10 @@ class CollectRequest:
                              f"microbatches are the accumulation; use --microbatches M")
         if self.hf_config is None:
             raise ValueError("--pp-stages cuts a Hugging Face decoder into stages: give --hf-config")
-        for flag, given in (("--fsdp-world-size", self.fsdp_world_size), ("--tp-size", self.tp_size != 1),
-                            ("--compile-backend", self.compile_backend),
+        if self.tp_size != 1 and self.pp_virtual_stages != 1:
+            raise ValueError(f"--tp-size with --pp-virtual-stages {self.pp_virtual_stages}: tensor parallel stages "
+                             f"are collected for 1f1b and gpipe (one chunk per rank) only")
+        for flag, given in (("--fsdp-world-size", self.fsdp_world_size), ("--compile-backend", self.compile_backend),
                             ("--autocast", self.autocast), ("--grad-scaler", self.grad_scaler),
                             ("--max-grad-norm", self.max_grad_norm is not None),
                             ("--attention-mask", self.attention_mask != "none")):
@@ -296,8 +299,8 @@ def _prepare(req: CollectRequest, progress: Any) -> tuple[BuiltModel, DeviceSpec
         moe_routing=routing,
         progress=progress,
     )
-    if parallel is not None and parallel.pp is None:  # one step's parallelism (a pipeline's: stage by stage)
-        kwargs["parallel"] = parallel
+    if parallel is not None and (parallel.tp_enabled or parallel.fsdp is not None):  # a step's, or each stage's
+        kwargs["parallel"] = dataclasses.replace(parallel, pp=None)
     return built, target, kwargs, meta
 
 

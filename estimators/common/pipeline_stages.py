@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from estimators.common.pipeline_setup import PipelineSetup
+from estimators.common.tensor_parallel import hf_tp_plan
 
 __all__ = ["DecoderStage", "RankChunks", "build_stages", "decoder_parts", "stage_layer_ids"]
 
@@ -76,6 +77,8 @@ class DecoderStage(nn.Module):
         self.model = _Trunk(trunk, layer_ids, first, last)
         self.lm_head = head if last else None
         self.config = getattr(model, "config", None)
+        self.tp_plan = hf_tp_plan(model)  # the model's FQNs are the stage's: its HF plan names the stage's modules
+        self._no_split_modules = getattr(model, "_no_split_modules", None)  # FSDP2's units: the decoder layers
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         trunk = self.model
@@ -111,6 +114,7 @@ class RankChunks(nn.Module):
         self.model = _Trunk(trunk, ids, first, last)
         self.lm_head = head if last else None
         self.config = getattr(model, "config", None)
+        self.tp_plan = hf_tp_plan(model)
         self.__dict__["chunks"] = list(chunks)  # not submodules: their modules are this one's already
 
     def forward(self, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -25,14 +25,16 @@ __all__ = ["measure_pipeline_stage"]
 
 def measure_pipeline_stage(stage_module: nn.Module, stage: int, stages: int, schedule: str, microbatches: int,
                            batch: torch.Tensor, labels: torch.Tensor, loss_fn: Any, optimizer: torch.optim.Optimizer,
-                           steps: int, *, io_meta: tuple[torch.Tensor, torch.Tensor]) -> dict:
+                           steps: int, *, io_meta: tuple[torch.Tensor, torch.Tensor], group: Any = None) -> dict:
     """Run ``steps`` steps of this rank's stage; per step its peak bytes, and the last step's losses and
     gradients (each parameter's gradient sum and norm).
 
     ``batch`` and ``labels``: the whole step's (microbatches x per-microbatch batch); every rank passes them,
     the first stage uses the batch, the last the labels. ``io_meta``: one microbatch's stage input and output
     as meta tensors (the static metadata mode: no shape inference over P2P at the first step); interleaved-1f1b
-    (``stage_module`` a :class:`estimators.common.RankChunks`): one such pair per chunk.
+    (``stage_module`` a :class:`estimators.common.RankChunks`): one such pair per chunk. ``group``: the
+    pipeline's process group when the job has other dimensions (a stage tensor-parallel over ranks of its own);
+    None: the default group, one rank per stage.
     """
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
@@ -44,14 +46,14 @@ def measure_pipeline_stage(stage_module: nn.Module, stage: int, stages: int, sch
         if chunks is None:
             raise ValueError("interleaved-1f1b runs a RankChunks (one rank's model chunks)")
         pipe_stages = [PipelineStage(c, stage + stages * v, stages * len(chunks), torch.device("cpu"),
-                                     input_args=io[0], output_args=io[1])
+                                     input_args=io[0], output_args=io[1], group=group)
                        for v, (c, io) in enumerate(zip(chunks, io_meta))]
         last = stage == stages - 1  # the last rank holds the pipeline's last stage (its last chunk)
         # every rank gets the loss function: a schedule without one runs no backward
         sched = ScheduleInterleaved1F1B(pipe_stages, n_microbatches=microbatches, loss_fn=loss_fn)
     else:
         pipe_stages = [PipelineStage(stage_module, stage, stages, torch.device("cpu"), input_args=io_meta[0],
-                                     output_args=io_meta[1])]
+                                     output_args=io_meta[1], group=group)]
         last = stage == stages - 1
         sched = kinds[schedule](pipe_stages[0], n_microbatches=microbatches, loss_fn=loss_fn)
     peaks, losses, where = [], [], []

@@ -45,6 +45,8 @@ def test_each_stage_keeps_its_own_layers():
      "are the accumulation; use --microbatches M"),
     ({"pp_stages": 2, "hf_config": None, "model": "m.py:f"}, "--pp-stages cuts a Hugging Face decoder"),
     ({"pp_stages": 2, "fsdp_world_size": 2}, "--fsdp-world-size is not collected with --pp-stages yet"),
+    ({"pp_stages": 2, "tp_size": 2, "pp_virtual_stages": 2}, "--tp-size with --pp-virtual-stages 2: tensor "
+     "parallel stages are collected for 1f1b and gpipe"),
     ({"microbatches": 4}, "--microbatches lays out a pipeline: it needs --pp-stages S"),
     ({"pp_stages": 2, "pp_split": ["auto"]}, "--pp-split auto chooses the split under a budget: give --budget-gib B"),
     ({"pp_stages": 2, "budget_gib": 4.0}, "--budget-gib 4 chooses a split: it needs --pp-split auto"),

@@ -134,6 +134,25 @@ def test_parallel_dims_holds_the_pipeline() -> None:
         _collect(nn.Linear(4, 4), torch.ones(2, 4), lambda out: out.sum(), parallel=dims)
 
 
+def test_pipeline_stages_collect_one_tensor_parallel_rank_each() -> None:
+    # PP x TP: each stage's rank holds its shards of the stage (the model's HF plan names the stage's modules, whose
+    # FQNs are the model's); its collectives are must-save ops. Held to a real 2 x 2 gloo job in bench/RESULTS.md,
+    # "Pipeline parallel x tensor parallel".
+    from estimators.collect import run_pipeline_collection
+
+    cfg = {**LLAMA, "tie_word_embeddings": False}
+    plain = run_pipeline_collection(CollectRequest(hf_config=cfg, batch=2, seq=32, pp_stages=2, microbatches=2))
+    tp = run_pipeline_collection(CollectRequest(hf_config=cfg, batch=2, seq=32, pp_stages=2, microbatches=2,
+                                                tp_size=2))
+    for whole, rank in zip(plain, tp):
+        assert rank.stats.metadata.sharding.tp_size == 2 and rank.stats.metadata.pipeline is not None
+        assert rank.stats.root.param_bytes < 0.6 * whole.stats.root.param_bytes  # the projections split in two
+        layer = next(m for m in rank.stats.modules if m.fqn.endswith("self_attn"))
+        assert any(op.must_save and op.name in MUST_SAVE_OPS for op in layer.ops)
+    with pytest.raises(ValueError, match="--fsdp-world-size is not collected with --pp-stages yet"):
+        CollectRequest(hf_config=cfg, pp_stages=2, tp_size=2, fsdp_world_size=2).pipeline_setup()
+
+
 def test_must_save_fixes_the_group() -> None:
     ops = [OpStats(name="aten.mm", runtime_ms=1.0, output_bytes=64),
            OpStats(name="_c10d_functional.all_reduce", runtime_ms=0.5, output_bytes=64, must_save=True)]
