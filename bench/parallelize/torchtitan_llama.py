@@ -7,16 +7,16 @@ tensor-parallel step, through a torchtitan ``ParallelDims`` whose ``tp`` mesh is
 ``fully_shard`` over sacplan's FSDP dimension later shares the mesh's root); sacplan then applies the plan and
 ``fully_shard`` itself (``--fsdp-world-size D --mixed-precision bf16``: torchtitan's defaults). The backend is
 torchtitan's ``partial_dtensor`` (DTensor for the model-parallel axes); its default ``spmd_types`` backend is not
-tried here. ``parallelize_llama_whole`` calls ``parallelize_llama`` itself (no AC, no compile); it also applies
-``fully_shard`` (over a degree-1 mesh with TP alone), which sacplan's collection does not expect: see
-docs/tensor-parallel.md, "torchtitan's way".
+tried here. Calling ``parallelize_llama`` whole is not done: it applies ``fully_shard`` itself (sacplan's FSDP2
+accounting would not know its units), and on a machine without an accelerator torchtitan's own meshes are CUDA
+meshes (see docs/tensor-parallel.md, "torchtitan's way").
 """
 
 from __future__ import annotations
 
 import torch.distributed as dist
 
-__all__ = ["parallelize", "parallelize_llama_whole", "tt_parallel_dims"]
+__all__ = ["parallelize", "tt_parallel_dims"]
 
 
 def tt_parallel_dims(tp_mesh):
@@ -36,19 +36,3 @@ def parallelize(model, tp_mesh):
     """torchtitan's tensor-parallel step of ``parallelize_llama``, over ``tp_mesh``."""
     model.parallelize(tt_parallel_dims(tp_mesh))
 
-
-def parallelize_llama_whole(model, tp_mesh):
-    """torchtitan's ``parallelize_llama`` itself, TP only (no AC, no compile; it also wraps the model in
-    ``fully_shard`` over a degree-1 data-parallel mesh, for its mixed precision)."""
-    from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
-    from torchtitan.models.llama3 import parallelize_llama
-
-    dims = tt_parallel_dims(tp_mesh)
-    if dims.dp_shard != 1:
-        raise ValueError("parallelize_llama_whole: TP alone (no --fsdp-world-size); torchtitan's fully_shard and "
-                         "sacplan's would both shard the model")
-    dims.build_mesh()
-    dims._single_axis_meshes["tp"] = tp_mesh
-    parallelism = ParallelismConfig(tensor_parallel_degree=tp_mesh.size(), spmd_backend="partial_dtensor")
-    parallelize_llama(model, parallel_dims=dims, training=TrainingConfig(), parallelism=parallelism,
-                      compile_config=CompileConfig(enable=False), ac_config=None, dump_folder="/tmp")
