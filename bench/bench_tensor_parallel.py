@@ -44,6 +44,8 @@ QWEN2 = {**LLAMA, "model_type": "qwen2"}  # q, k, v with biases: parallelized by
 QWEN2_TP = str(REPO / "bench" / "parallelize" / "qwen2_tp.py") + ":parallelize"
 BATCH, SEQ, TP = 4, 128, 2
 FRACTIONS = (0.6, 0.85)
+# subsections of the section that other runs write (bench/bench_torchtitan.py's environment has torchtitan): kept
+CARRIED = ("### torchtitan's Llama 3",)
 GIB = 2**30
 
 
@@ -139,6 +141,16 @@ def section(stats_dir: Path) -> tuple[str, bool]:
     return "\n".join(head + [t for t, _ in tables]), all(ok for _, ok in tables)
 
 
+def carried_subsection(results: str, heading: str) -> str:
+    """``heading``'s subsection of ``results`` (to the next ``##`` or ``###`` heading), or "" if there is none."""
+    lines = results.splitlines()
+    if heading not in lines:
+        return ""
+    start = lines.index(heading)
+    end = next((k for k in range(start + 1, len(lines)) if lines[k].startswith(("## ", "### "))), len(lines))
+    return "\n" + "\n".join(lines[start:end]).rstrip("\n") + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--write", action="store_true", help="rewrite the section in bench/RESULTS.md")
@@ -154,7 +166,9 @@ def main(argv: list[str] | None = None) -> int:
         text, ok = section(Path(tmp))
     print(text)
     if args.write:
-        write_results(text, REPO / "bench" / "RESULTS.md", SECTION)
+        path = REPO / "bench" / "RESULTS.md"
+        old = path.read_text() if path.exists() else ""
+        write_results(text + "".join(carried_subsection(old, h) for h in CARRIED), path, SECTION)
     return 0 if ok else 1
 
 

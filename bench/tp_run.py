@@ -88,10 +88,11 @@ def _one(run: TpRun, mesh: Any) -> TpRankResult:
 
     built = build_parallel(run, mesh)
     with SettledFunctionalCollectives():  # gloo lets go of TP's collective buffers in program order
-        return _steps(run, built)
+        return measure_run(run, built)
 
 
-def _steps(run: TpRun, built: Any) -> TpRankResult:
+def measure_run(run: TpRun, built: Any) -> TpRankResult:
+    """The gradients of one seeded step (before any optimizer state), then ``run.steps`` measured AdamW steps."""
     from torch.distributed.tensor import DTensor
 
     from estimators import call_model, make_optimizer, measure_steps

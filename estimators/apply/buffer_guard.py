@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 
 from estimators.common import written_tensors
 
@@ -51,6 +51,12 @@ _MOMENTUM_AT = {
 
 
 def _storage_key(t: torch.Tensor) -> int:
+    """The address of the data ``t`` holds; a wrapper subclass's (a DTensor buffer, as torchtitan's RoPE cache under
+    TP; an AsyncCollectiveTensor this mode meets before its dispatch) is its first inner tensor's: the wrapper's own
+    storage is a placeholder with no data pointer."""
+    if is_traceable_wrapper_subclass(t):
+        inner, _ = t.__tensor_flatten__()
+        return _storage_key(getattr(t, inner[0]))
     return t.untyped_storage().data_ptr()
 
 

@@ -22,6 +22,13 @@ memory-efficient, then math):
 cuDNN attention (picked first on some H100 builds) is not emulated; its saved
 tensors match flash attention's.
 
+FlexAttention (``torch.nn.attention.flex_attention``, torchtitan's default for
+its language models) is not emulated: on a CPU, PyTorch refuses its backward
+(there is no CPU kernel for it), and on any device the collector does not yet
+record its higher-order op (``flex_attention``, whose fused kernel saves q, k,
+v, the output and the logsumexp). :func:`flex_attention_error` turns either
+refusal into an error that says so and what to do.
+
 Dropout is emulated too: on a CPU, ``F.dropout`` builds a float mask
 (``empty_like``, ``bernoulli_``, ``div_``, ``mul``: four bytes per element
 kept), while CUDA runs the fused ``aten.native_dropout`` with a one-byte
@@ -38,7 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["attention_emulation", "CudaAttentionEmulation", "attention_kernel"]
+__all__ = ["attention_emulation", "CudaAttentionEmulation", "attention_kernel", "flex_attention_error"]
 
 aten = torch.ops.aten
 
@@ -107,3 +114,19 @@ class CudaAttentionEmulation(TorchFunctionMode):
 def attention_emulation(enabled: bool) -> Any:
     """The emulation of CUDA's attention kernels when collecting for a CUDA target, else a no-op context."""
     return CudaAttentionEmulation() if enabled else nullcontext()
+
+
+def flex_attention_error(exc: BaseException) -> RuntimeError | None:
+    """A clear error for a step that calls FlexAttention, which sacplan does not collect (see the module doc);
+    None for any other error."""
+    text = str(exc)
+    if not isinstance(exc, NotImplementedError) or ("FlexAttention" not in text and "flex_attention" not in text):
+        return None
+    return RuntimeError(
+        "the model calls FlexAttention (torch.nn.attention.flex_attention), which sacplan cannot collect yet: on the "
+        "CPU PyTorch refuses its backward (no CPU kernel; sacplan emulates CUDA's flash and memory-efficient "
+        "attention for a CUDA target, not FlexAttention's compiled kernel), and the collector does not record its "
+        "higher-order op on any device. Collect the model with F.scaled_dot_product_attention in its place (a "
+        "causal block mask, one document a row: is_causal=True; CUDA's flash attention saves the same tensors, "
+        "q, k, v, the output and the logsumexp); for torchtitan's Llama 3, bench/torchtitan_llama.py with "
+        f"SACPLAN_TT_ATTENTION=sdpa (docs/tensor-parallel.md, \"torchtitan's way\"). PyTorch said: {text[:200]}")

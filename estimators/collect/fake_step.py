@@ -11,6 +11,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode, is_fake
 from torch.utils._pytree import tree_flatten, tree_map
 
+from estimators.collect.emulation import flex_attention_error
 from estimators.collect.input_values import attach
 from estimators.common import StorageBook, call_model, default_loss, storages_of, tensors_in
 
@@ -143,6 +144,11 @@ def forward_and_loss(model: nn.Module, fake_in: Any, fake_loss: Any, loss_fn: An
         if clear is None:
             raise
         raise clear from None
+    except NotImplementedError as exc:  # FlexAttention: refused on the CPU, its op not recorded
+        clear = flex_attention_error(exc)
+        if clear is None:
+            raise
+        raise clear from exc
 
 
 def traced_ops() -> Any:

@@ -49,3 +49,28 @@ def test_meta_built_llama_with_gqa_goes_to_flash():
     names = [op.name for op in stats.module("LlamaForCausalLM.model.layers.0").ops]
     assert "aten._scaled_dot_product_flash_attention" in names
     assert stats.metadata.tags["attention_kernels"] == "flash:2"
+
+
+class _FlexBlock(torch.nn.Module):
+    """One projection then FlexAttention (causal via its default block mask: none), as torchtitan's inner attention
+    calls it."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = torch.nn.Linear(D, 3 * D)
+
+    def forward(self, x):
+        from torch.nn.attention.flex_attention import flex_attention
+
+        q, k, v = self.qkv(x).view(B, S, 3, H, D // H).permute(2, 0, 3, 1, 4)
+        return flex_attention(q, k, v)
+
+
+@pytest.mark.parametrize("emulate", [False, True])
+def test_flex_attention_is_refused_with_what_to_do(emulate):
+    # PyTorch refuses FlexAttention's backward on CPU tensors (torch/nn/attention/flex_attention.py,
+    # _validate_device); a CUDA target's emulation does not cover it either: the error says so and what to do
+    with torch.device("meta"):
+        model = _FlexBlock()
+    with pytest.raises(RuntimeError, match=r"FlexAttention .*cannot collect yet.*scaled_dot_product_attention"):
+        _collect(model, (torch.randn(B, S, D),), emulate=emulate)
