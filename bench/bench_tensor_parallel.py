@@ -8,8 +8,8 @@
 A small Llama (``LlamaConfig``, random weights, no dropout; the model's Hugging Face TP plan mapped onto
 ``parallelize_module``) and a Qwen2 parallelized by a user's function (``bench/parallelize/qwen2_tp.py``),
 each at TP x2 and at FSDP2 x2 x TP x2 on 4 ranks, and both with sequence parallel and attention dropout 0.1
-(the Llama's derived from its HF plan, the Qwen2's by ``bench/parallelize/qwen2_tp_sp.py``), at TP x2 and the
-Llama at FSDP2 x2 x TP x2 too, are collected as one rank of the job under the fake process group
+(the Llama's derived from its HF plan, the Qwen2's by ``bench/parallelize/qwen2_tp_sp.py``), at TP x2 and at
+FSDP2 x2 x TP x2 too, are collected as one rank of the job under the fake process group
 (``run_collection``, as ``sacplan collect --tp-size 2 [--fsdp-world-size 2] [--sequence-parallel]
 [--parallelize ...]``), planned at 60% and 85% of the per-rank baseline and at
 the smallest feasible budget, then trained for real on 2 or 4 gloo ranks of this
@@ -132,6 +132,7 @@ JOBS = {  # name -> (FSDP2 degree, config, the user's function or None for the H
     "llama-tp2-sp": (1, LLAMA_DROPOUT, None, True),
     "qwen2-tp2-sp": (1, QWEN2_DROPOUT, QWEN2_TP_SP, True),
     "llama-fsdp2-tp2-sp": (2, LLAMA_DROPOUT, None, True),
+    "qwen2-fsdp2-tp2-sp": (2, QWEN2_DROPOUT, QWEN2_TP_SP, True),
 }
 SEQUENCE_PARALLEL_JOBS = ("llama-tp2-sp", "llama-fsdp2-tp2-sp")
 COMMAND = "PYTHONPATH=. OMP_NUM_THREADS=1 python bench/bench_tensor_parallel.py"
