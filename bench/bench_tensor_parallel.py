@@ -8,8 +8,9 @@
 A small Llama (``LlamaConfig``, random weights, no dropout; the model's Hugging Face TP plan mapped onto
 ``parallelize_module``) and a Qwen2 parallelized by a user's function (``bench/parallelize/qwen2_tp.py``),
 each at TP x2 and at FSDP2 x2 x TP x2 on 4 ranks, and both with sequence parallel and attention dropout 0.1
-(the Llama's derived from its HF plan, the Qwen2's by ``bench/parallelize/qwen2_tp_sp.py``), at TP x2 and at
-FSDP2 x2 x TP x2 too, are collected as one rank of the job under the fake process group
+(the Llama's derived from its HF plan, the Qwen2's by ``bench/parallelize/qwen2_tp_sp.py``, each projection
+gathering its input, and by ``bench/parallelize/qwen2_tp_sp_blocks.py``, torchtitan's way: attention and the MLP
+gathering theirs in ``PrepareModuleInput``), at TP x2 and at FSDP2 x2 x TP x2 too, are collected as one rank of the job under the fake process group
 (``run_collection``, as ``sacplan collect --tp-size 2 [--fsdp-world-size 2] [--sequence-parallel]
 [--parallelize ...]``), planned at 60% and 85% of the per-rank baseline and at
 the smallest feasible budget, then trained for real on 2 or 4 gloo ranks of this
@@ -48,6 +49,7 @@ QWEN2 = {**LLAMA, "model_type": "qwen2"}  # q, k, v with biases: parallelized by
 QWEN2_DROPOUT = {**QWEN2, "attention_dropout": 0.1}
 QWEN2_TP = str(REPO / "bench" / "parallelize" / "qwen2_tp.py") + ":parallelize"
 QWEN2_TP_SP = str(REPO / "bench" / "parallelize" / "qwen2_tp_sp.py") + ":parallelize"
+QWEN2_TP_SP_BLOCKS = str(REPO / "bench" / "parallelize" / "qwen2_tp_sp_blocks.py") + ":parallelize"
 BATCH, SEQ, TP = 4, 128, 2
 FRACTIONS = (0.6, 0.85)
 GIB = 2**30
@@ -62,16 +64,16 @@ def plans(stats: planner.Stats) -> list[tuple[str, float, planner.Plan]]:
     return out
 
 
-def run(stats_dir: Path, fsdp: int = 1, config: dict = LLAMA, parallelize: str | None = None,
-        sequence_parallel: bool = False) -> tuple[str, bool]:
-    """One job's table (TP x2, FSDP2 over it when ``fsdp`` > 1, sequence parallel or not), and whether every run
-    held (within 1%, never over its budget, gradients equal)."""
+def run(stats_dir: Path, name: str) -> tuple[str, bool]:
+    """The table of the job ``name`` of :data:`JOBS` (TP x2, FSDP2 over it or not, sequence parallel or not), and
+    whether every run held (within 1%, never over its budget, gradients equal)."""
+    fsdp, config, parallelize, sequence_parallel, note = JOBS[name]
     t = time.perf_counter()
     stats = run_collection(CollectRequest(hf_config=config, batch=BATCH, seq=SEQ, tp_size=TP, parallelize=parallelize,
                                           fsdp_world_size=fsdp if fsdp > 1 else None,
                                           sequence_parallel=sequence_parallel)).stats
     collect_s = time.perf_counter() - t
-    stats_path = stats_dir / f"tp_stats_{config['model_type']}_{fsdp}_{int(sequence_parallel)}.json"
+    stats_path = stats_dir / f"tp_stats_{name}.json"
     stats_path.write_text(json.dumps(stats.model_dump(mode="json")))
     base = planner.plan(stats, 1024.0).baseline_peak_bytes
     chosen = plans(stats)
@@ -105,13 +107,14 @@ def run(stats_dir: Path, fsdp: int = 1, config: dict = LLAMA, parallelize: str |
                         f"{', '.join(f'{m:,}' for m in res.peaks)} | {', '.join(f'{r:.4f}' for r in ratios)} | "
                         f"{'OVER' if over else 'no'} | {'equal' if grads_equal else 'DIFFER'} |")
     job = (f"{config['model_type']}, " + (f"TP x{TP}" if fsdp == 1 else f"FSDP2 x{fsdp} x TP x{TP}")
-           + (f" with sequence parallel, attention dropout {config['attention_dropout']}" if sequence_parallel else ""))
+           + (f" with sequence parallel, attention dropout {config['attention_dropout']}" if sequence_parallel else "")
+           + note)
     flags = (f"--tp-size {TP}" + (f" --fsdp-world-size {fsdp}" if fsdp > 1 else "")
              + (" --sequence-parallel" if sequence_parallel else "")
              + (f" --parallelize {Path(parallelize).relative_to(REPO).as_posix()}" if parallelize else ""))
     how = "a user's function" if parallelize else "the HF plan"
     text = "\n".join([
-        f"### {job}", "", describe_machine(f"`{COMMAND} --only {job_name(fsdp, config, sequence_parallel)}`"), "",
+        f"### {job}", "", describe_machine(f"`{COMMAND} --only {name}`"), "",
         f"One rank of {job} collected under the fake process group in {collect_s:.1f} s ({how}, "
         f"`sacplan collect {flags}`); the real job: {TP * fsdp} gloo ranks on 127.0.0.1, TP then the plan"
         f"{', then fully_shard per decoder layer and the root' if fsdp > 1 else ''}, 3 steps ({ranks_s:.0f} s for "
@@ -124,23 +127,21 @@ def run(stats_dir: Path, fsdp: int = 1, config: dict = LLAMA, parallelize: str |
     return text, ok
 
 
-JOBS = {  # name -> (FSDP2 degree, config, the user's function or None for the HF plan, sequence parallel)
-    "llama-tp2": (1, LLAMA, None, False),
-    "llama-fsdp2-tp2": (2, LLAMA, None, False),
-    "qwen2-tp2": (1, QWEN2, QWEN2_TP, False),
-    "qwen2-fsdp2-tp2": (2, QWEN2, QWEN2_TP, False),
-    "llama-tp2-sp": (1, LLAMA_DROPOUT, None, True),
-    "qwen2-tp2-sp": (1, QWEN2_DROPOUT, QWEN2_TP_SP, True),
-    "llama-fsdp2-tp2-sp": (2, LLAMA_DROPOUT, None, True),
-    "qwen2-fsdp2-tp2-sp": (2, QWEN2_DROPOUT, QWEN2_TP_SP, True),
+BLOCKS = ", gathered per block (PrepareModuleInput)"
+JOBS = {  # name -> (FSDP2 degree, config, the user's function or None for the HF plan, sequence parallel, title note)
+    "llama-tp2": (1, LLAMA, None, False, ""),
+    "llama-fsdp2-tp2": (2, LLAMA, None, False, ""),
+    "qwen2-tp2": (1, QWEN2, QWEN2_TP, False, ""),
+    "qwen2-fsdp2-tp2": (2, QWEN2, QWEN2_TP, False, ""),
+    "llama-tp2-sp": (1, LLAMA_DROPOUT, None, True, ""),
+    "qwen2-tp2-sp": (1, QWEN2_DROPOUT, QWEN2_TP_SP, True, ""),
+    "qwen2-tp2-sp-blocks": (1, QWEN2_DROPOUT, QWEN2_TP_SP_BLOCKS, True, BLOCKS),
+    "llama-fsdp2-tp2-sp": (2, LLAMA_DROPOUT, None, True, ""),
+    "qwen2-fsdp2-tp2-sp": (2, QWEN2_DROPOUT, QWEN2_TP_SP, True, ""),
+    "qwen2-fsdp2-tp2-sp-blocks": (2, QWEN2_DROPOUT, QWEN2_TP_SP_BLOCKS, True, BLOCKS),
 }
 SEQUENCE_PARALLEL_JOBS = ("llama-tp2-sp", "llama-fsdp2-tp2-sp")
 COMMAND = "PYTHONPATH=. OMP_NUM_THREADS=1 python bench/bench_tensor_parallel.py"
-
-
-def job_name(fsdp: int, config: dict, sequence_parallel: bool) -> str:
-    """The job's name in :data:`JOBS` (``--only``)."""
-    return f"{config['model_type']}-{f'fsdp{fsdp}-' if fsdp > 1 else ''}tp{TP}{'-sp' if sequence_parallel else ''}"
 
 
 def tables(stats_dir: Path, names: list[str]) -> list[tuple[str, bool]]:
@@ -148,11 +149,7 @@ def tables(stats_dir: Path, names: list[str]) -> list[tuple[str, bool]]:
     unknown = sorted(set(names) - set(JOBS))
     if unknown:
         raise SystemExit(f"--only {unknown[0]!r}: not a job here (the jobs: {', '.join(JOBS)})")
-    out = []
-    for name in (n for n in JOBS if n in names):
-        fsdp, config, parallelize, sequence_parallel = JOBS[name]
-        out.append(run(stats_dir, fsdp, config, parallelize, sequence_parallel))
-    return out
+    return [run(stats_dir, name) for name in JOBS if name in names]
 
 
 def head() -> list[str]:
