@@ -123,8 +123,21 @@ def run(stats_dir: Path, name: str) -> tuple[str, bool]:
         "gradients |",
         "|---|---|---|---|---|---|---|---|",
         *rows, "",
-        f"All runs within 1%, never over budget, gradients equal: {'yes' if ok else 'NO'}.", ""])
+        f"All runs within 1%, never over budget, gradients equal: {'yes' if ok else 'NO'}.", "",
+        *([without_sequence_parallel(name, base), ""] if sequence_parallel and parallelize is None else [])])
     return text, ok
+
+
+def without_sequence_parallel(name: str, base: int) -> str:
+    """A sentence setting the job's per-rank baseline ``base`` against the same job collected without sequence
+    parallel (the HF plan as it is)."""
+    fsdp, config, _, _, _ = JOBS[name]
+    stats = run_collection(CollectRequest(hf_config=config, batch=BATCH, seq=SEQ, tp_size=TP,
+                                          fsdp_world_size=fsdp if fsdp > 1 else None)).stats
+    plain = planner.plan(stats, 1024.0).baseline_peak_bytes
+    return (f"For comparison, the same job collected without sequence parallel: baseline {plain:,} bytes per rank, "
+            f"{plain / base - 1:.0%} above the sequence-parallel rank's {base:,}: the residual stream, the norms and "
+            f"the layers' inputs are on seq / {TP} tokens.")
 
 
 BLOCKS = ", gathered per block (PrepareModuleInput)"
