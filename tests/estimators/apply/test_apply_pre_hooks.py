@@ -20,7 +20,7 @@ from torch import nn  # noqa: E402
 
 import planner  # noqa: E402
 from estimators import (RooflineCostModel, apply_plan, collect_stats, device_spec, make_optimizer,  # noqa: E402
-                        measure_steps)
+                        measure_steps, remove_plan)
 
 ROWS, WIDTH = 256, 64
 
@@ -79,3 +79,5 @@ def test_a_pre_hook_gather_is_checkpointed_with_its_block_as_predicted() -> None
     assert all(torch.equal(a, b) for a, b in zip(params, ref_params))
     # held: the block's keyword input from before the hook, 64 KiB (the hook's own output is recomputed)
     assert peaks[1] == plan.peak_bytes, (peaks, plan.peak_bytes)
+    unplanned = remove_plan(apply_plan(_net(), plan, stats=stats))  # the hooks are the module's again
+    assert unplanned.blocks[0](hidden_states=torch.ones(3, WIDTH)).shape == (6, WIDTH)
