@@ -153,7 +153,7 @@ JOBS = {  # name -> (FSDP2 degree, config, the user's function or None for the H
     "qwen2-fsdp2-tp2-sp": (2, QWEN2_DROPOUT, QWEN2_TP_SP, True, ""),
     "qwen2-fsdp2-tp2-sp-blocks": (2, QWEN2_DROPOUT, QWEN2_TP_SP_BLOCKS, True, BLOCKS),
 }
-SEQUENCE_PARALLEL_JOBS = ("llama-tp2-sp", "llama-fsdp2-tp2-sp")
+SEQUENCE_PARALLEL_JOBS = tuple(name for name, job in JOBS.items() if job[3])
 COMMAND = "PYTHONPATH=. OMP_NUM_THREADS=1 python bench/bench_tensor_parallel.py"
 
 
