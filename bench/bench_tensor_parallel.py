@@ -2,13 +2,18 @@
 
     python bench/bench_tensor_parallel.py --write     # rewrites the "## Tensor parallel" section of bench/RESULTS.md
     python bench/bench_tensor_parallel.py             # prints the section only
+    python bench/bench_tensor_parallel.py --only qwen2-tp2-sp --only qwen2-fsdp2-tp2 --write
+                                                      # runs those jobs only; --write replaces their tables alone
 
-A small Llama (``LlamaConfig``, random weights, no dropout; and a Qwen2 parallelized by a user function,
-``bench/parallelize/qwen2_tp.py``; and the Llama at FSDP2 x2 x TP x2 on 4 ranks) is collected as one
-rank of a 2-rank TP job under the fake process group (``run_collection``, as
-``sacplan collect --tp-size 2``: the model's Hugging Face TP plan mapped onto
-``parallelize_module``), planned at 60% and 85% of the per-rank baseline and at
-the smallest feasible budget, then trained for real on 2 gloo ranks of this
+A small Llama (``LlamaConfig``, random weights, no dropout; the model's Hugging Face TP plan mapped onto
+``parallelize_module``) and a Qwen2 parallelized by a user's function (``bench/parallelize/qwen2_tp.py``),
+each at TP x2 and at FSDP2 x2 x TP x2 on 4 ranks, and both with sequence parallel and attention dropout 0.1
+(the Llama's derived from its HF plan, the Qwen2's by ``bench/parallelize/qwen2_tp_sp.py``, each projection
+gathering its input, and by ``bench/parallelize/qwen2_tp_sp_blocks.py``, torchtitan's way: attention and the MLP
+gathering theirs in ``PrepareModuleInput``), at TP x2 and at FSDP2 x2 x TP x2 too, are collected as one rank of the job under the fake process group
+(``run_collection``, as ``sacplan collect --tp-size 2 [--fsdp-world-size 2] [--sequence-parallel]
+[--parallelize ...]``), planned at 60% and 85% of the per-rank baseline and at
+the smallest feasible budget, then trained for real on 2 or 4 gloo ranks of this
 CPU (``bench/tp_run.py``: TP, then the plan, AdamW, three steps; every
 distinct live storage once, DTensors by their local shard). Each rank's
 steady-state peak (steps 2 and 3) is set against the plan's predicted peak,
@@ -41,7 +46,10 @@ LLAMA = {"model_type": "llama", "vocab_size": 512, "hidden_size": 128, "intermed
          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256}
 LLAMA_DROPOUT = {**LLAMA, "attention_dropout": 0.1}  # sequence parallel: dropout masks drawn per rank, replayed
 QWEN2 = {**LLAMA, "model_type": "qwen2"}  # q, k, v with biases: parallelized by a user's function
+QWEN2_DROPOUT = {**QWEN2, "attention_dropout": 0.1}
 QWEN2_TP = str(REPO / "bench" / "parallelize" / "qwen2_tp.py") + ":parallelize"
+QWEN2_TP_SP = str(REPO / "bench" / "parallelize" / "qwen2_tp_sp.py") + ":parallelize"
+QWEN2_TP_SP_BLOCKS = str(REPO / "bench" / "parallelize" / "qwen2_tp_sp_blocks.py") + ":parallelize"
 BATCH, SEQ, TP = 4, 128, 2
 FRACTIONS = (0.6, 0.85)
 # subsections of the section that other runs write (bench/bench_torchtitan.py's environment has torchtitan): kept
@@ -58,16 +66,16 @@ def plans(stats: planner.Stats) -> list[tuple[str, float, planner.Plan]]:
     return out
 
 
-def run(stats_dir: Path, fsdp: int = 1, config: dict = LLAMA, parallelize: str | None = None,
-        sequence_parallel: bool = False) -> tuple[str, bool]:
-    """One job's table (TP x2, FSDP2 over it when ``fsdp`` > 1, sequence parallel or not), and whether every run
-    held (within 1%, never over its budget, gradients equal)."""
+def run(stats_dir: Path, name: str) -> tuple[str, bool]:
+    """The table of the job ``name`` of :data:`JOBS` (TP x2, FSDP2 over it or not, sequence parallel or not), and
+    whether every run held (within 1%, never over its budget, gradients equal)."""
+    fsdp, config, parallelize, sequence_parallel, note = JOBS[name]
     t = time.perf_counter()
     stats = run_collection(CollectRequest(hf_config=config, batch=BATCH, seq=SEQ, tp_size=TP, parallelize=parallelize,
                                           fsdp_world_size=fsdp if fsdp > 1 else None,
                                           sequence_parallel=sequence_parallel)).stats
     collect_s = time.perf_counter() - t
-    stats_path = stats_dir / f"tp_stats_{config['model_type']}_{fsdp}_{int(sequence_parallel)}.json"
+    stats_path = stats_dir / f"tp_stats_{name}.json"
     stats_path.write_text(json.dumps(stats.model_dump(mode="json")))
     base = planner.plan(stats, 1024.0).baseline_peak_bytes
     chosen = plans(stats)
@@ -101,13 +109,14 @@ def run(stats_dir: Path, fsdp: int = 1, config: dict = LLAMA, parallelize: str |
                         f"{', '.join(f'{m:,}' for m in res.peaks)} | {', '.join(f'{r:.4f}' for r in ratios)} | "
                         f"{'OVER' if over else 'no'} | {'equal' if grads_equal else 'DIFFER'} |")
     job = (f"{config['model_type']}, " + (f"TP x{TP}" if fsdp == 1 else f"FSDP2 x{fsdp} x TP x{TP}")
-           + (f" with sequence parallel, attention dropout {config['attention_dropout']}" if sequence_parallel else ""))
+           + (f" with sequence parallel, attention dropout {config['attention_dropout']}" if sequence_parallel else "")
+           + note)
     flags = (f"--tp-size {TP}" + (f" --fsdp-world-size {fsdp}" if fsdp > 1 else "")
              + (" --sequence-parallel" if sequence_parallel else "")
-             + (" --parallelize bench/parallelize/qwen2_tp.py:parallelize" if parallelize else ""))
+             + (f" --parallelize {Path(parallelize).relative_to(REPO).as_posix()}" if parallelize else ""))
     how = "a user's function" if parallelize else "the HF plan"
     text = "\n".join([
-        f"### {job}", "",
+        f"### {job}", "", describe_machine(f"`{COMMAND} --only {name}`"), "",
         f"One rank of {job} collected under the fake process group in {collect_s:.1f} s ({how}, "
         f"`sacplan collect {flags}`); the real job: {TP * fsdp} gloo ranks on 127.0.0.1, TP then the plan"
         f"{', then fully_shard per decoder layer and the root' if fsdp > 1 else ''}, 3 steps ({ranks_s:.0f} s for "
@@ -116,29 +125,76 @@ def run(stats_dir: Path, fsdp: int = 1, config: dict = LLAMA, parallelize: str |
         "gradients |",
         "|---|---|---|---|---|---|---|---|",
         *rows, "",
-        f"All runs within 1%, never over budget, gradients equal: {'yes' if ok else 'NO'}.", ""])
+        f"All runs within 1%, never over budget, gradients equal: {'yes' if ok else 'NO'}.", "",
+        *([without_sequence_parallel(name, base), ""] if sequence_parallel and parallelize is None else [])])
     return text, ok
 
 
-def sequence_parallel_tables(stats_dir: Path, fsdps: tuple[int, ...] = (1,)) -> list[tuple[str, bool]]:
-    """The llama with attention dropout, sequence parallel from the HF plan: TP x2 (FSDP2 over it for each
-    ``fsdps`` > 1). FSDP2 x2 x TP x2 with sequence parallel is left out of the section: its real peak is one
-    sequence shard of the residual stream over the prediction (bench/RESULTS.md, "Tensor parallel: FSDP2 x TP
-    with sequence parallel")."""
-    return [run(stats_dir, fsdp, LLAMA_DROPOUT, sequence_parallel=True) for fsdp in fsdps]
+def without_sequence_parallel(name: str, base: int) -> str:
+    """A sentence setting the job's per-rank baseline ``base`` against the same job collected without sequence
+    parallel (the HF plan as it is)."""
+    fsdp, config, _, _, _ = JOBS[name]
+    stats = run_collection(CollectRequest(hf_config=config, batch=BATCH, seq=SEQ, tp_size=TP,
+                                          fsdp_world_size=fsdp if fsdp > 1 else None)).stats
+    plain = planner.plan(stats, 1024.0).baseline_peak_bytes
+    return (f"For comparison, the same job collected without sequence parallel: baseline {plain:,} bytes per rank, "
+            f"{plain / base - 1:.0%} above the sequence-parallel rank's {base:,}: the residual stream, the norms and "
+            f"the layers' inputs are on seq / {TP} tokens.")
 
 
-def section(stats_dir: Path) -> tuple[str, bool]:
-    """The whole section: TP alone, then FSDP2 over TP (a 2 x 2 mesh)."""
-    tables = ([run(stats_dir, fsdp) for fsdp in (1, 2)] + [run(stats_dir, 1, QWEN2, QWEN2_TP)]
-              + sequence_parallel_tables(stats_dir))
-    head = [SECTION, "", describe_machine("bench/bench_tensor_parallel.py --write"), "",
+BLOCKS = ", gathered per block (PrepareModuleInput)"
+JOBS = {  # name -> (FSDP2 degree, config, the user's function or None for the HF plan, sequence parallel, title note)
+    "llama-tp2": (1, LLAMA, None, False, ""),
+    "llama-fsdp2-tp2": (2, LLAMA, None, False, ""),
+    "qwen2-tp2": (1, QWEN2, QWEN2_TP, False, ""),
+    "qwen2-fsdp2-tp2": (2, QWEN2, QWEN2_TP, False, ""),
+    "llama-tp2-sp": (1, LLAMA_DROPOUT, None, True, ""),
+    "qwen2-tp2-sp": (1, QWEN2_DROPOUT, QWEN2_TP_SP, True, ""),
+    "qwen2-tp2-sp-blocks": (1, QWEN2_DROPOUT, QWEN2_TP_SP_BLOCKS, True, BLOCKS),
+    "llama-fsdp2-tp2-sp": (2, LLAMA_DROPOUT, None, True, ""),
+    "qwen2-fsdp2-tp2-sp": (2, QWEN2_DROPOUT, QWEN2_TP_SP, True, ""),
+    "qwen2-fsdp2-tp2-sp-blocks": (2, QWEN2_DROPOUT, QWEN2_TP_SP_BLOCKS, True, BLOCKS),
+}
+SEQUENCE_PARALLEL_JOBS = tuple(name for name, job in JOBS.items() if job[3])
+COMMAND = "PYTHONPATH=. OMP_NUM_THREADS=1 python bench/bench_tensor_parallel.py"
+
+
+def tables(stats_dir: Path, names: list[str]) -> list[tuple[str, bool]]:
+    """The named jobs' tables, in :data:`JOBS`' order."""
+    unknown = sorted(set(names) - set(JOBS))
+    if unknown:
+        raise SystemExit(f"--only {unknown[0]!r}: not a job here (the jobs: {', '.join(JOBS)})")
+    return [run(stats_dir, name) for name in JOBS if name in names]
+
+
+def head() -> list[str]:
+    """The section's title and what every table has in common."""
+    return [SECTION, "",
             f"Llama and Qwen2 of {LLAMA['hidden_size']} hidden, {LLAMA['num_hidden_layers']} layers, batch {BATCH}, "
-            f"seq {SEQ}, "
-            f"fp32, AdamW, no dropout but in the sequence-parallel job. Peak: every distinct live storage once, DTensors by their local shard "
-            f"(estimators.measure_steps). Ratio: real / predicted on steps 2 and 3 (AdamW state live). Gradients: "
-            f"one seeded step, every local shard against the unplanned parallel run's (torch.equal).", ""]
-    return "\n".join(head + [t for t, _ in tables]), all(ok for _, ok in tables)
+            f"seq {SEQ}, fp32, AdamW, no dropout but in the sequence-parallel jobs. Peak: every distinct live storage "
+            f"once, DTensors by their local shard (estimators.measure_steps). Ratio: real / predicted on steps 2 and "
+            f"3 (AdamW state live). Gradients: one seeded step, every local shard against the unplanned parallel "
+            f"run's (torch.equal). Each table names the machine and the command that made it.", ""]
+
+
+def write_tables(texts: list[str], path: Path) -> None:
+    """Replace each table's ``### `` subsection of the section in ``path`` (or add it at the section's end)."""
+    lines = path.read_text().splitlines()
+    if SECTION not in (line.strip() for line in lines):
+        write_results("\n".join(head() + texts), path, SECTION)
+        return
+    for text in texts:
+        title = text.splitlines()[0]
+        lines = path.read_text().splitlines()
+        start = next(k for k, line in enumerate(lines) if line.strip() == SECTION)
+        end = next((k for k in range(start + 1, len(lines)) if lines[k].startswith("## ")), len(lines))
+        at = next((k for k in range(start, end) if lines[k].strip() == title), None)
+        if at is None:
+            new = lines[:end] + text.rstrip("\n").splitlines() + [""] + lines[end:]
+        else:
+            stop = next((k for k in range(at + 1, end) if lines[k].startswith("### ")), end)
+            new = lines[:at] + text.rstrip("\n").splitlines() + [""] + lines[stop:]
+        path.write_text("\n".join(new).rstrip("\n") + "\n")
 
 
 def carried_subsection(results: str, heading: str) -> str:
@@ -153,23 +209,27 @@ def carried_subsection(results: str, heading: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--write", action="store_true", help="rewrite the section in bench/RESULTS.md")
+    ap.add_argument("--write", action="store_true", help="rewrite the section in bench/RESULTS.md (with --only: "
+                    "those jobs' tables only)")
+    ap.add_argument("--only", metavar="JOB", action="append", choices=list(JOBS),
+                    help=f"run only this job (repeatable): {', '.join(JOBS)}")
     ap.add_argument("--only-sequence-parallel", action="store_true",
-                    help="run and print only the sequence-parallel jobs' tables, TP x2 and FSDP2 x2 x TP x2 (nothing "
-                    "written)")
+                    help=f"run only the sequence-parallel jobs ({', '.join(SEQUENCE_PARALLEL_JOBS)}); as --only each")
     args = ap.parse_args(argv)
+    names = list(args.only or []) + (list(SEQUENCE_PARALLEL_JOBS) if args.only_sequence_parallel else [])
     with tempfile.TemporaryDirectory(prefix="sacplan-tp-") as tmp:
-        if args.only_sequence_parallel:
-            tables = sequence_parallel_tables(Path(tmp), (1, 2))
-            print("\n".join(t for t, _ in tables))
-            return 0 if all(ok for _, ok in tables) else 1
-        text, ok = section(Path(tmp))
-    print(text)
+        made = tables(Path(tmp), names or list(JOBS))
+    texts = [t for t, _ in made]
+    print("\n".join((head() if not names else []) + texts))
     if args.write:
-        path = REPO / "bench" / "RESULTS.md"
-        old = path.read_text() if path.exists() else ""
-        write_results(text + "".join(carried_subsection(old, h) for h in CARRIED), path, SECTION)
-    return 0 if ok else 1
+        if names:
+            write_tables(texts, REPO / "bench" / "RESULTS.md")
+        else:
+            path = REPO / "bench" / "RESULTS.md"
+            old = path.read_text()
+            write_results("\n".join(head() + texts) + "".join(carried_subsection(old, h) for h in CARRIED), path,
+                          SECTION)
+    return 0 if all(ok for _, ok in made) else 1
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Apply a plan: wrap the planned modules with selective activation checkpointing.
 
-Each planned module's ``forward`` runs under ``torch.utils.checkpoint``
+Each planned module's ``forward``, with the module's own forward pre-hooks
+(a tensor-parallel style's input redistribution), runs under ``torch.utils.checkpoint``
 (non-reentrant, ``preserve_rng_state=True``) with a policy that maps the
 plan's ``save`` list onto the ops the module runs
 (:mod:`estimators.apply.policy`), only while the module is in training mode
@@ -35,6 +36,7 @@ from estimators.common import autocast_name, module_fqns
 __all__ = ["apply_plan", "remove_plan", "PlanMismatchError"]
 
 _USABLE = ("optimal", "feasible")
+_PRE_HOOKS = "_sacplan_pre_hooks"  # a planned module's own forward pre-hooks, run inside its checkpoint
 log = logging.getLogger(__name__)
 
 
@@ -102,6 +104,7 @@ def remove_plan(model: nn.Module) -> nn.Module:
     for mod in model.modules():
         inner = mod.__dict__.pop("_sacplan_forward", None)
         mod.__dict__.pop(PLAN_MARK, None)
+        _give_back_pre_hooks(mod, mod.__dict__.pop(_PRE_HOOKS, []))
         if inner is not None:
             mod.__dict__.pop("forward", None)
             if getattr(inner, "__self__", None) is not mod:  # an instance-level forward the user had set
@@ -187,18 +190,71 @@ def _contexts(mp: ModulePlan, compiled: bool, module: nn.Module) -> Any:
     return pair
 
 
+def _take_pre_hooks(module: nn.Module) -> list[tuple[int, Callable[..., Any], bool]]:
+    """The module's own forward pre-hooks, in call order, as (id, hook, with kwargs), taken off the module.
+
+    The collector counts what a module's own pre-hooks run as the module's ops (its module hooks are global, so
+    they run first); a tensor-parallel style's input redistribution is one (``PrepareModuleInput`` on attention
+    or the MLP, as torchtitan's parallelize functions put it: an all-gather of the sequence shards). The
+    checkpoint must hold them too, as torchtitan's checkpoint wrapper (around the whole module call) does: a
+    planned module runs them inside it. Hooks registered after the plan (``fully_shard``'s) stay outside.
+    """
+    hooks = module._forward_pre_hooks  # layout: allow-private (nn.Module keeps its hooks there; no public list)
+    with_kwargs = module._forward_pre_hooks_with_kwargs  # layout: allow-private (as above)
+    taken = [(hook_id, hook, hook_id in with_kwargs) for hook_id, hook in hooks.items()]
+    hooks.clear()
+    for hook_id, _, _ in taken:
+        with_kwargs.pop(hook_id, None)
+    return taken
+
+
+def _give_back_pre_hooks(module: nn.Module, taken: list[tuple[int, Callable[..., Any], bool]]) -> None:
+    """Undo :func:`_take_pre_hooks`: the hooks back on the module, before any registered since."""
+    hooks = module._forward_pre_hooks  # layout: allow-private (as in _take_pre_hooks)
+    for hook_id, hook, with_kwargs in reversed(taken):
+        hooks[hook_id] = hook
+        hooks.move_to_end(hook_id, last=False)
+        if with_kwargs:
+            module._forward_pre_hooks_with_kwargs[hook_id] = True  # layout: allow-private (as above)
+
+
+def _run_pre_hooks(module: nn.Module, taken: list[tuple[int, Callable[..., Any], bool]], args: tuple,
+                   kwargs: dict) -> tuple[tuple, dict]:
+    """``args`` and ``kwargs`` through the taken pre-hooks, as ``nn.Module.__call__`` passes them: a hook's
+    result (if not None) replaces the arguments, a lone value standing for the one positional argument."""
+    for _, hook, with_kwargs in taken:
+        if with_kwargs:
+            result = hook(module, args, kwargs)
+            if result is not None:
+                if not (isinstance(result, tuple) and len(result) == 2):
+                    raise RuntimeError(f"forward pre-hook {hook!r} with kwargs must return None or (args, kwargs), "
+                                       f"got {result!r}")
+                args, kwargs = result
+        else:
+            result = hook(module, args)
+            if result is not None:
+                args = result if isinstance(result, tuple) else (result,)
+    return args, kwargs
+
+
 def _wrap(module: nn.Module, mp: ModulePlan) -> None:
     inner = module.forward
     module._sacplan_forward = inner  # layout: allow-private (our mark on the user's module, for remove_plan)
     module.__dict__[PLAN_MARK] = mp
+    taken = _take_pre_hooks(module)
+    module.__dict__[_PRE_HOOKS] = taken
+
+    def hooked(*args: Any, **kwargs: Any) -> Any:
+        args, kwargs = _run_pre_hooks(module, taken, args, kwargs)
+        return inner(*args, **kwargs)
 
     def forward(*args: Any, **kwargs: Any) -> Any:
         if not (module.training and torch.is_grad_enabled()):
-            return inner(*args, **kwargs)  # nothing autograd keeps, or not training: no checkpointing
+            return hooked(*args, **kwargs)  # nothing autograd keeps, or not training: no checkpointing
         compiled = torch.compiler.is_compiling()
         if mp.autocast is not None and not compiled:
             _check_autocast(mp)
-        out = checkpoint(inner, *args, use_reentrant=False, preserve_rng_state=True,
+        out = checkpoint(hooked, *args, use_reentrant=False, preserve_rng_state=True,
                          context_fn=partial(_contexts, mp, compiled, module), **kwargs)
         if not compiled and mp.recording is None and mp.last_call is not None:
             missing = mp.last_call.missing_op()

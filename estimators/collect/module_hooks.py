@@ -49,8 +49,11 @@ class ModuleHooks:
             register_module_forward_pre_hook(self._fw_pre),
             register_module_forward_hook(self._fw_post, always_call=True),
         ]
-        # keyword arguments reach only a module's own hooks
-        self._handles += [mod.register_forward_pre_hook(self._keyword_inputs, with_kwargs=True)
+        # keyword arguments reach only a module's own hooks; as the module's checkpoint holds them: before its
+        # own pre-hooks (a tensor-parallel style's PrepareModuleInput, run inside the checkpoint by apply_plan),
+        # but after an FSDP2 unit's (its pre-forward runs outside, and may cast them)
+        self._handles += [mod.register_forward_pre_hook(self._keyword_inputs, with_kwargs=True,
+                                                        prepend=not _is_fsdp_unit(mod))
                           for mod, m in self.mods.items() if not m.is_leaf]
         if self.capture_calls:
             self._handles += [mod.register_forward_pre_hook(self._capture, with_kwargs=True)
@@ -161,3 +164,10 @@ def _activation_inputs(book: StorageBook, args: Any) -> tuple[tuple[int, int], .
 
 def _serials(book: StorageBook, output: Any) -> frozenset[int]:
     return frozenset(s for s in (book.serial(st) for st in storages_of(output)) if s is not None)
+
+
+def _is_fsdp_unit(module: nn.Module) -> bool:
+    """Whether ``fully_shard`` made ``module`` a unit (its pre-forward hook comes first among the module's own)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(module, FSDPModule)

@@ -55,9 +55,14 @@ def _storage_id(st: torch.UntypedStorage) -> int:
 
 def _holding(t: torch.Tensor) -> list[torch.Tensor]:
     """The tensors whose storages hold ``t``'s data: a wrapper subclass's inner tensors (a DTensor's shard, an
-    AsyncCollectiveTensor's result: the wrapper's own storage is a placeholder without data), else ``t``."""
+    AsyncCollectiveTensor's result: the wrapper's own storage is a placeholder without data), else ``t``.
+
+    Followed down: a DTensor's shard may itself be a wrapper (a sequence-parallel residual stream is a DTensor
+    over an AsyncCollectiveTensor, the eager result of a row-wise layer's reduce-scatter), whose placeholder
+    storage has the shard's size but no data; each view of the DTensor (FSDP2's pre-forward views every input
+    of a unit) has a placeholder of its own, so counting placeholders counted the shard again, once per view."""
     if isinstance(t, DTensor):
-        return [_local(t)]
+        return _holding(_local(t))
     if is_traceable_wrapper_subclass(t):
         names, _ = t.__tensor_flatten__()
         return [x for name in names for x in _holding(getattr(t, name))]

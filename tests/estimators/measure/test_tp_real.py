@@ -54,3 +54,37 @@ def test_planned_gradients_equal_the_unplanned_tp_run(job: dict) -> None:
     for rank, (base, planned) in enumerate(job["ranks"]):
         assert len(base.grads) == len(planned.grads) > 0
         assert all(torch.equal(a, b) for a, b in zip(base.grads, planned.grads)), rank
+
+
+def test_a_dtensor_over_an_async_collective_counts_its_data_once() -> None:
+    """A sequence-parallel residual stream is a DTensor whose shard is an AsyncCollectiveTensor (the eager result of
+    a row-wise layer's reduce-scatter); FSDP2's pre-forward views each unit's inputs. The measure counted each view
+    again by the wrapper's placeholder storage (no data, the shard's size): FSDP2 x TP x2 with sequence parallel
+    peaked one residual-stream shard, 131,072 bytes, over its prediction on every run (bench/RESULTS.md, "Tensor
+    parallel"). The data is the collective's result, once."""
+    import socket
+
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+
+    from estimators import track_live_storages
+
+    if not dist.is_gloo_available():
+        pytest.skip("no gloo backend in this torch build")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        with track_live_storages(nn.Module()) as tracker:
+            shard = torch.ones(4, 64, 128)  # 131,072 bytes, booked as the op's output
+            stream = DTensor.from_local(AsyncCollectiveTensor(shard), mesh, [Shard(1)], run_check=False)
+            views = [stream.view(stream.shape), stream.view_as(stream)]
+            assert all(isinstance(v.to_local(), AsyncCollectiveTensor) for v in views)
+            assert tracker.live_bytes() == shard.nbytes == 131072, tracker.book.live
+    finally:
+        dist.destroy_process_group()
