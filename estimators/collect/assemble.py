@@ -233,6 +233,10 @@ def _bytes_beside_output(op: Any, module_output: frozenset[int]) -> int:
 def _op_stats(m: Any, col: Any, held_serials: set[int]) -> list[OpStats]:
     ops = [col.ops[i] for i in m.ops]
     out: list[OpStats] = []
+    # the ops whose recompute may take an op's output: not the one making the module's output that autograd saves
+    # (kept anyway: never recomputed, as the last-op rule below counts it)
+    in_module = {i for i, op in zip(m.ops, ops) if not (op.out_serials and op.out_serials <= m.out_serials
+                                                       and op.out_serials <= col.saved)}
     for k, op in enumerate(ops):
         # a collective past the early stop: its bytes are held through the backward (_held_inputs), counted there
         held_past_stop = op.must_save and k >= m.recompute_stop
@@ -249,7 +253,8 @@ def _op_stats(m: Any, col: Any, held_serials: set[int]) -> list[OpStats]:
                 name=op.name,
                 runtime_ms=op.runtime_ms,
                 output_bytes=0 if (parent is not None and not op.inplace) or op.cached_cast or held_past_stop
-                else op.output_bytes,
+                else op.output_bytes if not (col.life.compiled and op.fresh) else min(op.output_bytes,
+                col.life.compiled_kept_bytes(op.new_storages, m.fqn, col.saved_in, in_module, m.ops[k])),
                 view_like=op.view_like,
                 random=op.random,
                 inplace_parent=parent,

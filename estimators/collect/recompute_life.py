@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from estimators.common import PARAM, TEMP
+from estimators.common import PARAM, TEMP, storages_of, tensors_in
 
 __all__ = ["RecomputeLife"]
 
@@ -34,6 +34,25 @@ class RecomputeLife:
         self._refs: dict[int, weakref.ref] = {}
         # fqn -> (micro-batch, backward events so far, live bytes but parameters) at its first unpack
         self.first_unpack: dict[str, tuple[int | None, int, int]] = {}
+        # under aot_eager: serial -> the ops (global indices) of the first micro-batch's forward that took it
+        self.compiled: bool = False
+        self.taken_by: dict[int, list[int]] = {}
+
+    def taken(self, col: Any, args: Any, index: int) -> None:
+        """Op ``index`` of the forward takes the tensors in ``args`` (noted under ``aot_eager`` only)."""
+        if self.compiled and col.timeline.micro_batch in (None, 1):
+            for st in {id(s): s for t in tensors_in(args) for s in storages_of(t)}.values():
+                if (serial := col.book.serial(st)) is not None:
+                    self.taken_by.setdefault(serial, []).append(index)
+
+    def compiled_kept_bytes(self, new_storages: Any, fqn: str, saved_in: dict[int, set[str]],
+                            module_ops: set[int], after: int) -> int:
+        """What the compiled step keeps of the storages an op made when a checkpointed module ``fqn`` saves it: a
+        storage the module's backward needs (its forward saved it) or a later op of the module takes (``module_ops``:
+        its ops' global indices; those above ``after``: its recompute may need it). The partitioner keeps no other output of a saved op,
+        where eager checkpointing caches them all (a dropout's result that only leaves the module: its mask)."""
+        return sum(nbytes for serial, nbytes in new_storages
+                   if fqn in saved_in.get(serial, ()) or any(j > after and j in module_ops for j in self.taken_by.get(serial, ())))
 
     def watch(self, st: torch.UntypedStorage, serial: int, col: Any) -> None:
         """Note when a storage made in the first micro-batch's forward dies."""
