@@ -233,10 +233,11 @@ def _bytes_beside_output(op: Any, module_output: frozenset[int]) -> int:
 def _op_stats(m: Any, col: Any, held_serials: set[int]) -> list[OpStats]:
     ops = [col.ops[i] for i in m.ops]
     out: list[OpStats] = []
-    # the ops whose recompute may take an op's output: not the one making the module's output that autograd saves
-    # (kept anyway: never recomputed, as the last-op rule below counts it)
-    in_module = {i for i, op in zip(m.ops, ops) if not (op.out_serials and op.out_serials <= m.out_serials
-                                                       and op.out_serials <= col.saved)}
+    # the ops whose recompute may take an op's output under compile: not views (their takers take the storage), not
+    # random ones (saved there), not the one making the module's output that autograd saves (kept anyway: never
+    # recomputed, as the last-op rule below has it)
+    in_module = {i for i, op in zip(m.ops, ops) if not op.random and not op.view_like and not (
+        op.out_serials and op.out_serials <= m.out_serials and op.out_serials <= col.saved)}
     for k, op in enumerate(ops):
         # a collective past the early stop: its bytes are held through the backward (_held_inputs), counted there
         held_past_stop = op.must_save and k >= m.recompute_stop
