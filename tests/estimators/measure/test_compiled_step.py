@@ -165,3 +165,22 @@ def test_compile_backend_with_fsdp_is_refused():
                                          "collected yet"):
         collect_stats(b.model, b.inputs, device="cpu", cost_model=RooflineCostModel(device_spec("cpu")),
                       compile_backend="aot_eager", fsdp=FsdpSetup(2))
+
+
+def test_a_saved_op_costs_what_the_compiled_step_keeps_of_it():
+    """Of an op a plan saves, ``aot_eager``'s partitioner keeps only the outputs the backward takes; eager
+    checkpointing caches them all. GPT-2's MLP ends in a dropout whose result only leaves the module: compiled, a
+    saved dropout keeps its bool mask (2 x 16 x 64 B), not its fp32 result (bench/RESULTS.md, "Memory under compile:
+    plans hold their prediction"). Its attention dropout's result feeds the next matmul: kept whole."""
+    config = {"model_type": "gpt2", "vocab_size": 256, "n_embd": 64, "n_layer": 1, "n_head": 4, "n_positions": 16}
+    torch.manual_seed(0)
+    b = build_from_hf_config(config, batch_size=2, seq_len=16, dtype=torch.float32, device=torch.device("cpu"))
+    stats = collect_stats(b.model, b.inputs, optimizer="adamw", device="cpu",
+                          cost_model=RooflineCostModel(device_spec("cpu")), compile_backend="aot_eager")
+    mlp = stats.module("GPT2LMHeadModel.transformer.h.0.mlp").ops
+    assert [op.output_bytes for op in mlp if op.name == "aten.native_dropout"] == [2 * 16 * 64]
+    attn = stats.module("GPT2LMHeadModel.transformer.h.0.attn").ops
+    dropouts = [op.output_bytes for op in attn if op.name == "aten.native_dropout"]
+    # attention probabilities (2 x 4 x 16 x 16: fp32 result and bool mask) and the residual dropout (its mask)
+    assert dropouts == [2 * 4 * 16 * 16 * 5, 2 * 16 * 64], dropouts
+    assert planner.parse_stats(stats.model_dump(mode="json")).model_dump() == stats.model_dump()  # still valid
