@@ -249,13 +249,16 @@ def _op_stats(m: Any, col: Any, held_serials: set[int]) -> list[OpStats]:
                     if op.mutated_serial in ops[j].out_serials:
                         parent = j
                         break
+        nbytes = op.output_bytes
+        if col.life.compiled and op.fresh:  # under aot_eager: what its partitioner keeps of the op saved
+            nbytes = min(nbytes, col.life.compiled_kept_bytes(op.new_storages, m.fqn, col.saved_in, in_module,
+                                                              m.ops[k]))
         out.append(
             OpStats(
                 name=op.name,
                 runtime_ms=op.runtime_ms,
                 output_bytes=0 if (parent is not None and not op.inplace) or op.cached_cast or held_past_stop
-                else op.output_bytes if not (col.life.compiled and op.fresh) else min(op.output_bytes,
-                col.life.compiled_kept_bytes(op.new_storages, m.fqn, col.saved_in, in_module, m.ops[k])),
+                else nbytes,
                 view_like=op.view_like,
                 random=op.random,
                 inplace_parent=parent,

@@ -143,18 +143,21 @@ def _module_path(node: torch.fx.Node) -> str:
 
 
 def shared_across_modules(joint: torch.fx.GraphModule) -> list[tuple[str, tuple[str, ...], int]]:
-    """Forward ops the compiled graph runs once for several modules: (module path, paths of the modules repeating
-    it, output bytes) of each op the joint graph repeats, the same op on the same arguments, in another module (each
-    decoder layer turning the same mask into the same additive one). AOTAutograd merges them (common-subexpression
-    elimination) into the first; a checkpointed region that later regions use keeps that tensor (the partitioner
-    saves a region's tensors a later region uses, ``cleanup_recompute_tags``), which the eager step never
-    shares. Random ops are never merged."""
+    """Forward ops the compiled graph runs once for several modules, as (module path, paths of the modules
+    repeating it, output bytes).
+
+    An op the joint graph repeats (the same op on the same arguments) in another module, as each decoder layer
+    turns the same mask into the same additive one: AOTAutograd merges the repeats into the first (common-
+    subexpression elimination), and a checkpointed region whose tensor a later region takes keeps it (the
+    partitioner saves it, ``cleanup_recompute_tags``), which the eager step never shares. Random ops are never
+    merged.
+    """
     first: dict[Any, torch.fx.Node] = {}
     same: dict[torch.fx.Node, torch.fx.Node] = {}  # a repeat -> the first
     out: dict[torch.fx.Node, set[str]] = {}  # the first -> the modules of its repeats
     backward: set[torch.fx.Node] = set()  # what depends on the tangents
     for node in joint.graph.nodes:
-        if node.op == "placeholder" and node.name.startswith("tangents") or any(
+        if (node.op == "placeholder" and node.name.startswith("tangents")) or any(
                 a in backward for a in node.all_input_nodes):
             backward.add(node)
             continue
