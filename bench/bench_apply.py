@@ -226,7 +226,8 @@ def _compiled_cells(spec: ModelSpec, reference: Path, plan: Any, stats: Any, gib
         return f"**error** {describe_error(exc)} | - | -"
     predicted = plan.peak_bytes if plan is not None else planner.baseline_peak_bytes(stats)
     real = [m.peak_bytes for m in steps]
-    budget = " / ".join(f"{r / (gib * planner.GIB):.3f}" for r in real) if gib else "-"
+    budget = " / ".join(f"{r / (gib * planner.GIB):.3f}" + (" (over)" if r > gib * planner.GIB else "")
+                        for r in real) if gib else "-"
     return (" / ".join(f"{r / MIB:.1f}" for r in real) + " | " + " / ".join(f"{r / predicted:.4f}" for r in real)
             + f" | {budget}")
 

@@ -233,6 +233,11 @@ def _bytes_beside_output(op: Any, module_output: frozenset[int]) -> int:
 def _op_stats(m: Any, col: Any, held_serials: set[int]) -> list[OpStats]:
     ops = [col.ops[i] for i in m.ops]
     out: list[OpStats] = []
+    # the ops whose recompute may take an op's output under compile: not views (their takers take the storage), not
+    # random ones (saved there), not the one making the module's output that autograd saves (kept anyway: never
+    # recomputed, as the last-op rule below has it)
+    in_module = {i for i, op in zip(m.ops, ops) if not op.random and not op.view_like and not (
+        op.out_serials and op.out_serials <= m.out_serials and op.out_serials <= col.saved)}
     for k, op in enumerate(ops):
         # a collective past the early stop: its bytes are held through the backward (_held_inputs), counted there
         held_past_stop = op.must_save and k >= m.recompute_stop
@@ -244,12 +249,16 @@ def _op_stats(m: Any, col: Any, held_serials: set[int]) -> list[OpStats]:
                     if op.mutated_serial in ops[j].out_serials:
                         parent = j
                         break
+        nbytes = op.output_bytes
+        if col.life.compiled and op.fresh:  # under aot_eager: what its partitioner keeps of the op saved
+            nbytes = min(nbytes, col.life.compiled_kept_bytes(op.new_storages, m.fqn, col.saved_in, in_module,
+                                                              m.ops[k]))
         out.append(
             OpStats(
                 name=op.name,
                 runtime_ms=op.runtime_ms,
                 output_bytes=0 if (parent is not None and not op.inplace) or op.cached_cast or held_past_stop
-                else op.output_bytes,
+                else nbytes,
                 view_like=op.view_like,
                 random=op.random,
                 inplace_parent=parent,

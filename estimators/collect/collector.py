@@ -128,9 +128,8 @@ class _Collector(TorchDispatchMode):
         return out
 
     def _record(self, func, args, kwargs, ms, out_bytes, serials, mutated, fresh, cast, made) -> None:
-        # Bytes follow PyTorch's SACEstimator (every output storage of a
-        # non-view op) except in-place ops: their storage is their parent's,
-        # which carries the bytes, and the two share one decision.
+        # Bytes follow PyTorch's SACEstimator (every output storage of a non-view op) except in-place ops: their
+        # storage is their parent's, which carries the bytes, and the two share one decision.
         view = is_view_op(func)
         inplace = is_inplace_op(func) and not view
         idx = len(self.ops)
@@ -139,6 +138,7 @@ class _Collector(TorchDispatchMode):
                 is_random_op(func, args, kwargs), inplace, mutated, fresh, cast, made,
                 must_save=eager_op_name(func) in MUST_SAVE_OPS)
         )
+        self.life.taken(self, (args, kwargs), idx)
         for m in self.fw_stack:
             if not m.is_leaf and not m.done_fw:
                 m.ops.append(idx)
@@ -235,7 +235,7 @@ def collect_stats(
             parents.setdefault(fqns[child], fqn)
     mods = {mod: ModuleRecord(fqn, parents.get(fqn), not any(True for _ in mod.children())) for mod, fqn in fqns.items()}
     step = _Step(step_model, mods, cost_model, round_bytes_to, progress, measure_checkpoint_overhead)
-    step.compile_backend = compile_backend
+    step.compile_backend, step.col.life.compiled = compile_backend, compile_backend == "aot_eager"
     with ExitStack() as stack:
         for m in {id(model): model, id(step_model): step_model}.values():
             for config in switch_off_kv_cache(m):  # as training (and apply_plan) runs it; given back after

@@ -18,9 +18,10 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from estimators.common import tensors_in
+from estimators.common import is_view_op, tensors_in
 
-__all__ = ["mark_compiled", "zero_gradient_outputs", "CompiledProbe", "credit_compiled_saves"]
+__all__ = ["mark_compiled", "zero_gradient_outputs", "CompiledProbe", "credit_compiled_saves",
+           "hold_shared_tensors"]
 
 _ZERO_MAKERS = {torch.ops.aten.zeros.default, torch.ops.aten.zeros_like.default, torch.ops.aten.new_zeros.default}
 
@@ -35,6 +36,7 @@ class _ZeroTangents(TorchDispatchMode):
         self.in_graph = 0
         self.made: list[tuple[tuple[int, ...], torch.dtype]] = []
         self.compiled_saved: dict[str, int] = {}  # per module fqn (relative), what the partitioned forward saves
+        self.shared: list[tuple[str, tuple[str, ...], int]] = []  # per tensor one forward op makes for several modules
 
     @classmethod
     def ignore_compile_internals(cls) -> bool:
@@ -63,6 +65,7 @@ class _ZeroTangents(TorchDispatchMode):
         """``aot_eager``'s partition (the min-cut one), what it saves recorded per module in ``compiled_saved``."""
         from torch._functorch.partitioners import min_cut_rematerialization_partition
 
+        self.shared += shared_across_modules(joint)  # before the partition, which merges them
         fw, bw = min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
         for path, nbytes in saved_by_module(fw, bw).items():
             fqn = _relative_fqn(path)
@@ -132,6 +135,61 @@ def _relative_fqn(path: str) -> str:
     return re.sub(r"\[(\d+)\]", r".\1", path).replace("_modules['", "").replace("']", "")
 
 
+def _module_path(node: torch.fx.Node) -> str:
+    """The innermost module path of a graph node, as an fqn relative to the compiled module (``""``: none)."""
+    stack = list((node.meta.get("nn_module_stack") or {}).values())
+    return _relative_fqn(re.sub(r"\.forward\.__closure__\[?\.?\d+\]?\.cell_contents\.__self__", "",
+                                stack[-1][0])) if stack else ""
+
+
+def shared_across_modules(joint: torch.fx.GraphModule) -> list[tuple[str, tuple[str, ...], int]]:
+    """Forward ops the compiled graph runs once for several modules, as (module path, paths of the modules
+    repeating it, output bytes).
+
+    An op the joint graph repeats (the same op on the same arguments) in another module, as each decoder layer
+    turns the same mask into the same additive one: AOTAutograd merges the repeats into the first (common-
+    subexpression elimination), and a checkpointed region whose tensor a later region takes keeps it (the
+    partitioner saves it, ``cleanup_recompute_tags``), which the eager step never shares. Random ops are never
+    merged.
+    """
+    first: dict[Any, torch.fx.Node] = {}
+    same: dict[torch.fx.Node, torch.fx.Node] = {}  # a repeat -> the first
+    out: dict[torch.fx.Node, set[str]] = {}  # the first -> the modules of its repeats
+    backward: set[torch.fx.Node] = set()  # what depends on the tangents
+    for node in joint.graph.nodes:
+        if (node.op == "placeholder" and node.name.startswith("tangents")) or any(
+                a in backward for a in node.all_input_nodes):
+            backward.add(node)
+            continue
+        target = node.target
+        if node.op != "call_function" or getattr(target, "overloadpacket", None) is None or is_view_op(target) \
+                or torch.Tag.nondeterministic_seeded in target.tags:
+            continue
+        args = torch.fx.node.map_arg((node.args, node.kwargs), lambda a: same.get(a, a))
+        try:
+            key = (target, _hashable(args))
+            hash(key)
+        except TypeError:
+            continue
+        if key not in first:
+            first[key] = node
+            continue
+        same[node] = made = first[key]
+        val = made.meta.get("val")
+        if isinstance(val, torch.Tensor) and _module_path(made) != _module_path(node):
+            out.setdefault(made, set()).add(_module_path(node))
+    return [(_module_path(node), tuple(sorted(paths)), node.meta["val"].untyped_storage().nbytes())
+            for node, paths in out.items()]
+
+
+def _hashable(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return tuple(_hashable(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((k, _hashable(v)) for k, v in value.items()))
+    return value
+
+
 def _base(node: torch.fx.Node) -> torch.fx.Node:
     """The node whose storage ``node`` shares: through view ops (their first argument aliases the output)."""
     while node.op == "call_function" and node.args and isinstance(node.args[0], torch.fx.Node):
@@ -168,9 +226,11 @@ def saved_by_module(fw: torch.fx.GraphModule, bw: torch.fx.GraphModule) -> dict[
 class CompiledProbe:
     """What one compiled step on the fake model showed (see :func:`zero_gradient_outputs`)."""
 
-    def __init__(self, zero_gradients: list[tuple[tuple[int, ...], torch.dtype]], compiled_saved: dict[str, int]):
+    def __init__(self, zero_gradients: list[tuple[tuple[int, ...], torch.dtype]], compiled_saved: dict[str, int],
+                 shared: list[tuple[str, tuple[str, ...], int]] | None = None):
         self.zero_gradients = zero_gradients
         self.compiled_saved = compiled_saved  # per fqn relative to the compiled module: what its forward saves
+        self.shared = shared or []  # forward ops run once for several modules (:func:`shared_across_modules`)
         self.fewer_saved: dict[str, int] = {}  # the same, what the eager forward saves more (:meth:`count_eager`)
 
     def count_eager(self, model: nn.Module, eager_step: Any) -> None:
@@ -212,7 +272,7 @@ def zero_gradient_outputs(model: nn.Module, run_step: Any, backend: str) -> Comp
         for p in model.parameters():
             p.grad = None
         torch._dynamo.reset()  # layout: allow-private (the probe's graphs hold the fake model)
-    return CompiledProbe(probe.made, probe.compiled_saved)
+    return CompiledProbe(probe.made, probe.compiled_saved, probe.shared)
 
 
 def _fqn_of(path: str, root: str, fqns: set[str]) -> str:
@@ -256,6 +316,28 @@ def credit_compiled_saves(stats: Any, fewer_saved: dict[str, int]) -> None:
             t.activation_bytes = max(0, t.activation_bytes - ended[min(t.key, len(order))])
 
 
+def hold_shared_tensors(stats: Any, shared: list[tuple[str, tuple[str, ...], int]]) -> None:
+    """Count each tensor the compiled step makes once for several modules (``shared``: the module path making it,
+    the paths of the modules whose own op it replaces, its bytes) as held by the module that makes it and every
+    module around that one short of one around them all: checkpointed, such a module keeps the tensor under
+    compile when a later checkpointed region uses it (the partitioner saves a region's tensors a later region
+    uses), which no op of its eager save list says. Counted always (it bounds the real step from above by at most
+    those bytes when no later region uses it); it offsets the module's discard as its held inputs do."""
+    fqns = set(stats.fw_post_order)
+    root = next(m.fqn for m in stats.modules if m.parent is None)
+    number = 1 + max((k for m in stats.modules for k, _ in m.held_inputs or ()), default=0)
+    for path, others, nbytes in shared:
+        around = {_fqn_of(p, root, fqns) for p in others}
+        up: str | None = _fqn_of(path, root, fqns)
+        while up is not None and up in fqns and not all(o == up or o.startswith(up + ".") for o in around):
+            m = stats.module(up)
+            m.held_input_bytes += nbytes
+            if m.held_inputs is not None:
+                m.held_inputs = [*m.held_inputs, (number, nbytes)]
+            up = m.parent
+        number += 1
+
+
 def mark_compiled(stats: Any, backend: str, probe: CompiledProbe | None = None) -> None:
     """Record the compile backend in the stats' model settings, and save every random op: a traced
     recomputation cannot replay the RNG on the CPU, so apply saves random ops under compile. Under
@@ -266,3 +348,4 @@ def mark_compiled(stats: Any, backend: str, probe: CompiledProbe | None = None) 
         m.force_store_random = m.force_store_random or any(op.random for op in m.ops or ())
     if backend == "aot_eager" and probe is not None:
         credit_compiled_saves(stats, probe.fewer_saved)
+        hold_shared_tensors(stats, probe.shared)

@@ -10,7 +10,9 @@ same code holds the same references) or until it stops, so the forward's
 lifetimes tell the planner what a recompute holds for any save list
 (``planner.memory_model.recompute_transient_bytes``). The recompute runs
 when the backward first unpacks a tensor the module's forward saved: that
-moment's key is the module's ``recompute_key``.
+moment's key is the module's ``recompute_key``. Under ``aot_eager`` it also
+notes which forward ops take each storage: what the compiled step keeps of
+an op a plan saves (:meth:`RecomputeLife.compiled_kept_bytes`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 
 import torch
 
-from estimators.common import PARAM, TEMP
+from estimators.common import PARAM, TEMP, storages_of, tensors_in
 
 __all__ = ["RecomputeLife"]
 
@@ -34,6 +36,31 @@ class RecomputeLife:
         self._refs: dict[int, weakref.ref] = {}
         # fqn -> (micro-batch, backward events so far, live bytes but parameters) at its first unpack
         self.first_unpack: dict[str, tuple[int | None, int, int]] = {}
+        # under aot_eager: serial -> the ops (global indices) of the first micro-batch's forward that took it
+        self.compiled: bool = False
+        self.taken_by: dict[int, list[int]] = {}
+
+    def taken(self, col: Any, args: Any, index: int) -> None:
+        """Op ``index`` of the forward takes the tensors in ``args`` (noted under ``aot_eager`` only)."""
+        if self.compiled and col.timeline.micro_batch in (None, 1):
+            for st in {id(s): s for t in tensors_in(args) for s in storages_of(t)}.values():
+                if (serial := col.book.serial(st)) is not None:
+                    self.taken_by.setdefault(serial, []).append(index)
+
+    def compiled_kept_bytes(self, new_storages: Any, fqn: str, saved_in: dict[int, set[str]],
+                            module_ops: set[int], after: int) -> int:
+        """What the compiled step keeps of the storages an op made when a checkpointed module ``fqn`` saves it.
+
+        A storage the module's backward needs (its forward saved it), or one a later op of the module takes
+        (``module_ops``: the global indices of those that may be recomputed; later: above ``after``). The
+        partitioner keeps no other output of a saved op, where eager checkpointing caches them all (of a
+        dropout whose result only leaves the module, its mask).
+        """
+        def kept(serial: int) -> bool:
+            return fqn in saved_in.get(serial, ()) or any(
+                j > after and j in module_ops for j in self.taken_by.get(serial, ()))
+
+        return sum(nbytes for serial, nbytes in new_storages if kept(serial))
 
     def watch(self, st: torch.UntypedStorage, serial: int, col: Any) -> None:
         """Note when a storage made in the first micro-batch's forward dies."""
