@@ -73,3 +73,19 @@ def test_at_the_smallest_budget_the_milp_meets_the_needs_the_engines_count(colle
         chosen = {m.fqn: m.discarded_bytes for m in p.modules}
         assert prob.model.peak_bytes(chosen, shared_once=False) <= budget * planner.GIB + 1e-6
     assert milp.recompute_ms == pytest.approx(default.recompute_ms, rel=2e-6)
+
+
+def test_a_sweep_sharing_the_count_search_plans_as_separate_calls(collected, monkeypatch):
+    """A sweep shares the group relaxation's paths between budgets whose points differ only in which of several
+    equal-penalty points a residue step takes (issue 28: 29 path searches for a 41-point 405B sweep, 7 shared);
+    each point must still cost what a plan of its own costs, and meet its budget."""
+    monkeypatch.setattr(dp, "STACK_FIRST_BLOCKS", 4)  # the 8 blocks go to the count-space relaxation
+    low = planner.min_feasible_budget_gib(collected)
+    base = planner.plan(collected, 1e6).baseline_peak_bytes / planner.GIB
+    budgets = [low + (base - low) * i / 9 for i in range(1, 9)]
+    swept = planner.sweep(collected, budgets)
+    for budget, p in zip(budgets, swept):
+        alone = planner.plan(collected, budget)
+        assert p.status == alone.status == "optimal", (budget, p.message, alone.message)
+        assert p.peak_bytes <= budget * planner.GIB
+        assert p.recompute_ms == pytest.approx(alone.recompute_ms, rel=2e-6), budget
