@@ -43,7 +43,12 @@ _TOL = 1e-12
 
 
 class CountWorkLimit(Exception):
-    """The enumeration outgrew its work allowance."""
+    """The enumeration outgrew its work allowance; ``lower``: what was proven by then (no solution costs less),
+    when anything was."""
+
+    def __init__(self, lower: float | None = None):
+        super().__init__()
+        self.lower = lower
 
 
 @dataclass(frozen=True)
@@ -202,16 +207,21 @@ def min_cost_counts(d: np.ndarray, rc: np.ndarray, n: int, need: np.ndarray, cos
             return sol, sol.value if sol.value <= floor + tol else floor
     guess = floor + first_gap * max(abs(floor), 1e-9)
     spent = 0.0
+    proven = min(floor, upper)  # the LP's and the lattice's bound, then each guess searched in full
     while True:
         if time.perf_counter() > deadline:
-            raise CountWorkLimit
+            raise CountWorkLimit(proven)
         cap = min(guess, upper)
-        sol, work = _search(d, rc, n, need, cost, lower, pi, lam, a, b, cap, work_limit - spent)
+        try:
+            sol, work = _search(d, rc, n, need, cost, lower, pi, lam, a, b, cap, work_limit - spent)
+        except CountWorkLimit:
+            raise CountWorkLimit(proven) from None
         spent += work
         if sol is not None:
             return sol, sol.value
         if cap >= upper or guess - floor > max_gap * abs(floor):
             return None, cap
+        proven = cap  # nothing costs less than cap
         guess = floor + 2.0 * (guess - floor)
 
 
