@@ -94,6 +94,22 @@ def test_giving_up_early_returns_a_valid_bound():
     assert gave_up >= 10
 
 
+def test_running_out_of_work_says_what_it_proved():
+    # the bound a search stopped by its work limit carries (issue 28: the lattice's bound on 405B stats, kept
+    # where it was dropped) never passes the brute-force optimum
+    rng = random.Random(29)
+    stopped = 0
+    for _ in range(300):
+        d, rc, n, need, cost = random_case(rng)
+        want, _ = brute(d, rc, n, need, cost)
+        try:
+            min_cost_counts(d, rc, n, need, cost, math.inf, work_limit=3)
+        except CountWorkLimit as e:
+            stopped += 1
+            assert e.lower is not None and e.lower <= want + 1e-9
+    assert stopped >= 10
+
+
 def test_many_items_near_a_hull_vertex():
     # 20 items; points a few bytes below the hull vertices (the shape of real block frontiers,
     # where tiny ops make near-duplicates): the exact answer still comes back.

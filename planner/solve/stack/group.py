@@ -129,21 +129,26 @@ def group_relaxation(d: np.ndarray, rc: np.ndarray, n: int, need: np.ndarray, lo
     use = _cheapest_per_step(use, delta, pi, d, typical, tie)
     # improvements below ``tie`` are ignored (shorter paths, whose points leave the rest room), so every
     # distance may be high by n ties: the bound takes them off
-    # the points each residue step uses are part of the key: they are chosen per budget (``typical``), and paths
-    # over other points bound as well but build plans for another budget's targets
-    key = (hash(d.tobytes()), hash(np.asarray(rc).tobytes()), hash(use.tobytes()), n, a, lam)
+    key = (hash(d.tobytes()), hash(np.asarray(rc).tobytes()), n, a, lam)
     hit = None if cache is None else cache.get(key)
+    ties = 2 * n * tie
     if hit is not None and hit[0] >= room:  # followed further before: exact wherever this room needs it
         dist, rounds = hit[1], hit[2]
+        if not np.array_equal(hit[3], use):
+            # Another budget chose other points per residue step (``typical``); the steps are the same and each
+            # chosen point is within a tie of its step's least penalty, so the distances are within n ties of
+            # this choice's: the bound takes those off too, and the paths take this budget's points (plans
+            # over the other budget's points would build plans for its targets).
+            rounds, ties = _rechosen(rounds, delta, use), 3 * n * tie
     else:
         dist, rounds = _paths(delta[use], pi[use], use, start, modulus, n, room, tie)
         if dist is None:
             return None
         if cache is not None:
-            cache[key] = (room, dist, rounds)
+            cache[key] = (room, dist, rounds, use)
     x = np.ceil(np.asarray(need, dtype=np.float64) / u)  # the target in units, rounded up: sums are multiples
     t = np.mod(x, modulus).astype(np.int64)
-    bound = np.asarray(lower, dtype=np.float64) + _excess(dist, step, modulus, t) + lam * (x * u - need) - 2 * n * tie
+    bound = np.asarray(lower, dtype=np.float64) + _excess(dist, step, modulus, t) + lam * (x * u - need) - ties
     bound = np.minimum(bound, np.asarray(lower, dtype=np.float64) + room)  # paths past the room: at least that
     return GroupRelaxation(bound, lam, u, modulus, start, delta, dist, rounds, zero)
 
@@ -161,6 +166,20 @@ def _excess(dist: np.ndarray, step: float, modulus: int, t: np.ndarray) -> np.nd
     suffix = np.concatenate([np.minimum.accumulate(g[::-1])[::-1], [np.inf]])
     after = suffix[np.searchsorted(r, t, side="left")]
     return np.minimum(after, float(g.min()) + step * modulus) - step * t
+
+
+def _rechosen(rounds: list, delta: np.ndarray, use: np.ndarray) -> list:
+    """The rounds with each improving point swapped for the point ``use`` takes for its residue step (kept where
+    ``use`` has none: a step past this budget's room)."""
+    steps = delta[use]
+    order = np.argsort(steps)
+    steps, by_step = steps[order], use[order]
+    out = []
+    for nodes, used in rounds:
+        at = np.minimum(np.searchsorted(steps, delta[used]), max(len(steps) - 1, 0))
+        same = steps[at] == delta[used] if len(steps) else np.zeros(len(used), bool)
+        out.append((nodes, np.where(same, by_step[at] if len(steps) else used, used)))
+    return out
 
 
 def _divisor_at_most(k: int, limit: int) -> int:

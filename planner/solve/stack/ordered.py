@@ -263,8 +263,7 @@ def _search(d, rc, R, delta, n, need, cost, pi, lam, base, order, room, cap, wor
             work += len(ok)
             if work > work_limit:
                 raise CountWorkLimit
-            new = labels.add(nd, nc, ok, p)
-            fronts[k + 1] = _pareto(np.concatenate([fronts[k + 1], new]), labels.D, labels.C)
+            fronts[k + 1] = _merge(fronts[k + 1], nd, nc, ok, p, labels)
     D, C, parent, opt = labels.D, labels.C, labels.parent, labels.opt
     ids = fronts[n]
     if len(ids) == 0:
@@ -317,11 +316,22 @@ class _Labels:
     opt = property(lambda self: self._opt[: self.n])
 
 
-def _pareto(ids: np.ndarray, D: np.ndarray, C: np.ndarray) -> np.ndarray:
-    """Labels no other beats on both discard (more) and cost (less)."""
-    order = np.lexsort((C[ids], -D[ids]))  # most discard first, cheapest first among equals
-    ids = ids[order]
-    c = C[ids]
-    keep = np.ones(len(ids), bool)
+def _merge(front: np.ndarray, nd: np.ndarray, nc: np.ndarray, parent: np.ndarray, p: int,
+           labels: _Labels) -> np.ndarray:
+    """The front with the new labels (discard, cost, parent) of option p merged in: the labels no other beats on
+    both discard (more) and cost (less), most discard first. Only the new labels that survive are stored (most do
+    not, and storing every one was most of the search's time on 405B FSDP2 stats); ties go to the front's."""
+    all_d = np.concatenate([labels.D[front], nd])
+    all_c = np.concatenate([labels.C[front], nc])
+    order = np.lexsort((all_c, -all_d))  # most discard first, cheapest first among equals
+    c = all_c[order]
+    keep = np.ones(len(order), bool)
     keep[1:] = c[1:] < np.minimum.accumulate(c)[:-1] - _TOL * (1 + np.abs(c[1:]))
-    return ids[keep]
+    sel = order[keep]
+    old = sel < len(front)
+    added = np.sort(sel[~old]) - len(front)
+    ids = labels.add(nd[added], nc[added], parent[added], p)
+    out = np.empty(len(sel), np.int64)
+    out[old] = front[sel[old]]
+    out[~old] = ids[np.searchsorted(added, sel[~old] - len(front))]
+    return out
