@@ -59,7 +59,8 @@ def check_plan(model: nn.Module, example_inputs: Any, *, loss_fn: Callable[[Any]
     if not model.training:
         raise ValueError(f"check_plan runs a training step but {type(model).__name__} is in eval mode: call "
                          f"model.train() first (in eval mode planned modules are not checkpointed)")
-    with _restored(model), _as_traced(any(mp.traced_stats for mp in plans)):
+    traced = any(mp.traced_stats for mp in plans) and not _tensor_parallel(model)
+    with _restored(model), _as_traced(traced):
         _step(model, example_inputs, loss_fn, backward=True, autocast=_stats_autocast(model, plans))
     out = [ModuleCheck(mp.fqn, EAGER, mp.last_call.count if mp.last_call else 0, 0, 0) for mp in plans]
     if compile_backend is not None:
@@ -81,6 +82,19 @@ def _step(model: nn.Module, inputs: Any, loss_fn: Callable | None, *, backward: 
             loss = (loss_fn or default_loss)(call_model(model, inputs))
         if backward:
             loss.backward()
+
+
+def _tensor_parallel(model: nn.Module) -> bool:
+    """Whether the model holds DTensor parameters (tensor parallel applied).
+
+    Its eager proof runs without the Python dispatcher: a functional collective issued inside a selective
+    checkpoint while the Python dispatcher is on never completes its wait on gloo (torch 2.13, seen on 2 ranks:
+    both hang in ``wait_tensor`` under the checkpoint's caching mode, whatever the policy saves; without the
+    checkpoint, or without the dispatcher, it completes). Eagerly the collective's result is then wrapped
+    (``_wrap_tensor_autograd``), which the policy takes for the traced stats' ``wait_tensor``."""
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in model.parameters())
 
 
 def _as_traced(traced: bool) -> Any:
