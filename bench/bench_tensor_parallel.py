@@ -4,6 +4,8 @@
     python bench/bench_tensor_parallel.py             # prints the section only
     python bench/bench_tensor_parallel.py --only qwen2-tp2-sp --only qwen2-fsdp2-tp2 --write
                                                       # runs those jobs only; --write replaces their tables alone
+    python bench/bench_tensor_parallel.py --compiled --write   # the llama at TP x2 compiled (aot_eager), with and
+                                                      # without sequence parallel: their tables alone
 
 A small Llama (``LlamaConfig``, random weights, no dropout; the model's Hugging Face TP plan mapped onto
 ``parallelize_module``) and a Qwen2 parallelized by a user's function (``bench/parallelize/qwen2_tp.py``),
@@ -70,16 +72,18 @@ def run(stats_dir: Path, name: str) -> tuple[str, bool]:
     """The table of the job ``name`` of :data:`JOBS` (TP x2, FSDP2 over it or not, sequence parallel or not), and
     whether every run held (within 1%, never over its budget, gradients equal)."""
     fsdp, config, parallelize, sequence_parallel, note = JOBS[name]
+    compile_backend = COMPILED_JOBS.get(name)
     t = time.perf_counter()
     stats = run_collection(CollectRequest(hf_config=config, batch=BATCH, seq=SEQ, tp_size=TP, parallelize=parallelize,
                                           fsdp_world_size=fsdp if fsdp > 1 else None,
-                                          sequence_parallel=sequence_parallel)).stats
+                                          sequence_parallel=sequence_parallel, compile_backend=compile_backend)).stats
     collect_s = time.perf_counter() - t
     stats_path = stats_dir / f"tp_stats_{name}.json"
     stats_path.write_text(json.dumps(stats.model_dump(mode="json")))
     base = planner.plan(stats, 1024.0).baseline_peak_bytes
     chosen = plans(stats)
-    job = {"tp_size": TP, "fsdp_size": fsdp, "parallelize": parallelize, "sequence_parallel": sequence_parallel}
+    job = {"tp_size": TP, "fsdp_size": fsdp, "parallelize": parallelize, "sequence_parallel": sequence_parallel,
+           "compile_backend": compile_backend}
     runs = [TpRun("base", config, BATCH, SEQ, **job)]
     predicted = {"base": (base, None)}
     rows, ok = [], True
@@ -113,20 +117,26 @@ def run(stats_dir: Path, name: str) -> tuple[str, bool]:
            + note)
     flags = (f"--tp-size {TP}" + (f" --fsdp-world-size {fsdp}" if fsdp > 1 else "")
              + (" --sequence-parallel" if sequence_parallel else "")
-             + (f" --parallelize {Path(parallelize).relative_to(REPO).as_posix()}" if parallelize else ""))
+             + (f" --parallelize {Path(parallelize).relative_to(REPO).as_posix()}" if parallelize else "")
+             + (f" --compile-backend {compile_backend}" if compile_backend else ""))
     how = "a user's function" if parallelize else "the HF plan"
+    compiled = (f", then torch.compile(model, backend={compile_backend!r}) (the plan checked under it first)"
+                if compile_backend else "")
     text = "\n".join([
         f"### {job}", "", describe_machine(f"`{COMMAND} --only {name}`"), "",
         f"One rank of {job} collected under the fake process group in {collect_s:.1f} s ({how}, "
         f"`sacplan collect {flags}`); the real job: {TP * fsdp} gloo ranks on 127.0.0.1, TP then the plan"
-        f"{', then fully_shard per decoder layer and the root' if fsdp > 1 else ''}, 3 steps ({ranks_s:.0f} s for "
+        f"{', then fully_shard per decoder layer and the root' if fsdp > 1 else ''}{compiled}, 3 steps "
+        f"({ranks_s:.0f} s for "
         f"all runs).", "",
         "| run | budget (bytes) | rank | predicted peak | real peaks, steps 1-3 | ratio, steady state | over budget | "
         "gradients |",
         "|---|---|---|---|---|---|---|---|",
         *rows, "",
         f"All runs within 1%, never over budget, gradients equal: {'yes' if ok else 'NO'}.", "",
-        *([without_sequence_parallel(name, base), ""] if sequence_parallel and parallelize is None else [])])
+        *([without_sequence_parallel(name, base), ""] if sequence_parallel and parallelize is None
+          and not compile_backend else []),
+        *([COMPILED_NOTE, ""] if compile_backend else [])])
     return text, ok
 
 
@@ -155,7 +165,16 @@ JOBS = {  # name -> (FSDP2 degree, config, the user's function or None for the H
     "qwen2-fsdp2-tp2-sp": (2, QWEN2_DROPOUT, QWEN2_TP_SP, True, ""),
     "qwen2-fsdp2-tp2-sp-blocks": (2, QWEN2_DROPOUT, QWEN2_TP_SP_BLOCKS, True, BLOCKS),
 }
-SEQUENCE_PARALLEL_JOBS = tuple(name for name, job in JOBS.items() if job[3])
+COMPILED = ", compiled (aot_eager)"
+JOBS.update({"llama-tp2-compiled": (1, LLAMA, None, False, COMPILED),
+             "llama-tp2-sp-compiled": (1, LLAMA_DROPOUT, None, True, COMPILED)})
+COMPILED_JOBS = {"llama-tp2-compiled": "aot_eager", "llama-tp2-sp-compiled": "aot_eager"}  # name -> backend
+COMPILED_NOTE = ("Planned runs peak under their prediction, some by more than 1%: not explained yet. As for "
+                 "compiled plans "
+                 "without TP (docs/apply.md, \"Memory under compile\"), what the compiled step keeps inside a planned "
+                 "module and where the partitioner's recompute temporaries sit in the backward are not modelled; the "
+                 "unplanned compiled step is predicted to the byte.")
+SEQUENCE_PARALLEL_JOBS = tuple(name for name, job in JOBS.items() if job[3] and name not in COMPILED_JOBS)
 COMMAND = "PYTHONPATH=. OMP_NUM_THREADS=1 python bench/bench_tensor_parallel.py"
 
 
@@ -215,8 +234,11 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"run only this job (repeatable): {', '.join(JOBS)}")
     ap.add_argument("--only-sequence-parallel", action="store_true",
                     help=f"run only the sequence-parallel jobs ({', '.join(SEQUENCE_PARALLEL_JOBS)}); as --only each")
+    ap.add_argument("--compiled", action="store_true",
+                    help=f"run only the jobs compiled with aot_eager ({', '.join(COMPILED_JOBS)}); as --only each")
     args = ap.parse_args(argv)
-    names = list(args.only or []) + (list(SEQUENCE_PARALLEL_JOBS) if args.only_sequence_parallel else [])
+    names = (list(args.only or []) + (list(SEQUENCE_PARALLEL_JOBS) if args.only_sequence_parallel else [])
+             + (list(COMPILED_JOBS) if args.compiled else []))
     with tempfile.TemporaryDirectory(prefix="sacplan-tp-") as tmp:
         made = tables(Path(tmp), names or list(JOBS))
     texts = [t for t, _ in made]

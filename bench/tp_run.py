@@ -44,6 +44,7 @@ class TpRun:
     plan: dict | None = None
     stats_path: str | None = None  # the stats the plan was made from (op names for apply_plan)
     steps: int = 3
+    compile_backend: str | None = None  # the model compiled whole after the plan: torch.compile(model, backend=...)
 
 
 @dataclass
@@ -77,9 +78,14 @@ def build_parallel(run: TpRun, mesh: Any) -> Any:
     parallelize_tp(built.model, mesh["tp"], parallelize=dims.parallelize, sequence_parallel=dims.sequence_parallel)
     if run.plan is not None:
         stats = json.loads(Path(run.stats_path).read_text()) if run.stats_path else None
-        apply_plan(built.model, run.plan, stats=stats)
+        # under compile, the dry step records what the trace runs (check_plan), before the model is compiled
+        apply_plan(built.model, run.plan, stats=stats, compile_backend=run.compile_backend,
+                   example_inputs=built.inputs if run.compile_backend else None)
     if dims.fsdp is not None:
         shard(built.model, mesh["dp_shard"], world_size=dims.fsdp_size)
+    if run.compile_backend is not None:
+        torch._dynamo.reset()  # layout: allow-private (each run compiles its own model afresh)
+        built.model = torch.compile(built.model, backend=run.compile_backend)
     return built
 
 

@@ -59,9 +59,12 @@ def check_plan(model: nn.Module, example_inputs: Any, *, loss_fn: Callable[[Any]
     if not model.training:
         raise ValueError(f"check_plan runs a training step but {type(model).__name__} is in eval mode: call "
                          f"model.train() first (in eval mode planned modules are not checkpointed)")
-    with _restored(model), _as_traced(any(mp.traced_stats for mp in plans)):
-        _step(model, example_inputs, loss_fn, backward=True, autocast=_stats_autocast(model, plans))
-    out = [ModuleCheck(mp.fqn, EAGER, mp.last_call.count if mp.last_call else 0, 0, 0) for mp in plans]
+    traced, tp = any(mp.traced_stats for mp in plans), _tensor_parallel(model)
+    out = []
+    if not (traced and tp and compile_backend is not None):  # a compiled TP plan: its traced recording only
+        with _restored(model), _as_traced(traced and not tp):
+            _step(model, example_inputs, loss_fn, backward=True, autocast=_stats_autocast(model, plans))
+        out = [ModuleCheck(mp.fqn, EAGER, mp.last_call.count if mp.last_call else 0, 0, 0) for mp in plans]
     if compile_backend is not None:
         out += _record_compiled(model, plans, example_inputs, loss_fn, compile_backend)
     return out
@@ -81,6 +84,23 @@ def _step(model: nn.Module, inputs: Any, loss_fn: Callable | None, *, backward: 
             loss = (loss_fn or default_loss)(call_model(model, inputs))
         if backward:
             loss.backward()
+
+
+def _tensor_parallel(model: nn.Module) -> bool:
+    """Whether the model holds DTensor parameters (tensor parallel applied).
+
+    A TP model's plan made from stats of the compiled step gets no eager proof: run under the Python dispatcher
+    (as AOTAutograd traces, so that the ops are the stats'), a functional collective's wait inside a selective
+    checkpoint never completes on gloo (torch 2.13, seen on 2 ranks: both hang in ``wait_tensor`` under the
+    checkpoint's caching mode, whatever the policy saves, and with ``_are_we_tracing`` forced off too; without
+    the checkpoint, or without the dispatcher, it completes), and without the dispatcher the eager ops are not
+    the traced ones (the llama's root: ``aten.eq`` where the stats have ``aten._to_copy``). Its check is the
+    traced recording, aligned with the stats (every longest alignment giving each op one decision). Run eagerly
+    (no compile backend), the collective's result is wrapped (``_wrap_tensor_autograd``), which the policy takes
+    for the traced stats' ``wait_tensor``."""
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in model.parameters())
 
 
 def _as_traced(traced: bool) -> Any:

@@ -50,6 +50,9 @@ __all__ = ["PlanMismatchError", "ModulePlan", "CallPolicy", "RngReplay", "aot_tr
 
 EAGER, COMPILED, TRACED = "eager", "compiled", "traced"  # plain eager; compile's eager backend; AOT tracing
 PLAN_MARK = "_sacplan_plan"  # the attribute holding a wrapped module's ModulePlan
+# A functional collective's wait as an eager run names it (its result wrapped, waited where first used) and as
+# AOTAutograd's trace, and stats collected for a compiled step, name it (waited at once)
+_EAGER_WAIT, _TRACED_WAIT = "_c10d_functional._wrap_tensor_autograd", "_c10d_functional.wait_tensor"
 
 
 class PlanMismatchError(RuntimeError):
@@ -70,6 +73,9 @@ class ModulePlan:
     # the autocast dtype the stats' forward ran under (None: off), when the stats say; checked at the first call
     autocast: tuple[str | None] | None = None
     traced_stats: bool = False  # the stats were collected under a compile backend: their ops are AOT's
+    # stats of a compiled TP step: under AOT tracing every seeded op counts as random (saved; see
+    # estimators.collect.tensor_parallel.is_seeded_op), as the stats count it
+    seeded_random: bool = False
 
     def new_call(self, compiled: bool) -> CallPolicy:
         call = CallPolicy(self, compiled)
@@ -161,8 +167,12 @@ class CallPolicy:
         if self.mode is None:
             self._start()
         k, name = self.count, op_name(func)
+        if name == _EAGER_WAIT and self.plan.traced_stats:
+            name = _TRACED_WAIT  # an eager run of a plan made for the compiled step (its wait: the traced one)
         self.count += 1
         view, random = is_view_op(func), is_random_op(func, args, kwargs)
+        if self.plan.seeded_random and self.mode == TRACED and torch.Tag.nondeterministic_seeded in func.tags:
+            random = True
         if self.record is not None:
             self.record.append((name, view, random))
             decision = 0  # a recording run's decisions are thrown away with its compiled graph

@@ -81,6 +81,7 @@ def apply_plan(model: nn.Module, plan: Any, *, stats: Any = None, example_inputs
         if sdoc is not None:
             mp.autocast = (recorded.get("autocast"),)
         mp.traced_stats = "compile_backend" in recorded
+        mp.seeded_random = mp.traced_stats and _tp_size(sdoc) > 1
         _wrap(by_fqn[mp.fqn], mp)
     log.info("%s", _applied_line(model, doc, fqns))
     if example_inputs is not None and plans:  # an empty plan (the step fits as it is) applies as a no-op
@@ -120,6 +121,12 @@ def _check_fqns(model: nn.Module, fqns: list[str], by_fqn: dict[str, nn.Module])
             if other != fqn and fqn.startswith(other + "."):
                 raise ValueError(f"plan modules[{i}].fqn {fqn!r} lies inside planned module {other!r}: "
                                  f"nesting is not supported")
+
+
+def _tp_size(sdoc: Mapping | None) -> int:
+    """The tensor-parallel degree the stats were collected at (1: none, or no stats)."""
+    sharding = ((sdoc or {}).get("metadata") or {}).get("sharding") or {}
+    return int(sharding.get("tp_size") or 1)
 
 
 def _stats_ops(sdoc: Mapping | None) -> dict[str, list[dict]] | None:

@@ -39,7 +39,8 @@ from estimators.collect.fake_step import (FakeConverter, fake_loss_fn, fakeify, 
 from estimators.collect.emulation import attention_emulation
 from estimators.collect.fsdp import (ShardedStep, fake_process_group, is_collective_op, record_sharding,
                                     run_collective, run_op)
-from estimators.collect.tensor_parallel import eager_op_name, job_parallelism, parallelize_step, step_copy
+from estimators.collect.tensor_parallel import (is_seeded_op, job_parallelism, parallelize_step, step_copy,
+                                                stats_op_name)
 from estimators.collect.input_values import InputValues, tag_batch_values, unanswered_read_error
 from estimators.collect.models import hf_fake_as_real
 from estimators.collect.module_hooks import ModuleHooks
@@ -132,12 +133,11 @@ class _Collector(TorchDispatchMode):
         # storage is their parent's, which carries the bytes, and the two share one decision.
         view = is_view_op(func)
         inplace = is_inplace_op(func) and not view
-        idx = len(self.ops)
-        self.ops.append(
-            OpRecord(eager_op_name(func), ms, 0 if view or inplace else out_bytes, frozenset(serials), view,
-                is_random_op(func, args, kwargs), inplace, mutated, fresh, cast, made,
-                must_save=eager_op_name(func) in MUST_SAVE_OPS)
-        )
+        # a compiled step's (aot_eager: TP is compiled with no other backend) ops as AOTAutograd traces them
+        idx, name = len(self.ops), stats_op_name(func, self.life.compiled)
+        random = is_random_op(func, args, kwargs) or (self.life.compiled and self.tp and is_seeded_op(func))
+        self.ops.append(OpRecord(name, ms, 0 if view or inplace else out_bytes, frozenset(serials), view, random,
+                                 inplace, mutated, fresh, cast, made, must_save=name in MUST_SAVE_OPS))
         self.life.taken(self, (args, kwargs), idx)
         for m in self.fw_stack:
             if not m.is_leaf and not m.done_fw:

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from estimators.common import is_view_op, tensors_in
+from estimators.common import is_view_op, storages_of, tensors_in
 
 __all__ = ["mark_compiled", "zero_gradient_outputs", "CompiledProbe", "credit_compiled_saves",
            "hold_shared_tensors"]
@@ -73,8 +73,14 @@ class _ZeroTangents(TorchDispatchMode):
         return fw, bw
 
 
-def _storage_key(t: torch.Tensor) -> int:
-    return t.untyped_storage()._cdata  # layout: allow-private (a fake storage's only identity, as StorageBook's)
+def _storage_key(st: torch.UntypedStorage) -> int:
+    return st._cdata  # layout: allow-private (a fake storage's only identity, as StorageBook's)
+
+
+def _held(tree: Any) -> list[torch.UntypedStorage]:
+    """The storages holding the data of the strided tensors in ``tree``: a DTensor's are its local shard's (the
+    wrapper's own storage holds nothing; the compiled graph, desugared, saves the shard)."""
+    return [st for t in tensors_in(tree) if t.layout == torch.strided for st in storages_of(t)]
 
 
 class _Creators(TorchDispatchMode):
@@ -83,14 +89,14 @@ class _Creators(TorchDispatchMode):
     def __init__(self, running: list[str]) -> None:
         super().__init__()
         self.running = running
-        self.made: dict[int, tuple[str, int, Any]] = {}  # storage -> (module fqn, bytes, a tensor holding it)
+        self.made: dict[int, tuple[str, int, Any]] = {}  # storage -> (module fqn, bytes, the storage)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        taken = {_storage_key(t) for t in tensors_in((args, kwargs)) if t.layout == torch.strided}
-        for t in tensors_in(out):  # a view's or in-place op's output is not made here: a parameter's transpose
-            if t.layout == torch.strided and _storage_key(t) not in taken:
-                self.made.setdefault(_storage_key(t), (self.running[-1], t.untyped_storage().nbytes(), t))
+        taken = {_storage_key(st) for st in _held((args, kwargs))}
+        for st in _held(out):  # a view's or in-place op's output is not made here: a parameter's transpose
+            if _storage_key(st) not in taken:
+                self.made.setdefault(_storage_key(st), (self.running[-1], st.nbytes(), st))
         return out
 
 
@@ -110,8 +116,8 @@ def eager_saved_by_module(model: nn.Module, run_step: Any) -> dict[str, int]:
     saved: dict[int, str] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
-        if t.layout == torch.strided:
-            if (key := _storage_key(t)) in creators.made:
+        for st in _held(t):
+            if (key := _storage_key(st)) in creators.made:
                 saved.setdefault(key, creators.made[key][0])
         return t
 

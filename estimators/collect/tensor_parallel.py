@@ -26,20 +26,38 @@ from estimators.common import (FsdpSetup, ParallelDims, default_units, module_fq
 
 _WAIT = torch.ops._c10d_functional.wait_tensor.default
 
-__all__ = ["eager_op_name", "job_parallelism", "parallelize_step", "step_copy"]
+__all__ = ["is_seeded_op", "job_parallelism", "parallelize_step", "step_copy", "stats_op_name"]
 
 
-def eager_op_name(func: Any) -> str:
-    """The op's name in the stats: the name an eager run (which the SAC policy sees) gives the op in its place.
+def is_seeded_op(func: Any) -> bool:
+    """Whether AOTAutograd's partitioner takes the op for a random one (``nondeterministic_seeded``), whatever
+    its arguments: CPU attention's kernel with ``dropout_p`` 0 included.
+
+    In a compiled TP step such ops count as random (saved, never recomputed): a checkpointed region that
+    recomputes one gets its RNG state threaded from forward to backward by the partitioner
+    (``functionalize_rng_ops``), which appends that state among the forward's outputs after the saved opaque
+    objects; a TP region saves its DeviceMesh (an opaque object) for the backward, and AOTAutograd's runtime
+    then finds the mesh among the saved tensors (torch 2.13: ``AssertionError: expected all
+    tensors_saved_with_vc_check to be Tensors``). Saved, the op is not recomputed and no RNG state is threaded.
+    """
+    return torch.Tag.nondeterministic_seeded in getattr(func, "tags", ())
+
+
+def stats_op_name(func: Any, compiled: bool) -> str:
+    """The op's name in the stats: the name the SAC policy sees for the op in its place, in an eager run or
+    (``compiled``) in the AOTAutograd trace of a compiled one.
 
     A functional collective's result is wrapped for a later wait: eagerly
     ``_c10d_functional._wrap_tensor_autograd`` (an AsyncCollectiveTensor,
     waited where first used), but under fake tensors (taken for tracing,
     ``torch.distributed._functional_collectives._are_we_tracing``)
     ``_c10d_functional.wait_tensor`` at once. The collector runs the wait as
-    eager's kernel does (its input returned) and names it as eager does.
+    eager's kernel does (its input returned) and names it as eager does; for a
+    compiled step it keeps the traced name, ``wait_tensor``, which is what the
+    policy sees when AOTAutograd traces the graph (the wait follows its
+    collective at once there too).
     """
-    if func is _WAIT:
+    if func is _WAIT and not compiled:
         return "_c10d_functional._wrap_tensor_autograd"
     return op_name(func)
 
@@ -55,9 +73,13 @@ def job_parallelism(fsdp: FsdpSetup | None, parallel: ParallelDims | None,
                          f"(run_pipeline_collection, sacplan collect --pp-stages), not in one step")
     if fsdp is not None and fsdp != parallel.fsdp:
         raise ValueError("give fsdp or parallel (whose fsdp is the FSDP2 setup), not both")
-    if compile_backend is not None and parallel.tp_enabled:
-        raise ValueError(f"compile_backend {compile_backend!r} with tensor parallel: a compiled TP step is not "
-                         f"collected yet; collect without one of them")
+    if compile_backend is not None and parallel.tp_enabled and parallel.fsdp is not None:
+        raise ValueError(f"compile_backend {compile_backend!r} with fsdp over tensor parallel: a compiled FSDP2 step "
+                         f"is not collected yet (a compiled TP step alone is); collect without one of them")
+    if compile_backend not in (None, "aot_eager") and parallel.tp_enabled:
+        raise ValueError(f"compile_backend {compile_backend!r} with tensor parallel: a compiled TP step is collected "
+                         f"under 'aot_eager' only (inductor's kernels allocate outside the dispatcher, so no real "
+                         f"TP step under it has been measured against a prediction)")
     return parallel, parallel.fsdp
 
 

@@ -142,7 +142,16 @@ class SettledFunctionalCollectives(TorchDispatchMode):
     """While a real tensor-parallel step runs on gloo: the functional all-reduce, all-gather and reduce-scatter
     (``torch.ops._c10d_functional``) run as c10d collectives on the same group that return once gloo has let go
     of their buffers; their outputs are what the functional ops return (a new tensor each), complete, so the
-    waits that follow have nothing to wait for. Any other op runs as it is."""
+    waits that follow have nothing to wait for. Any other op runs as it is.
+
+    A compiled model runs compiled under it (as under ``measure_steps``' tracker): dynamo runs a frame eagerly
+    while a dispatch mode that does not ignore compile internals is active. The compiled graph's collectives
+    then reach it at run time (``aot_eager``: its graph calls the functional ops, each followed by a
+    ``wait_tensor`` of a tensor no work is registered for, which returns it as it is)."""
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        return True
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
