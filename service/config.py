@@ -79,6 +79,9 @@ class Settings(BaseSettings):
     render_nice: int = Field(
         10, ge=0, le=19, description="Niceness added to render processes, so that the service's own event loop "
                                      "(/healthz, cached reads) keeps its CPU while they validate large bodies.")
+    render_prestart: bool = Field(
+        True, description="Start a render process with the service, and again whenever one is retired, so that no "
+                          "request waits for one to start (about a second of a 2-core machine).")
     render_idle_memory_mb: int = Field(
         384, ge=128, description="Render processes holding more than this (MiB) after a job are replaced.")
     body_memory_mb: int = Field(

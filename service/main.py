@@ -64,7 +64,8 @@ def create_app(settings: Settings | None = None, *, solver: SolverPool | None = 
     async def lifespan(_: FastAPI):
         if owns_solver:
             pool.start()
-        app.state.renderer.warm()  # the first large body or chart does not wait for a process to start
+        if settings.render_prestart:
+            app.state.renderer.warm()  # the first large body or chart does not wait for a process to start
         yield
         if owns_solver:
             pool.shutdown()
@@ -100,7 +101,8 @@ def create_app(settings: Settings | None = None, *, solver: SolverPool | None = 
     app.state.renderer = Renderer(settings.render_workers, settings.render_queue_size, settings.retry_after_s,
                                   settings.chart_cache_entries, memory_cap_bytes=settings.render_memory_mb * 2**20,
                                   idle_memory_bytes=settings.render_idle_memory_mb * 2**20,
-                                  nice=settings.render_nice, preload=("planner", "service.store"))
+                                  nice=settings.render_nice, preload=("planner", "service.store"),
+                                  prestart=settings.render_prestart)
     install_error_handlers(app)
     install_openapi(app, settings)
     install_docs(app)

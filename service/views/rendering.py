@@ -15,9 +15,9 @@ process would not run), and a process passing ``memory_cap_bytes`` is killed
 made anew). A process holding more than ``idle_memory_bytes`` once its jobs
 are done is retired the same way, and each is replaced after a few jobs anyway.
 
-A render process is started ahead of need (:meth:`Renderer.warm`: when the
-service starts, and again whenever one is retired), its ``preload`` modules
-imported, so a request never waits for a process to start (about a second of a
+A render process is started ahead of need (``prestart``, the default of the
+service: :meth:`Renderer.warm` when the service starts, and again whenever one
+is retired), its ``preload`` modules imported, so a request never waits for a process to start (about a second of a
 2-core machine, out of a plan request's ``time_limit_s``). Render processes run
 at a lower priority (``nice``): the service's event loop (``/healthz``, cached
 reads) comes first while they parse and validate a large body.
@@ -49,8 +49,9 @@ class Renderer:
 
     def __init__(self, workers: int, queue_size: int, retry_after_s: int, cache_entries: int, *,
                  memory_cap_bytes: int | None = None, idle_memory_bytes: int | None = None, nice: int = 0,
-                 preload: tuple[str, ...] = ()):
+                 preload: tuple[str, ...] = (), prestart: bool = False):
         self.workers = workers
+        self.prestart = prestart  # a retired process is replaced at once (the service also calls warm() at start)
         self.nice = nice
         self.preload = preload
         self.memory_cap_bytes = memory_cap_bytes
@@ -157,7 +158,8 @@ class Renderer:
         if any(self._rss(pid) > self.idle_memory_bytes for pid in self._pids(executor)):
             self._executor = None
             executor.shutdown(wait=False)
-            self.warm()
+            if self.prestart:
+                self.warm()
 
     async def chart(self, key: tuple, fn, *args: Any) -> bytes:
         """The PNG ``fn(*args)`` draws, from the cache when ``key`` (the rows it shows) was drawn before."""

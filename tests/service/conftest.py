@@ -86,7 +86,9 @@ def empty_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
 
 @pytest.fixture
 def settings(tmp_path: Path, db_url: str) -> Settings:
-    return Settings(data_dir=tmp_path, database_url=db_url, api_keys={})
+    # no render process started with each test's app (a spawn and its imports, about a second each); the tests of
+    # SACPLAN_RENDER_PRESTART itself turn it on
+    return Settings(data_dir=tmp_path, database_url=db_url, api_keys={}, render_prestart=False)
 
 
 @pytest.fixture

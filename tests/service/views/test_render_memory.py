@@ -81,8 +81,14 @@ def test_a_render_process_is_started_ahead_of_need_at_a_lower_priority():
         renderer.shutdown()
 
 
+def test_the_service_starts_a_render_process_with_itself(make_client, settings):
+    client = make_client(settings.model_copy(update={"render_prestart": True}))  # the default (conftest: off)
+    assert _started(client.app.state.renderer)
+    assert make_client(settings).app.state.renderer.process_ids() == []  # off: none until a job needs one
+
+
 def test_a_retired_process_is_replaced_at_once():
-    renderer = Renderer(1, 2, 1, 0, idle_memory_bytes=200 * MIB)
+    renderer = Renderer(1, 2, 1, 0, idle_memory_bytes=200 * MIB, prestart=True)
     try:
         grew = asyncio.run(renderer.run(solver_jobs.grow, 300))
         replacement = _started(renderer)
