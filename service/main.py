@@ -64,7 +64,7 @@ def create_app(settings: Settings | None = None, *, solver: SolverPool | None = 
     async def lifespan(_: FastAPI):
         if owns_solver:
             pool.start()
-        if settings.render_prestart:
+        if app.state.renderer.prestart:
             app.state.renderer.warm()  # the first large body or chart does not wait for a process to start
         yield
         if owns_solver:

@@ -109,6 +109,27 @@ def _loss_saved_bytes(logits_shape: tuple[int, ...], dtype: torch.dtype) -> int:
     return sum(saved.values())
 
 
+def _collect_held(module: nn.Module, inputs: tuple, loss_fn: Callable, held: _HeldOutput, *, dtype: torch.dtype,
+                  optimizer: str, optimizer_kwargs: dict | None, optimizer_foreach: bool, progress: Any,
+                  collect_kwargs: dict) -> Stats:
+    """``module``'s two microbatches collected (``collect_kwargs`` to collect_stats, its metadata copied), the
+    output ``held`` from the loss until the next microbatch starts or the optimizer is built."""
+
+    def build_optimizer(params: list[nn.Parameter]) -> torch.optim.Optimizer | None:
+        held.clear()  # the last backward is done: the schedule has let the output go
+        return make_optimizer(optimizer, params, foreach=optimizer_foreach, kwargs=optimizer_kwargs)
+
+    hook = module.register_forward_pre_hook(held.clear)
+    kwargs = dict(collect_kwargs)
+    if kwargs.get("metadata") is not None:
+        kwargs["metadata"] = kwargs["metadata"].model_copy(deep=True)
+    try:
+        return collect_stats(module, inputs, loss_fn=loss_fn, optimizer=build_optimizer, grad_accumulation=2,
+                             dtype=dtype, progress=progress, **kwargs)
+    finally:
+        hook.remove()
+
+
 def collect_pipeline_stages(model: nn.Module, ids: torch.Tensor, setup: PipelineSetup, *, dtype: torch.dtype,
                             optimizer: str, optimizer_kwargs: dict | None, optimizer_foreach: bool,
                             progress: Any = None, **collect_kwargs: Any) -> list[Stats]:
@@ -130,19 +151,9 @@ def collect_pipeline_stages(model: nn.Module, ids: torch.Tensor, setup: Pipeline
         held = _HeldOutput()
         x, loss_fn, kept = _stage_io(s, len(stages), ids, (*ids.shape, width), dtype, held)
 
-        def build_optimizer(params: list[nn.Parameter], held: _HeldOutput = held) -> torch.optim.Optimizer | None:
-            held.clear()  # the last backward is done: the schedule has let the output go
-            return make_optimizer(optimizer, params, foreach=optimizer_foreach, kwargs=optimizer_kwargs)
-
-        hook = stage.register_forward_pre_hook(held.clear)
-        kwargs = dict(collect_kwargs)
-        if kwargs.get("metadata") is not None:
-            kwargs["metadata"] = kwargs["metadata"].model_copy(deep=True)
-        try:
-            stats = collect_stats(stage, (x,), loss_fn=loss_fn, optimizer=build_optimizer, grad_accumulation=2,
-                                  dtype=dtype, progress=progress, **kwargs)
-        finally:
-            hook.remove()
+        stats = _collect_held(stage, (x,), loss_fn, held, dtype=dtype, optimizer=optimizer,
+                              optimizer_kwargs=optimizer_kwargs, optimizer_foreach=optimizer_foreach,
+                              progress=progress, collect_kwargs=collect_kwargs)
         root = stats.root
         held_bytes = root.act_saved_bytes + root.output_bytes
         if s == len(stages) - 1:
@@ -207,20 +218,9 @@ def collect_interleaved_ranks(model: nn.Module, ids: torch.Tensor, setup: Pipeli
                       for o, t, end in zip(outs, targets, ends_in_loss)]
             return sum(losses[1:], losses[0])
 
-        def build_optimizer(params: list[nn.Parameter], held: _HeldOutput = held) -> torch.optim.Optimizer | None:
-            held.clear()
-            return make_optimizer(optimizer, params, foreach=optimizer_foreach, kwargs=optimizer_kwargs)
-
-        hook = rank_module.register_forward_pre_hook(held.clear)
-        kwargs = dict(collect_kwargs)
-        if kwargs.get("metadata") is not None:
-            kwargs["metadata"] = kwargs["metadata"].model_copy(deep=True)
-        try:
-            stats = collect_stats(rank_module, tuple(io[0] for io in ios), loss_fn=loss_fn,
-                                  optimizer=build_optimizer, grad_accumulation=2, dtype=dtype, progress=progress,
-                                  **kwargs)
-        finally:
-            hook.remove()
+        stats = _collect_held(rank_module, tuple(io[0] for io in ios), loss_fn, held, dtype=dtype,
+                              optimizer=optimizer, optimizer_kwargs=optimizer_kwargs,
+                              optimizer_foreach=optimizer_foreach, progress=progress, collect_kwargs=collect_kwargs)
         chunks = _chunk_infos(stage_stats, stage_modules, r, setup, dtype, stats.root.fqn)
         stats.metadata.optimizer = optimizer
         stats.metadata.optimizer_kwargs = optimizer_kwargs
