@@ -220,6 +220,7 @@ def _guesses(d, rc, n, need, cost, lower, pi, lam, a, b, floor, upper, held, fir
     guess = floor + first_gap * max(abs(floor), 1e-9)
     spent = 0.0
     proven = min(floor, upper)  # the LP's and the lattice's bound, then each guess searched in full
+    base = min(float(np.min(lower)), floor)
     while True:
         if time.perf_counter() > deadline:
             raise CountWorkLimit(proven)
@@ -241,7 +242,10 @@ def _guesses(d, rc, n, need, cost, lower, pi, lam, a, b, floor, upper, held, fir
         proven = cap  # nothing costs less than cap
         # (growing the guess eightfold after cheap rounds saved 8B stacks half their rounds, but overshot into the
         # work limit on a 405B FSDP2 budget the doubling proves: not done)
-        guess = floor + 2.0 * (guess - floor)
+        # The round's work follows its room over the LP bound (cap - min(lower)), not its gap over the floor: where
+        # the lattice lifts the floor far above the LP, rounds doubling only the gap over it all cost the same
+        # (8B --world-size 64 at 33.5 GiB: 11 rounds of 0.034-0.067 s to reach a multiset 0.6% above the floor)
+        guess = base + 2.0 * (guess - base)
 
 
 def _rounded_solution(d, rc, n, need, cost, a, b) -> CountSolution | None:
