@@ -239,7 +239,7 @@ def _undominated(step: np.ndarray, pen: np.ndarray, modulus: int, tie: float) ->
     """Indices of the deviations (one per step) for which no two others, moving the residue as far together,
     cost at least ``tie`` less."""
     m = len(step)
-    if m < 3:
+    if m < 2:  # one deviation: two of itself cost more
         return np.arange(m)
     at = np.full(modulus, -1, dtype=np.int32)  # the deviation per step
     at[step] = np.arange(m, dtype=np.int32)
