@@ -35,12 +35,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from planner.solve.stack.cycle import deviation_paths, path_back, rounds_paths
+
 __all__ = ["GroupRelaxation", "group_relaxation"]
 
 # Residues the cycle may have (a divisor of the lattice step is taken past it: a weaker bound, still valid).
 _MAX_RESIDUES = 2**21
-_MAX_PAIRS = 1e8  # (residue, deviation) relaxations over all rounds
-_CHUNK = 2**14  # (residue, deviation) pairs formed at once
 
 
 @dataclass
@@ -54,16 +54,24 @@ class GroupRelaxation:
     start: int
     delta: np.ndarray  # per point: residue step
     dist: np.ndarray  # per residue: least penalty reaching it
-    rounds: list  # per round: (residues set, point used), residues ascending
+    rounds: list | None  # per round: (residues set, point used), residues ascending; None: any number of rounds
     zero: np.ndarray  # points on the line
+    pen: np.ndarray | None = None  # per point: penalty
+    use: np.ndarray | None = None  # the deviations searched, one per step
+    items: int = 0  # n: no path has more deviations
+    tie: float = 0.0
 
     def path(self, end: int) -> list[int] | None:
-        """The points of a least-penalty path from the start to residue ``end`` (None if not reached).
+        """The points of a least-penalty path from the start to residue ``end`` (None if not reached, or, from
+        the search of any number of rounds, if none of at most n deviations comes within ties of it).
 
         A residue improved in round j was reached from one improved in round j - 1 (or the start).
         """
         if not math.isfinite(self.dist[end]):
             return None
+        if self.rounds is None:
+            return path_back(self.dist, end, self.start, self.delta[self.use], self.pen[self.use], self.use,
+                             self.modulus, self.items, self.tie)
         points, node = [], end
         j = next((j for j in range(len(self.rounds) - 1, -1, -1) if self._at(j, node) is not None), -1)
         while j >= 0:
@@ -77,10 +85,7 @@ class GroupRelaxation:
 
     def counts(self, d: np.ndarray, n: int, need: float) -> dict[int, int] | None:
         """A multiset (point -> count) meeting ``need`` from the best path for it, zero-penalty points filling up."""
-        x = math.ceil(need / self.unit)
-        r = np.flatnonzero(np.isfinite(self.dist))
-        end = int(r[np.argmin(self.dist[r] + self.lam * self.unit * np.mod(r - x, self.modulus))])
-        devs = self.path(end)
+        devs = self.path(self.end(need))
         if devs is None or len(devs) > n:
             return None
         d = np.asarray(d, dtype=np.int64)
@@ -91,6 +96,12 @@ class GroupRelaxation:
         for p in devs + [int(self.zero[q]) for q in fill]:
             out[p] = out.get(p, 0) + 1
         return out
+
+    def end(self, need: float) -> int:
+        """The residue whose path lands cheapest at or above ``need``."""
+        x = math.ceil(need / self.unit)
+        r = np.flatnonzero(np.isfinite(self.dist))
+        return int(r[np.argmin(self.dist[r] + self.lam * self.unit * np.mod(r - x, self.modulus))])
 
     def _at(self, j: int, node: int) -> int | None:
         """The point that improved ``node`` in round j, if it did."""
@@ -127,30 +138,63 @@ def group_relaxation(d: np.ndarray, rc: np.ndarray, n: int, need: np.ndarray, lo
     tie = 1e-12 * (1.0 + float(np.max(np.abs(rc))))
     typical = float(need[int(np.argmin(lower))]) / n
     use = _cheapest_per_step(use, delta, pi, d, typical, tie)
-    # improvements below ``tie`` are ignored (shorter paths, whose points leave the rest room), so every
-    # distance may be high by n ties: the bound takes them off
     key = (hash(d.tobytes()), hash(np.asarray(rc).tobytes()), n, a, lam)
     hit = None if cache is None else cache.get(key)
-    ties = 2 * n * tie
     if hit is not None and hit[0] >= room:  # followed further before: exact wherever this room needs it
-        dist, rounds = hit[1], hit[2]
-        if not np.array_equal(hit[3], use):
+        dist, rounds, chosen, slack = hit[1], hit[2], hit[3], hit[4]
+    else:  # first any number of deviations over the few no pair undercuts (module cycle)
+        (dist, slack), rounds, chosen = deviation_paths(delta[use], pi[use], use, start, modulus, n, room, tie), None, use
+    # improvements below ``tie`` are ignored (shorter paths, whose points leave the rest room), so every
+    # distance may be high by n ties: the bound takes them off
+    ties = 2 * n * tie
+    group = None
+    if dist is not None:
+        if not np.array_equal(chosen, use):
             # Another budget chose other points per residue step (``typical``); the steps are the same and each
             # chosen point is within a tie of its step's least penalty, so the distances are within n ties of
             # this choice's: the bound takes those off too, and the paths take this budget's points (plans
             # over the other budget's points would build plans for its targets).
-            rounds, ties = _rechosen(rounds, delta, use), 3 * n * tie
-    else:
-        dist, rounds = _least_paths(delta[use], pi[use], use, start, modulus, n, room, tie)
+            rounds, ties = (None if rounds is None else _rechosen(rounds, delta, use)), 3 * n * tie
+        group = GroupRelaxation(_bound(dist, lower, need, u, lam, modulus, room, ties + slack), lam, u, modulus,
+                                start, delta, dist, rounds, zero, pi, use, n, tie)
+        if rounds is None and not _floor_met(group, need, room):
+            group = None
+    if group is None:  # at most n deviations, round by round: exact
+        dist, rounds = rounds_paths(delta[use], pi[use], use, start, modulus, n, room, tie)
         if dist is None:
             return None
-        if cache is not None:
-            cache[key] = (room, dist, rounds, use)
+        slack, ties = 0.0, 2 * n * tie
+        group = GroupRelaxation(_bound(dist, lower, need, u, lam, modulus, room, ties), lam, u, modulus, start,
+                                delta, dist, rounds, zero, pi, use, n, tie)
+    if cache is not None and (hit is None or hit[1] is not dist):
+        cache[key] = (room, dist, rounds, use, slack)
+    return group
+
+
+def _bound(dist: np.ndarray, lower: np.ndarray, need: np.ndarray, u: int, lam: float, modulus: int, room: float,
+           off: float) -> np.ndarray:
+    """Per target: the LP bound, the least excess over the reached residues (or the room, past which no path
+    was followed), the rounding of the target to the unit, less ``off`` (the search's ties and slack)."""
     x = np.ceil(np.asarray(need, dtype=np.float64) / u)  # the target in units, rounded up: sums are multiples
     t = np.mod(x, modulus).astype(np.int64)
-    bound = np.asarray(lower, dtype=np.float64) + _excess(dist, step, modulus, t) + lam * (x * u - need) - ties
-    bound = np.minimum(bound, np.asarray(lower, dtype=np.float64) + room)  # paths past the room: at least that
-    return GroupRelaxation(bound, lam, u, modulus, start, delta, dist, rounds, zero)
+    lower = np.asarray(lower, dtype=np.float64)
+    bound = lower + _excess(dist, lam * u, modulus, t) + lam * (x * u - need) - off
+    return np.minimum(bound, lower + room)  # paths past the room: at least that
+
+
+def _floor_met(group: GroupRelaxation, need: np.ndarray, room: float) -> bool:
+    """Whether the least bound (the one the count search starts from) is that of a path of at most n deviations
+    (or the room's): then the round-by-round search would find it no higher (within ties and slack).
+
+    The search of any number of deviations gives every residue no more than the least of at most n; where the
+    best target's best end has a path of at most n within ties of its distance, the two agree there.
+    """
+    e = int(np.argmin(group.bound))
+    end = group.end(float(need[e]))
+    landing = group.lam * group.unit * ((end - math.ceil(float(need[e]) / group.unit)) % group.modulus)
+    if float(group.dist[end]) + landing >= room:  # the room's bound: no path counts
+        return True
+    return group.path(end) is not None
 
 
 def _excess(dist: np.ndarray, step: float, modulus: int, t: np.ndarray) -> np.ndarray:
@@ -208,102 +252,6 @@ def _cheapest_per_step(use: np.ndarray, delta: np.ndarray, pi: np.ndarray, d: np
     far = np.abs(d[near].astype(np.float64) - typical)
     pick = near[np.lexsort((far, delta[near]))]
     return pick[np.concatenate([[True], delta[pick][1:] != delta[pick][:-1]])]
-
-
-def _least_paths(step: np.ndarray, pen: np.ndarray, point: np.ndarray, start: int, modulus: int, n: int,
-                 room: float, tie: float):
-    """:func:`_paths` over the deviations no pair of others undercuts, where that gives the same distances;
-    over them all where it may not.
-
-    Every deviation costs more than ``tie`` (the points off the line), so one undercut by a pair (``p_j + p_k +
-    tie <= p_i``, same step) costs more than each of them, and by induction on the penalty every deviation i
-    from u to v, kept or not, has ``dist[v] <= dist[u] + p_i + tie`` once the search over the kept ones has
-    converged (no improvement left; over the kept ones that is the search's own stopping rule, for i undercut by
-    j and k it holds for j then k, the middle residue within the room since ``p_j < p_i``). Along a least path
-    of at most n deviations of them all, the found distance is then high by at most n ties, as before; and
-    every found distance is the penalty of a real path of no more rounds than it took. So if it converged in at
-    most n rounds, the distances are those of the full search (within its ties) and its paths are as short.
-    On collected 405B stats two in three deviations are undercut (a step of 64 residues at twice the penalty
-    of 32): the search is 3x cheaper. Not converged in n rounds (the kept paths may need more deviations than
-    the undercut ones): the full search.
-    """
-    keep = _undominated(step, pen, modulus, tie)
-    if len(keep) < len(step):
-        dist, rounds = _paths(step[keep], pen[keep], point[keep], start, modulus, n + 1, room, tie)
-        if dist is not None and len(rounds) <= n:
-            return dist, rounds
-    return _paths(step, pen, point, start, modulus, n, room, tie)
-
-
-def _undominated(step: np.ndarray, pen: np.ndarray, modulus: int, tie: float) -> np.ndarray:
-    """Indices of the deviations (one per step) for which no two others, moving the residue as far together,
-    cost at least ``tie`` less."""
-    m = len(step)
-    if m < 2:  # one deviation: two of itself cost more
-        return np.arange(m)
-    at = np.full(modulus, -1, dtype=np.int32)  # the deviation per step
-    at[step] = np.arange(m, dtype=np.int32)
-    gone = np.zeros(m, dtype=bool)
-    rows = max(1, _CHUNK * 16 // m)
-    for i0 in range(0, m, rows):  # deviations i, every j: the k with step_j + step_k = step_i
-        i = np.arange(i0, min(i0 + rows, m))
-        rest = step[i][:, None] - step[None, :]
-        rest[rest < 0] += modulus
-        k = at[rest]
-        pair = np.where(k >= 0, pen[None, :] + pen[np.maximum(k, 0)], np.inf)
-        gone[i] = (pair + tie <= pen[i][:, None]).any(axis=1)
-    return np.flatnonzero(~gone)
-
-
-def _paths(step: np.ndarray, pen: np.ndarray, point: np.ndarray, start: int, modulus: int, n: int, room: float,
-           tie: float):
-    """Least penalty per residue over paths of at most n deviations (frontier Bellman-Ford), and each round's
-    improvements; (None, None) past the work allowance. No more rounds than needed: fewer than n when nothing
-    improved in the last."""
-    dist = np.full(modulus, np.inf)
-    dist[start] = 0.0
-    rounds = []
-    changed = np.array([start], dtype=np.int64)
-    work = 0
-    by_cost = np.argsort(pen, kind="stable")
-    step, pen, point = step[by_cost], pen[by_cost], point[by_cost]
-    for _ in range(n):
-        if len(changed) == 0 or len(step) == 0:
-            break
-        here = dist[changed]  # this round extends the paths of the last one: their values as they were
-        by_here = np.argsort(here, kind="stable")
-        changed, here = changed[by_here], here[by_here]
-        last = int(np.searchsorted(pen, room - here[0], side="left"))  # every later deviation costs past the room
-        work += len(changed) * last
-        if work > _MAX_PAIRS:
-            return None, None
-        hit, by = [], []
-        width = max(1, _CHUNK // len(changed))
-        for j0 in range(0, last, width):  # a block of deviations at a time, cheapest first
-            js = np.arange(j0, min(j0 + width, last))
-            rows = int(np.searchsorted(here, room - pen[j0], side="left"))  # the rest cost past the room
-            if rows == 0:
-                break
-            to = changed[:rows, None] + step[js][None, :]
-            to[to >= modulus] -= modulus
-            cost = here[:rows, None] + pen[js][None, :]
-            ok = (cost < dist[to] - tie) & (cost < room)
-            if not ok.any():
-                continue
-            to, cost, col = to[ok], cost[ok], np.nonzero(ok)[1]
-            order = np.lexsort((cost, to))  # the cheapest of the block per residue
-            to, cost, col = to[order], cost[order], col[order]
-            first = np.concatenate([[True], to[1:] != to[:-1]])
-            to, cost, col = to[first], cost[first], col[first]
-            better = cost < dist[to] - tie
-            dist[to[better]] = cost[better]
-            hit.append(to[better]), by.append(point[js[col[better]]])
-        if not hit:
-            break
-        to, used = np.concatenate(hit)[::-1], np.concatenate(by)[::-1]
-        changed, last = np.unique(to, return_index=True)  # a residue's last improvement is its value
-        rounds.append((changed, used[last]))
-    return dist, rounds
 
 
 def _fill(dz: np.ndarray, m: int, need: float, lattice: int, flex: int = 3) -> list[int] | None:
