@@ -26,17 +26,13 @@ def relaxation(steps, pens, n, ends):
 def brute_dist(steps, pens, n):
     """Least penalty per residue over paths of at most n deviations costing less than the room, every deviation
     tried in every round."""
-    dist = [math.inf] * MODULUS
+    dist = np.full(MODULUS, math.inf)
     dist[0] = 0.0
     for _ in range(n):
-        nxt = list(dist)
-        for r in range(MODULUS):
-            if math.isfinite(dist[r]):
-                for s, p in zip(steps, pens):
-                    t = (r + s) % MODULUS
-                    nxt[t] = min(nxt[t], dist[r] + p)
+        nxt = dist.copy()
+        for s, p in zip(steps, pens):
+            nxt = np.minimum(nxt, np.roll(dist, s) + p)  # residue r + s from r
         dist = nxt
-    dist = np.array(dist)
     dist[dist >= ROOM] = math.inf  # no path costing the room is followed
     return dist
 
@@ -66,7 +62,7 @@ def check(steps, pens, n, ends):
     return g
 
 
-@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("seed", range(16))
 def test_paths_equal_brute_force(seed):
     # Collected 405B layers have many deviations two cheaper ones undercut (a 64-residue step at twice the
     # penalty of a 32-residue one, and a hair more): half the cases build those in.
@@ -80,7 +76,9 @@ def test_paths_equal_brute_force(seed):
             if s and s not in steps:
                 steps.append(s)
                 pens.append(pens[i] + pens[j] + rng.choice([0.0, 0.001, 0.5]))
-    check(steps, pens, rng.randrange(1, 9), rng.sample(range(MODULUS), 4))
+    # few items (the limit of n binds) and many (searched as any number of deviations first)
+    n = rng.randrange(1, 9) if seed < 6 else rng.randrange(64, 90)
+    check(steps, pens, n, rng.sample(range(MODULUS), 4))
 
 
 def test_undercut_deviations_are_never_searched():
@@ -93,3 +91,14 @@ def test_undercut_deviations_are_never_searched():
     assert g.path(6) == [3] * 6
     g = check([1, 2], [1.0, 2.5], 3, [6])
     assert g.bound[0] == pytest.approx(7.5) and sorted(g.path(6)) == [4, 4, 4]
+
+
+def test_a_bound_needing_more_deviations_than_items_is_searched_round_by_round():
+    """A 256-residue cycle, steps 1 (1 ms) and 2 (2.5 ms), 64 items, a target 100 residues up: a hundred 1s
+    (100 ms) are too many; 36 2s and 28 1s, 118 ms, are the least of 64 (landing 156 past it costs more). The
+    search of any number of deviations says 100; the bound must be 118, with its plan's path."""
+    d = np.array([0, 256, 512, 768 + 1, 768 + 2], dtype=np.int64)
+    pi = np.array([0.0, 0.0, 0.0, 1.0, 2.5])
+    g = group_relaxation(d, d + pi, 64, np.array([64 * 256 + 100.0]), np.zeros(1), 1.0, 0, pi)
+    assert g.bound[0] == pytest.approx(118.0, abs=1e-6)
+    assert sorted(g.path(100)) == [3] * 28 + [4] * 36

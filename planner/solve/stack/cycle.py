@@ -27,6 +27,9 @@ _CHUNK = 2**14  # (residue, deviation) pairs formed at once
 _FINE = 1024  # the unconstrained search's undercut tolerance: tie / _FINE
 _STEP = 64  # and its least improvement: tie / _STEP
 _SLACK = 8  # its slack is used only while at most _SLACK n ties
+# Only for stacks this deep: the fewer the items, the likelier the limit of n binds where the bound is decided
+# (Llama-3 8B, 31 items: at a quarter of its budgets, each then searched twice; 70B and 405B, 79 and 125: never)
+_DEEP = 64
 
 
 def deviation_paths(step: np.ndarray, pen: np.ndarray, point: np.ndarray, start: int, modulus: int, n: int,
@@ -40,9 +43,9 @@ def deviation_paths(step: np.ndarray, pen: np.ndarray, point: np.ndarray, start:
     kept leaves, ``dist[v] <= dist[u] + p_i + L (s + f)``. A path costing C < room has at most
     ``C / (p_min - f)`` leaves in all, so its end's distance is at most ``C + room (s + f) / (p_min - f)``:
     that is the slack (the search follows paths that far past the room, so none costing less is cut off).
-    Where it passes ``_SLACK`` n ties (penalties tiny beside the room), None.
+    Where it passes ``_SLACK`` n ties (penalties tiny beside the room), or for fewer than ``_DEEP`` items, None.
     """
-    if len(step) == 0:
+    if len(step) == 0 or n < _DEEP:
         return None, 0.0
     fine, least = tie / _FINE, tie / _STEP
     slack = room * (least + fine) / (float(pen.min()) - fine)
@@ -85,7 +88,7 @@ def path_back(dist: np.ndarray, end: int, start: int, step: np.ndarray, pen: np.
 
 
 def rounds_paths(step: np.ndarray, pen: np.ndarray, point: np.ndarray, start: int, modulus: int, n: int,
-                 room: float, tie: float):
+                 room: float, tie: float, undercut: bool = True):
     """Least penalty per residue over paths of at most n deviations (frontier Bellman-Ford) and each round's
     improvements (residues ascending, the point that improved each last); (None, None) past the work
     allowance.
@@ -97,9 +100,9 @@ def rounds_paths(step: np.ndarray, pen: np.ndarray, point: np.ndarray, start: in
     ones that is its stopping rule; for i undercut by j and k it holds for j then k, the middle residue within
     the room since ``p_j < p_i``). Along a least path of at most n deviations the found distance is then high
     by at most n ties, as the full search's; and each found distance is a real path of no more deviations
-    than the rounds it took.
+    than the rounds it took. ``undercut`` False: over them all at once (the limit of n is known to bind).
     """
-    keep = _undominated(step, pen, modulus, tie)
+    keep = _undominated(step, pen, modulus, tie) if undercut else np.arange(len(step))
     if len(keep) < len(step):
         dist, rounds = _rounds(step[keep], pen[keep], point[keep], start, modulus, n + 1, room, tie)
         if dist is not None and len(rounds) <= n:

@@ -147,7 +147,7 @@ def group_relaxation(d: np.ndarray, rc: np.ndarray, n: int, need: np.ndarray, lo
     # improvements below ``tie`` are ignored (shorter paths, whose points leave the rest room), so every
     # distance may be high by n ties: the bound takes them off
     ties = 2 * n * tie
-    group = None
+    group, binds = None, False
     if dist is not None:
         if not np.array_equal(chosen, use):
             # Another budget chose other points per residue step (``typical``); the steps are the same and each
@@ -158,9 +158,9 @@ def group_relaxation(d: np.ndarray, rc: np.ndarray, n: int, need: np.ndarray, lo
         group = GroupRelaxation(_bound(dist, lower, need, u, lam, modulus, room, ties + slack), lam, u, modulus,
                                 start, delta, dist, rounds, zero, pi, use, n, tie)
         if rounds is None and not _floor_met(group, need, room):
-            group = None
+            group, binds = None, True
     if group is None:  # at most n deviations, round by round: exact
-        dist, rounds = rounds_paths(delta[use], pi[use], use, start, modulus, n, room, tie)
+        dist, rounds = rounds_paths(delta[use], pi[use], use, start, modulus, n, room, tie, undercut=not binds)
         if dist is None:
             return None
         slack, ties = 0.0, 2 * n * tie
