@@ -143,7 +143,8 @@ def group_relaxation(d: np.ndarray, rc: np.ndarray, n: int, need: np.ndarray, lo
     if hit is not None and hit[0] >= room:  # followed further before: exact wherever this room needs it
         dist, rounds, chosen, slack = hit[1], hit[2], hit[3], hit[4]
     else:  # first any number of deviations over the few no pair undercuts (module cycle)
-        (dist, slack), rounds, chosen = deviation_paths(delta[use], pi[use], use, start, modulus, n, room, tie), None, use
+        dist, slack = deviation_paths(delta[use], pi[use], use, start, modulus, n, room, tie)
+        rounds, chosen = None, use
     # improvements below ``tie`` are ignored (shorter paths, whose points leave the rest room), so every
     # distance may be high by n ties: the bound takes them off
     ties = 2 * n * tie
