@@ -11,7 +11,7 @@ steps at four times the penalty of one. Two searches, the cheap one first:
   equal to it wherever a path of at most n real deviations meets it (:func:`path_back` finds one);
 * round by round, at most n: the least penalty of at most n deviations, exactly (within n ties), over the
   deviations no pair undercuts by ``tie`` when that converges within n rounds (the same distances, argued at
-  :func:`_least_rounds`), else over them all.
+  :func:`rounds_paths`), else over them all.
 """
 
 from __future__ import annotations
