@@ -29,10 +29,11 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
+from scipy.optimize import Bounds, LinearConstraint
 from scipy.sparse import coo_array
 
 import planner
+from planner.highs import quiet_milp
 from planner.memory_model import NEED_TOL_BYTES
 from planner.solve.giants import for_budget
 from planner.solve.problem import Problem, key_needs, prepare
@@ -66,7 +67,7 @@ def count_space_bound(stats: planner.Stats, budget_gib: float, *, world_size: in
     lp = _Relaxation(prob, fr, _tail_start(fr, tail_blocks))
     dropped = lp.add_needs(prob, budget)
     with np.errstate(all="ignore"):
-        res = milp(np.array(lp.cost), integrality=np.array(lp.integer, dtype=float),
+        res = quiet_milp(np.array(lp.cost), integrality=np.array(lp.integer, dtype=float),
                    bounds=Bounds(np.zeros(len(lp.cost)), np.array(lp.ub, dtype=float)),
                    constraints=LinearConstraint(coo_array((lp.vals, (lp.rows, lp.cols)),
                                                           shape=(len(lp.lo), len(lp.cost))).tocsr(), lp.lo, lp.hi),
