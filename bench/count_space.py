@@ -71,7 +71,7 @@ def count_space_bound(stats: planner.Stats, budget_gib: float, *, world_size: in
                    bounds=Bounds(np.zeros(len(lp.cost)), np.array(lp.ub, dtype=float)),
                    constraints=LinearConstraint(coo_array((lp.vals, (lp.rows, lp.cols)),
                                                           shape=(len(lp.lo), len(lp.cost))).tocsr(), lp.lo, lp.hi),
-                   options={"mip_rel_gap": 1e-8, "time_limit": time_limit_s})
+                   options={"mip_rel_gap": 1e-7, "time_limit": time_limit_s})
     if res.status == 2:  # no plan of the relaxation, so none of the problem: nothing costs less than +inf
         bound, status = np.inf, "infeasible"
     else:
