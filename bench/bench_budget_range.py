@@ -2,9 +2,9 @@
 
     python bench/bench_budget_range.py            # ~5 min on 2 cores; rewrites its section of bench/RESULTS.md
     python bench/bench_budget_range.py --quick    # 11 budgets per input, no certification; prints only
-    python bench/bench_budget_range.py --collected [--stats-dir DIR] [--checks SECONDS]
-        # collected Llama-3 8B/70B/405B stats (bench/collected_llama.py), 41 budgets each, a 41-point sweep,
-        # and with --checks our MILP at 5 budgets per input; rewrites its own section of bench/RESULTS.md
+    python bench/bench_budget_range.py --collected [--stats-dir DIR]
+        # collected Llama-3 8B/70B/405B stats (bench/collected_llama.py), 41 budgets each, a 41-point sweep;
+        # rewrites its own section of bench/RESULTS.md (their independent checks: bench/bench_collected_checks.py)
 
 bench_planner.py compares with PyTorch at a few budgets per input. This one
 asks whether every budget a user might pick is planned fast and proven
@@ -205,8 +205,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--collected", action="store_true", help="the collected Llama-3 inputs instead")
     ap.add_argument("--stats-dir", type=Path, default=None, help="where collected stats are kept and reused "
                     "(default: a temporary folder)")
-    ap.add_argument("--checks", type=float, default=0.0, help="with --collected: our MILP at 5 budgets per input, "
-                    "this many seconds each (0: none)")
     ap.add_argument("--only", default="", help="with --collected: comma-separated input files to run (e.g. 405b-ws.json)")
     args = ap.parse_args(argv)
     log = lambda s: print(s, flush=True)  # noqa: E731
