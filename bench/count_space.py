@@ -55,7 +55,7 @@ class Bound:
 
 
 def count_space_bound(stats: planner.Stats, budget_gib: float, *, world_size: int = 1, tail_blocks: int = 1,
-                      time_limit_s: float = 120.0, prob: Problem | None = None) -> Bound:
+                      time_limit_s: float = 120.0, mip_rel_gap: float = 1e-7, prob: Problem | None = None) -> Bound:
     """The relaxation's bound at ``budget_gib`` with the last ``tail_blocks`` blocks exact (see the module)."""
     t0 = time.perf_counter()
     prob = prob or prepare(stats, world_size=world_size)
@@ -71,7 +71,7 @@ def count_space_bound(stats: planner.Stats, budget_gib: float, *, world_size: in
                    bounds=Bounds(np.zeros(len(lp.cost)), np.array(lp.ub, dtype=float)),
                    constraints=LinearConstraint(coo_array((lp.vals, (lp.rows, lp.cols)),
                                                           shape=(len(lp.lo), len(lp.cost))).tocsr(), lp.lo, lp.hi),
-                   options={"mip_rel_gap": 1e-7, "time_limit": time_limit_s})
+                   options={"mip_rel_gap": mip_rel_gap, "time_limit": time_limit_s})
     if res.status == 2:  # no plan of the relaxation, so none of the problem: nothing costs less than +inf
         bound, status = np.inf, "infeasible"
     else:
