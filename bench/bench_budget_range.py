@@ -2,9 +2,9 @@
 
     python bench/bench_budget_range.py            # ~5 min on 2 cores; rewrites its section of bench/RESULTS.md
     python bench/bench_budget_range.py --quick    # 11 budgets per input, no certification; prints only
-    python bench/bench_budget_range.py --collected [--stats-dir DIR] [--checks SECONDS]
-        # collected Llama-3 8B/70B/405B stats (bench/collected_llama.py), 41 budgets each, a 41-point sweep,
-        # and with --checks our MILP at 5 budgets per input; rewrites its own section of bench/RESULTS.md
+    python bench/bench_budget_range.py --collected [--stats-dir DIR]
+        # collected Llama-3 8B/70B/405B stats (bench/collected_llama.py), 41 budgets each, a 41-point sweep;
+        # rewrites its own section of bench/RESULTS.md (their independent checks: bench/bench_collected_checks.py)
 
 bench_planner.py compares with PyTorch at a few budgets per input. This one
 asks whether every budget a user might pick is planned fast and proven
@@ -44,17 +44,15 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import planner  # noqa: E402
 import planner.solve.dp as dp  # noqa: E402
-import planner.solve.giants as giants  # noqa: E402
 from bench.bench_planner import machine, write_results  # noqa: E402
+from bench.count_space import count_space_bound  # noqa: E402
 from bench.synthetic import make_layers  # noqa: E402
-from planner.solve.problem import key_needs, prepare  # noqa: E402
+from planner.solve.problem import prepare  # noqa: E402
 
 GIB = 2**30
 SOURCE = Path("../shared/reference/torch_format_transformer_L12.json")
@@ -105,85 +103,18 @@ def run_range(label: str, stats: planner.Stats, n: int, log) -> dict:
 
 
 def count_bound(stats: planner.Stats, budget_gib: float, time_limit: float = 120.0) -> tuple[float, float]:
-    """HiGHS's dual bound on a count-space relaxation built here from the DP's frontiers; (bound ms, seconds).
+    """HiGHS's dual bound on a count-space relaxation (bench/count_space.py, the last block exact); (bound ms,
+    seconds).
 
-    Kept: every memory constraint from the last top-level subtree's start
-    on, that subtree modelled exactly (one binary per frontier point, at most
-    one checkpoint per root-to-leaf path). Dropped: the constraints before it;
-    the subtrees before it then matter only through their total discard and
-    recompute, and identical ones become one integer count per point of
-    their joint frontier.
+    Kept: every memory constraint from the last block's start on, that block
+    modelled exactly (one binary per frontier point, at most one checkpoint
+    per root-to-leaf path). Dropped: the constraints before it; the blocks
+    before it then matter only through their total discard and recompute,
+    and identical ones become one integer count per point of their joint
+    frontier.
     """
-    from scipy.optimize import Bounds, LinearConstraint, milp
-    from scipy.sparse import coo_array
-
-    t0 = time.perf_counter()
-    prob = prepare(stats)
-    fr = giants.for_budget(prob, prob.frontiers(), keyneed := key_needs(prob, budget_gib * GIB))
-    m = len(fr.d)
-    roots, k = [], m - 1
-    while k >= 0:
-        roots.append(k)
-        k = fr.starts[k] - 1
-    roots.reverse()
-    a = fr.starts[roots[-1]]
-    classes: dict[tuple, list] = {}
-    for r in roots[:-1]:
-        d, rc = _subtree_frontier(fr, r)
-        classes.setdefault((d.tobytes(), rc.tobytes()), [d, rc, 0])[2] += 1
-    cost, disc, ub, rows, cols, vals, lo, hi = [], [], [], [], [], [], [], []
-
-    def row(cs, vs, low, high):
-        rows.extend([len(lo)] * len(cs))
-        cols.extend(cs)
-        vals.extend(vs)
-        lo.append(low)
-        hi.append(high)
-
-    for d, rc, count in classes.values():  # counts over the joint frontier, the "nothing" point included
-        ids = list(range(len(cost), len(cost) + len(d)))
-        cost += rc.tolist()
-        disc += d.tolist()
-        ub += [count] * len(d)
-        row(ids, [1.0] * len(ids), count, count)
-    n_free = len(cost)
-    xs = {}
-    for c in range(a, m):
-        xs[c] = list(range(len(cost), len(cost) + len(fr.d[c])))
-        cost += fr.rc[c].tolist()
-        disc += fr.d[c].tolist()
-        ub += [1] * len(fr.d[c])
-    disc = np.array(disc, dtype=np.float64) / GIB
-    for c in range(a, m):  # at most one checkpoint on c and its ancestors
-        ids = [j for q in range(c, m) if fr.starts[q] <= c for j in xs[q]]
-        row(ids, [1.0] * len(ids), 0, 1)
-    for key in range(a, m + 1):  # discard finished before key >= its need
-        if keyneed[key] > 0:
-            ids = list(range(n_free)) + [j for c in range(a, key) for j in xs[c]]
-            row(ids, disc[ids].tolist(), keyneed[key] / GIB, np.inf)
-    a_mat = coo_array((vals, (rows, cols)), shape=(len(lo), len(cost))).tocsr()
-    res = milp(np.array(cost), constraints=LinearConstraint(a_mat, lo, hi), integrality=np.ones(len(cost)),
-               bounds=Bounds(0, np.array(ub, dtype=np.float64)),
-               options={"mip_rel_gap": 1e-9, "time_limit": time_limit})
-    return float(getattr(res, "mip_dual_bound", np.nan)), time.perf_counter() - t0
-
-
-def _subtree_frontier(fr, c: int) -> tuple[np.ndarray, np.ndarray]:
-    """Every non-dominated (discard, recompute) of the decisions inside candidate c's subtree."""
-    d, rc = np.zeros(1, dtype=np.int64), np.zeros(1)
-    k = c - 1
-    while k >= fr.starts[c]:
-        cd, crc = _subtree_frontier(fr, k)
-        d, rc = _pareto((d[:, None] + cd[None, :]).ravel(), (rc[:, None] + crc[None, :]).ravel())
-        k = fr.starts[k] - 1
-    return _pareto(np.concatenate([d, fr.d[c]]), np.concatenate([rc, fr.rc[c]]))
-
-
-def _pareto(d, rc):
-    o = np.lexsort((-d, rc))
-    d, rc = d[o], rc[o]
-    keep = d > np.concatenate([[-1], np.maximum.accumulate(d)[:-1]])
-    return d[keep], rc[keep]
+    b = count_space_bound(stats, budget_gib, tail_blocks=1, time_limit_s=time_limit, mip_rel_gap=1e-9)
+    return b.bound_ms, b.seconds
 
 
 def dp_without_stack(stats: planner.Stats, budget_gib: float) -> tuple[planner.Plan, float]:
@@ -205,8 +136,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--collected", action="store_true", help="the collected Llama-3 inputs instead")
     ap.add_argument("--stats-dir", type=Path, default=None, help="where collected stats are kept and reused "
                     "(default: a temporary folder)")
-    ap.add_argument("--checks", type=float, default=0.0, help="with --collected: our MILP at 5 budgets per input, "
-                    "this many seconds each (0: none)")
     ap.add_argument("--only", default="", help="with --collected: comma-separated input files to run (e.g. 405b-ws.json)")
     args = ap.parse_args(argv)
     log = lambda s: print(s, flush=True)  # noqa: E731

@@ -1,14 +1,12 @@
-"""``bench_budget_range.py --collected``: every budget of collected Llama-3 stats, a sweep, and MILP checks.
+"""``bench_budget_range.py --collected``: every budget of collected Llama-3 stats and a sweep.
 
 Per input (bench/collected_llama.py): 41 budgets evenly spaced from its
 smallest feasible budget to its no-checkpointing peak, each one
 ``planner.plan`` call on stats freshly parsed from the JSON document (parsing
 not timed, nothing shared between calls), wall-clock and process CPU
 seconds. Then a 41-point ``planner.sweep`` of the 405B stats at world size
-128 against the 41 separate plans. With ``--checks S``: our MILP engine
-(``solver="milp"``, HiGHS, S seconds) at 5 budgets per input, which must
-find nothing cheaper than the plan (and, where it proves its optimum, the same
-recompute within the gap).
+128 against the 41 separate plans. The independent checks of these plans
+are bench/bench_collected_checks.py's.
 """
 
 from __future__ import annotations
@@ -66,20 +64,6 @@ def run_sweep(doc: dict, result: dict) -> dict:
             "single_cpu": sum(r[3] for r in result["rows"])}
 
 
-def run_checks(inp: Input, doc: dict, result: dict, seconds: float, log) -> list[tuple]:
-    out = []
-    for i in (0, 10, 20, 30, 40):
-        b, p = result["rows"][i][0], result["rows"][i][1]
-        q, wall, _ = _timed_plan(doc, b, inp.world_size, solver="milp", time_limit_s=seconds)
-        ok = q.recompute_ms is None or p.recompute_ms is None or q.recompute_ms >= p.recompute_ms * (1 - 1e-6)
-        if q.status == "optimal" and p.recompute_ms is not None and q.recompute_ms is not None:
-            ok = ok and abs(q.recompute_ms - p.recompute_ms) <= 1e-6 * p.recompute_ms
-        out.append((inp, b, p, q, wall, ok))
-        log(f"  check {inp.label} {b:.3f} GiB: plan {p.recompute_ms} ({p.status}); MILP {q.recompute_ms} "
-            f"({q.status}, gap {q.mip_gap}) in {wall:.1f} s: {'agrees' if ok else 'DISAGREES'}")
-    return out
-
-
 def run_collected_bench(args, log) -> int:
     started = time.time()
     head = machine()
@@ -88,7 +72,7 @@ def run_collected_bench(args, log) -> int:
     folder.mkdir(parents=True, exist_ok=True)
     only = {x for x in args.only.split(",") if x}
     inputs = [inp for inp in INPUTS if not only or inp.file in only]
-    results, checks, sweep, collect_s = [], [], None, {}
+    results, sweep, collect_s = [], None, {}
     for inp in inputs:
         doc, seconds = collected(inp, folder, log)
         if seconds is not None:
@@ -97,9 +81,7 @@ def run_collected_bench(args, log) -> int:
         if inp == SWEPT:
             sweep = run_sweep(doc, results[-1])
             log(f"  sweep: {sweep}")
-        if args.checks > 0:
-            checks += run_checks(inp, doc, results[-1], args.checks, log)
-    text = _report(head, load0, os.getloadavg()[0], started, args, results, sweep, checks, collect_s)
+    text = _report(head, load0, os.getloadavg()[0], started, results, sweep, collect_s)
     print(text)
     if not only:
         write_results(text, REPO / "bench" / "RESULTS.md", COLLECTED_SECTION)
@@ -107,8 +89,8 @@ def run_collected_bench(args, log) -> int:
     return 0
 
 
-def _report(head, load0, load1, started, args, results, sweep, checks, collect_s) -> str:
-    cmd = "python bench/bench_budget_range.py --collected" + (f" --checks {args.checks:g}" if args.checks else "")
+def _report(head, load0, load1, started, results, sweep, collect_s) -> str:
+    cmd = "python bench/bench_budget_range.py --collected"
     out = [COLLECTED_SECTION, "", f"Machine: {head}", "",
            f"Command: `{cmd}` ({(time.time() - started) / 60:.1f} min in all; 1-min load {load0:.2f} at start, "
            f"{load1:.2f} at the end). Inputs: bench/collected_llama.py (`sacplan collect --hf-config ... --batch 1 "
@@ -131,15 +113,4 @@ def _report(head, load0, load1, started, args, results, sweep, checks, collect_s
                 f"wall ({sweep['cpu']:.2f} s CPU), {sweep['optimal']} of {sweep['n']} optimal, {sweep['same']} with "
                 f"the recompute of the separate plan; the {sweep['n']} separate plans took {sweep['single_wall']:.1f} s "
                 f"wall ({sweep['single_cpu']:.1f} s CPU)."]
-    if checks:
-        out += ["", f"Independent checks: our MILP engine (`solver=\"milp\"`, HiGHS, {args.checks:g} s limit) at 5 "
-                "budgets per input; it agrees when it finds nothing cheaper than the plan and, where it proves its "
-                "optimum, the same recompute within 1e-6.", "",
-                "| input | budget GiB | plan rc ms (status) | MILP rc ms | MILP status (gap) | MILP s | agrees |",
-                "|---|---:|---:|---:|---|---:|---|"]
-        for inp, b, p, q, wall, ok in checks:
-            rc = "no plan" if q.recompute_ms is None else f"{q.recompute_ms:.6f}"
-            gap = "-" if q.mip_gap is None else f"{q.mip_gap:.1e}"
-            out.append(f"| {inp.label} | {b:.3f} | {p.recompute_ms:.6f} ({p.status}) | {rc} | {q.status} ({gap}) | "
-                       f"{wall:.1f} | {'yes' if ok else 'NO'} |")
     return "\n".join(out) + "\n"
