@@ -102,7 +102,7 @@ def test_ordered_options_cover_every_decision_of_a_block_with_its_timing():
     # earlier, and its bound then lay above the optimum). Brute force over every decision.
     from planner.solve.problem import prepare
     from planner.solve.stack.relaxation import find_stack
-    from planner.solve.stack.ordered import block_types
+    from planner.solve.stack.options import block_types
 
     rng = random.Random(19)
     checked = 0
