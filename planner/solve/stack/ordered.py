@@ -93,8 +93,9 @@ def ordered_counts(d: np.ndarray, rc: np.ndarray, R: np.ndarray, delta: float, s
                             np.flatnonzero(~pos)[np.argsort(-(R[~pos] + g[~pos]), kind="stable")]])
     R = np.asarray(R, dtype=np.float64) - s0  # slack is measured with s0 taken out, as the needs are
     lead_R = np.zeros((0, len(d))) if lead_R is None else np.asarray(lead_R, dtype=np.float64) - s0
-    last = _LastBlockLine(d, rc, R, delta, n, need, cost)
-    start = max(start, last(0, 0.0))
+    # the last block must not be a lead block: the bound takes its R from the shared ones
+    last = _LastBlockLine(d, rc, R, delta, n, need, cost) if len(lead_R) < n else None
+    start = max(start, last(0, 0.0)) if last is not None else start
     guess = max(start, floor) + first_gap * max(abs(start), 1e-9)
     spent = 0.0
     while True:
