@@ -130,13 +130,19 @@ def _profile_options(fr, c: int, keys: np.ndarray, held: tuple, limit: int):
 def _undominated(d, rc, part, ch, limit):
     """Drop options another beats (or equals) on more discard, less recompute and more discard at every key."""
     order = np.lexsort((-part.sum(axis=1), -d, rc))  # cheapest first; among equals the most discard first
-    keep_d, keep_p, kept = np.zeros(0), np.zeros((0, part.shape[1])), []
+    cols = np.vstack([d, part.T])  # (1 + keys, options): one row per compared quantity
+    kept_cols = np.empty((cols.shape[0], len(order)))  # the kept options' columns, filled in order
+    kept: list[int] = []
     for i in order.tolist():
-        if len(kept) and np.any((keep_d >= d[i]) & np.all(keep_p >= part[i], axis=1)):
-            continue  # a cheaper-or-equal kept option discards at least as much everywhere
+        v, m = cols[:, i], len(kept)
+        if m:
+            beats = kept_cols[0, :m] >= v[0]
+            for r in range(1, len(v)):
+                beats &= kept_cols[r, :m] >= v[r]
+            if beats.any():
+                continue  # a cheaper-or-equal kept option discards at least as much everywhere
+        kept_cols[:, m] = v
         kept.append(i)
-        keep_d = np.append(keep_d, d[i])
-        keep_p = np.vstack([keep_p, part[i]])
         if len(kept) > limit:
             raise _TooMany
     kept = np.array(kept, dtype=np.int64)
