@@ -204,9 +204,10 @@ class _Search:
         """The count-space relaxation (bound and, often, an optimal plan) of a stack of identical blocks."""
         # half the gap goes to absorbing points (eps), most of the other half to the count search
         res = solve_stack(self.base_fr, stack, self.keyneed, math.inf, eps=self.slack / len(stack.blocks),
-                          work_limit=_STACK_WORK, deadline=self.deadline, rel_gap=0.4 * self.cfg.mip_rel_gap)
+                          work_limit=_STACK_WORK, deadline=self.deadline, rel_gap=0.4 * self.cfg.mip_rel_gap,
+                          held_need=self.held_need)
         if res is not None:
-            self.stack_lower = res.lower  # a relaxation of the held inputs too: still a lower bound
+            self.stack_lower = res.lower  # it keeps the held inputs' needs only where it can: still a lower bound
             if res.choices is not None and (self.best is None or res.cost < self.best[0]) and self._holds(res.choices):
                 self.best = (res.cost, res.choices, self.base_fr)
         return res

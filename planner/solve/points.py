@@ -70,13 +70,18 @@ def absorbed(rc: np.ndarray, eps: float, *, keep_first: bool = False, d: np.ndar
                 last = rc[j]
         return keep
     order = np.lexsort((d, -rc))  # dearest first: an absorber is kept, never itself absorbed
-    kd, kp, kr, kept = np.zeros(0), np.zeros((0, partial.shape[1])), np.zeros(0), []
+    cols = np.vstack([np.asarray(d, dtype=np.float64), np.asarray(partial, dtype=np.float64).T])
+    kept_cols, kr, kept = np.empty((cols.shape[0], len(order))), np.empty(len(order)), []
     for i in order.tolist():
-        if len(kept) and np.any((kd >= d[i]) & (kr <= rc[i] + eps) & np.all(kp >= partial[i], axis=1)):
-            continue
+        v, m = cols[:, i], len(kept)
+        if m:
+            beats = kr[:m] <= rc[i] + eps
+            for r in range(len(v)):  # one row at a time: (kept, keys) reductions cost more
+                beats &= kept_cols[r, :m] >= v[r]
+            if beats.any():
+                continue
+        kept_cols[:, m], kr[m] = v, rc[i]
         kept.append(i)
-        kd, kr = np.append(kd, d[i]), np.append(kr, rc[i])
-        kp = np.vstack([kp, partial[i]])
     keep = np.zeros(len(rc), bool)
     keep[kept] = True
     return keep

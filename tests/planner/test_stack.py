@@ -208,8 +208,8 @@ def test_dealt_order_keeps_the_blocks_constraints_whenever_some_order_does(monke
     dealt = []
     orig = stack_mod.exchange_order
 
-    def spy(fr, stack, seq, need):
-        out = orig(fr, stack, seq, need)
+    def spy(fr, stack, seq, need, *held):
+        out = orig(fr, stack, seq, need, *held)
         dealt.append((fr, stack, list(seq), out, np.asarray(need)))
         return out
 

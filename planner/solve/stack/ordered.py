@@ -16,7 +16,9 @@ order is known (an exchange argument, as for scheduling jobs that need a
 level to start and change it): options with ``g >= 0`` first by increasing
 R, then the rest by decreasing ``R + g``. So only counts need choosing: the
 options are taken in that order, each any number of times, a copy allowed
-when the slack before it meets its R.
+when the slack before it meets its R. The first blocks may keep their own R
+(``lead_R``) where they are looser than all after them (the first layer of
+FSDP2 stats): they take any option, in block order, before the rest.
 
 The search is a dynamic program over (blocks so far, discard so far) with
 one Pareto front (more discard for no more recompute) per block count,
@@ -24,8 +26,9 @@ pruned by Lagrangian penalties: with ``lam`` the slope of the options' lower
 hull around the targets, every plan costs at least its target's
 ``lower_e`` plus the penalties ``pi_p = rc_p - lam d_p - base >= 0`` of its
 options, so no label whose penalties already exceed a guess of the optimum
-can lead under it. The guess grows until a plan lies under it, which is then
-the exact optimum of this relaxation.
+can lead under it; a second bound (:class:`_LastBlockLine`) keeps the last
+block's own R besides the target. The guess grows until a plan lies under
+it, which is then the exact optimum of this relaxation.
 """
 
 from __future__ import annotations
@@ -38,116 +41,11 @@ import numpy as np
 
 from planner.memory_model import NEED_TOL_BYTES
 from planner.solve.points import lower_hull
-from planner.solve.problem import Frontiers
 from planner.solve.stack.multiset import CountWorkLimit
 
-__all__ = ["BlockTypes", "OrderedSolution", "back_to_back", "block_types", "ordered_counts", "partial_table",
-           "requirements"]
+__all__ = ["OrderedSolution", "ordered_counts"]
 
 _TOL = 1e-12
-_MAX_OPTIONS = 20_000  # options of one block the ordered relaxation will list
-
-
-@dataclass(frozen=True)
-class BlockTypes:
-    """Budget-independent: one block's options for the ordered relaxation, with their partial discards.
-
-    Unlike the plain relaxation's options (non-dominated in total discard and
-    recompute only), these keep every option that no other beats on total
-    discard, recompute *and* the discard finished before each of the block's
-    own keys: an option that frees less in all but frees it earlier can be
-    what a tight budget needs.
-    """
-
-    d: np.ndarray  # total discard per option (int64 bytes)
-    rc: np.ndarray  # recompute ms
-    partial: np.ndarray  # (options, keys): discard finished before each key of the block
-    choices: list  # per option: (candidate, point) pairs, relative to the first block
-    n_keys: int  # keys from the block's start to its root
-
-
-def block_types(fr: Frontiers, stack, max_options: int = _MAX_OPTIONS) -> BlockTypes | None:
-    """The ordered relaxation's options of one block; None when the blocks are not back to back or too many."""
-    if not back_to_back(fr, stack):
-        return None
-    rep = stack.blocks[0]
-    keys = np.arange(fr.starts[rep], rep + 1)
-    try:
-        d, rc, partial, choices = _profile_options(fr, rep, keys, max_options)
-    except _TooMany:
-        return None
-    return BlockTypes(d.astype(np.int64), rc, partial, choices, len(keys))
-
-
-def back_to_back(fr: Frontiers, stack) -> bool:
-    """Whether each block starts right after the one before: else something sits between two blocks, and
-    their positions are not interchangeable."""
-    return all(fr.starts[nxt] == prev + 1 for prev, nxt in zip(stack.blocks, stack.blocks[1:]))
-
-
-def partial_table(fr, stack, choices: list) -> np.ndarray:
-    """Partial discards (options, keys) of arbitrary joint options of the first block."""
-    rep = stack.blocks[0]
-    keys = np.arange(fr.starts[rep], rep + 1)
-    out = np.zeros((len(choices), len(keys)))
-    for p, choice in enumerate(choices):
-        for i, j in choice:
-            out[p, keys > i] += float(fr.d[i][j])
-    return out
-
-
-class _TooMany(Exception):
-    pass
-
-
-def _profile_options(fr, c: int, keys: np.ndarray, limit: int):
-    """Options of c's subtree no other beats on discard, recompute and every partial discard."""
-    d, rc, part, ch = np.zeros(1), np.zeros(1), np.zeros((1, len(keys))), [()]
-    k = c - 1
-    while k >= fr.starts[c]:  # children, last first; a dominating child option dominates in any combination
-        cd, crc, cpart, cch = _profile_options(fr, k, keys, limit)
-        if len(d) * len(cd) > 50 * limit:
-            raise _TooMany
-        d = (d[:, None] + cd[None, :]).ravel()
-        rc = (rc[:, None] + crc[None, :]).ravel()
-        part = (part[:, None, :] + cpart[None, :, :]).reshape(-1, len(keys))
-        ch = [p + q for p in ch for q in cch]
-        d, rc, part, ch = _undominated(d, rc, part, ch, limit)
-        k = fr.starts[k] - 1
-    own = np.asarray(fr.d[c], dtype=np.float64)
-    own_part = own[:, None] * (keys[None, :] > c)  # c's discard counts from the key after it
-    d = np.concatenate([d, own])
-    rc = np.concatenate([rc, np.asarray(fr.rc[c], dtype=np.float64)])
-    part = np.concatenate([part, own_part])
-    ch = ch + [((c, j),) for j in range(len(own))]
-    return _undominated(d, rc, part, ch, limit)
-
-
-def _undominated(d, rc, part, ch, limit):
-    """Drop options another beats (or equals) on more discard, less recompute and more discard at every key."""
-    order = np.lexsort((-part.sum(axis=1), -d, rc))  # cheapest first; among equals the most discard first
-    keep_d, keep_p, kept = np.zeros(0), np.zeros((0, part.shape[1])), []
-    for i in order.tolist():
-        if len(kept) and np.any((keep_d >= d[i]) & np.all(keep_p >= part[i], axis=1)):
-            continue  # a cheaper-or-equal kept option discards at least as much everywhere
-        kept.append(i)
-        keep_d = np.append(keep_d, d[i])
-        keep_p = np.vstack([keep_p, part[i]])
-        if len(kept) > limit:
-            raise _TooMany
-    kept = np.array(kept, dtype=np.int64)
-    return d[kept], rc[kept], part[kept], [ch[i] for i in kept]
-
-
-def requirements(fr, stack, partial: np.ndarray, need: np.ndarray, n: int) -> tuple[np.ndarray, float]:
-    """(R per option, delta) for the first n member blocks at these needs; ``partial``: (options, keys)."""
-    starts = np.array([fr.starts[b] for b in stack.blocks[:n]])
-    block_need = need[starts[:, None] + np.arange(partial.shape[1])[None, :]]  # (n, keys)
-    delta = float(block_need[-1, 0] - block_need[0, 0]) / (n - 1) if n > 1 else 0.0
-    shift = delta * np.arange(n)
-    # R_p(j) = max_q need(j, q) - partial_p(q) - j delta; the relaxation keeps min over j
-    req = np.max(block_need[None, :, :] - partial[:, None, :], axis=2) - shift[None, :]
-    return req.min(axis=1), delta
 
 
 @dataclass(frozen=True)
@@ -159,13 +57,16 @@ class OrderedSolution:
 
 def ordered_counts(d: np.ndarray, rc: np.ndarray, R: np.ndarray, delta: float, s0: float, n: int,
                    need: np.ndarray, cost: np.ndarray, upper: float, *, start: float, first_gap: float = 1e-4,
-                   work_limit: float = 2e7, deadline: float = math.inf) -> tuple[OrderedSolution | None, float]:
+                   work_limit: float = 2e7, deadline: float = math.inf,
+                   lead_R: np.ndarray | None = None) -> tuple[OrderedSolution | None, float]:
     """The cheapest (target, sequence of n options) meeting every block's R and the target, and a lower bound.
 
     ``d`` (int64 bytes) / ``rc`` (ms) / ``R`` (bytes): the options; ``s0``:
     discard finished before the first block; target e needs
     ``s0 + sum d >= need[e]`` and adds ``cost[e]``. ``start``: a known lower
     bound on the optimum (the plain relaxation's) where the guesses begin.
+    ``lead_R`` (lead, options): the first blocks' own R, taken in block order
+    before the rest (whose multiset the exchange order deals out).
     Returns ``(solution, its value)`` or ``(None, bound)`` when no sequence
     costs less than ``upper``. Raises :class:`CountWorkLimit` past
     ``work_limit`` label extensions, or when a round would start after
@@ -191,6 +92,10 @@ def ordered_counts(d: np.ndarray, rc: np.ndarray, R: np.ndarray, delta: float, s
     order = np.concatenate([np.flatnonzero(pos)[np.argsort(R[pos], kind="stable")],
                             np.flatnonzero(~pos)[np.argsort(-(R[~pos] + g[~pos]), kind="stable")]])
     R = np.asarray(R, dtype=np.float64) - s0  # slack is measured with s0 taken out, as the needs are
+    lead_R = np.zeros((0, len(d))) if lead_R is None else np.asarray(lead_R, dtype=np.float64) - s0
+    # the last block must not be a lead block: the bound takes its R from the shared ones
+    last = _LastBlockLine(d, rc, R, delta, n, need, cost) if len(lead_R) < n else None
+    start = max(start, last(0, 0.0)) if last is not None else start
     guess = max(start, floor) + first_gap * max(abs(start), 1e-9)
     spent = 0.0
     while True:
@@ -198,13 +103,58 @@ def ordered_counts(d: np.ndarray, rc: np.ndarray, R: np.ndarray, delta: float, s
             raise CountWorkLimit
         cap = min(guess, upper)
         sol, work, exhaustive = _search(d, rc, R, delta, n, need, cost, pi, lam, base, order, cap - floor, cap,
-                                        work_limit - spent, deadline)
+                                        work_limit - spent, deadline, lead_R, last)
         spent += work
         if sol is not None:  # the cheapest under cap, or the cheapest of all when nothing was pruned
             return (sol, sol.value) if sol.value < upper else (None, upper)
         if cap >= upper or exhaustive:
             return None, upper if exhaustive else cap
         guess = start + 2.0 * (guess - start)
+
+
+class _LastBlockLine:
+    """A lower bound on what blocks k.. and the target still cost, from the discard D after k blocks.
+
+    The last block's option q is taken with the target e: together they need
+    ``D_(n-1) >= x_qe = max(R_q + (n-1) delta, need_e - d_q)`` (q's own R and
+    the target, which q's discard helps meet) and cost ``rc_q + cost_e``.
+    The blocks before it are dualized as in :func:`_supporting_line` over
+    those pairs: each costs at least ``base + lam d``, so the rest costs at
+    least ``(n-1-k) base + min_qe (rc_q + cost_e + lam x_qe) - lam D``. At
+    tight budgets the needs grow faster per block than any option discards
+    and the slack only shrinks: the last block's R is what binds, and the
+    target's Lagrangian alone sat 0.6% under the optimum (405B FSDP2 stats at
+    their smallest budget).
+    """
+
+    def __init__(self, d, rc, R, delta, n, need, cost):
+        self.n, self.base, self.lam, self.floor = n, 0.0, 0.0, -math.inf
+        self.mid = self.end = np.zeros(len(d))
+        if n < 2:
+            return
+        x = np.maximum(R[:, None] + (n - 1) * delta, need[None, :] - d[:, None].astype(np.float64)).ravel()
+        c = (rc[:, None] + cost[None, :]).ravel()
+        ok = np.isfinite(x) & np.isfinite(c)
+        if not ok.any():
+            return
+        xp, cp, _ = _pareto_targets(x[ok], c[ok])
+        self.lam, self.base = _supporting_line(d, rc, xp, cp, n - 1)
+        self.floor = float(np.min(cp + self.lam * xp))
+        # what each option adds over the bound at the start: before the last block, and as the last one
+        self.mid = np.maximum(rc - self.base - self.lam * d, 0.0)
+        self.end = np.min(np.where(ok, c + self.lam * x, np.inf).reshape(len(d), -1), axis=1) - self.floor
+
+    def __call__(self, k: int, D):
+        """The bound for labels with k <= n-1 blocks and discard D (their own cost left out)."""
+        return (self.n - 1 - k) * self.base + self.floor - self.lam * D
+
+
+def _pareto_targets(x: np.ndarray, c: np.ndarray):
+    """Targets no other beats on both need and cost, by ascending need."""
+    order = np.lexsort((c, x))
+    x, c = x[order], c[order]
+    ok = c < np.concatenate([[np.inf], np.minimum.accumulate(c)[:-1]])
+    return x[ok], c[ok], order[ok]
 
 
 def _supporting_line(d, rc, need, cost, n) -> tuple[float, float]:
@@ -225,14 +175,20 @@ def _supporting_line(d, rc, need, cost, n) -> tuple[float, float]:
     return best[1], best[2]
 
 
-def _search(d, rc, R, delta, n, need, cost, pi, lam, base, order, room, cap, work_limit, deadline=math.inf):
+def _search(d, rc, R, delta, n, need, cost, pi, lam, base, order, room, cap, work_limit, deadline=math.inf,
+            lead_R=None, last=None):
     """The cheapest sequence costing less than ``cap``, exactly; None if there is none.
 
+    The first ``len(lead_R)`` blocks take any option, in block order, each meeting its own R; the labels
+    after them (one front: only discard and cost matter from there) start the exchange-order pass.
     Raises :class:`CountWorkLimit` past ``work_limit`` label extensions or ``deadline``.
     """
     if room < 0:
         return None, 0.0, False
     use = [int(p) for p in order if pi[p] <= room]
+    room2 = cap - last(0, 0.0) if last is not None else math.inf  # an option's penalty past the start (_LastBlockLine)
+    if last is not None:
+        use = [p for p in use if min(last.mid[p], last.end[p]) <= room2 + _TOL * (1 + abs(cap))]
     exhaustive = len(use) == len(order)  # until a label is dropped for its penalties
     # every block still to come takes this option or a later one: at least the smallest penalty among them
     rest = np.minimum.accumulate(pi[use][::-1])[::-1] if use else np.zeros(0)
@@ -240,13 +196,19 @@ def _search(d, rc, R, delta, n, need, cost, pi, lam, base, order, room, cap, wor
     fronts: list[np.ndarray] = [np.zeros(1, np.int64)] + [np.zeros(0, np.int64) for _ in range(n)]
     work = 0
     tol = _TOL * (1 + abs(cap))
-    for t, p in enumerate(use):
+    lead = 0 if lead_R is None else min(len(lead_R), n)
+    steps = [(k, t, p, float(lead_R[k][p]), float(rest[0])) for k in range(lead) for t, p in enumerate(use)]
+    steps += [(None, t, p, float(R[p]), float(rest[t])) for t, p in enumerate(use)]
+    for at, t, p, cut, least in steps:
         if time.perf_counter() > deadline:  # one option's pass is short; a whole search is not
             raise CountWorkLimit
-        dp, rp, cut, least = float(d[p]), float(rc[p]), float(R[p]), float(rest[t])
-        for k in range(n):
+        dp, rp = float(d[p]), float(rc[p])
+        for k in (range(lead, n) if at is None else (at,)):
             ids = fronts[k]
             if len(ids) == 0:
+                continue
+            if last is not None and (last.mid[p] if k < n - 1 else last.end[p]) > room2 + tol:
+                exhaustive = False
                 continue
             D, C = labels.D, labels.C
             ok = ids[D[ids] - k * delta >= cut - NEED_TOL_BYTES]  # the slack before this copy meets its R
@@ -255,6 +217,8 @@ def _search(d, rc, R, delta, n, need, cost, pi, lam, base, order, room, cap, wor
             nd, nc = D[ok] + dp, C[ok] + rp
             # penalties so far, and the least the blocks after this one will add
             alive = nc - (k + 1) * base - lam * nd + (n - k - 1) * least <= room + tol
+            if last is not None and k + 1 < n:  # and the last block's own constraint (_LastBlockLine)
+                alive &= nc + last(k + 1, nd) <= cap + tol
             if not alive.all():
                 exhaustive = False
                 ok, nd, nc = ok[alive], nd[alive], nc[alive]

@@ -37,7 +37,8 @@ from planner.memory_model import NEED_TOL_BYTES
 from planner.solve.points import absorbed
 from planner.solve.problem import Frontiers
 from planner.solve.stack.multiset import CountWorkLimit, min_cost_counts
-from planner.solve.stack.ordered import back_to_back, block_types, ordered_counts, partial_table, requirements
+from planner.solve.stack.options import back_to_back, block_types, held_table, partial_table, requirements
+from planner.solve.stack.ordered import ordered_counts
 from planner.solve.stack.tail import tail_requirements
 
 __all__ = ["Stack", "StackResult", "exchange_order", "find_stack", "ordered_relaxation", "solve_stack"]
@@ -56,10 +57,10 @@ class Stack:
     d: np.ndarray  # joint frontier of one block (zero point first), bytes
     rc: np.ndarray  # ms
     choices: list[tuple[tuple[int, int], ...]]  # per point: (candidate, point) pairs, relative to blocks[0]
-    # caches: the other subtrees' joint options per key, and the ordered relaxation's options
-    # (planner.solve.stack.ordered.BlockTypes, or False when it does not apply)
+    # caches: the other subtrees' joint options per key, and the ordered relaxation's options per set of
+    # candidates holding inputs (planner.solve.stack.options.BlockTypes, or False when it does not apply)
     other_options: dict[int, tuple] = field(default_factory=dict)
-    ordered_options: object = None
+    ordered_options: dict[tuple, object] = field(default_factory=dict)
     group_paths: dict = field(default_factory=dict)  # the count search's group relaxation, shared by budgets
 
 
@@ -97,7 +98,7 @@ def find_stack(fr: Frontiers) -> Stack | None:
 
 def solve_stack(fr: Frontiers, stack: Stack, keyneed: np.ndarray, upper: float, eps: float,
                 max_gap: float = math.inf, work_limit: float = 3e6, deadline: float = math.inf,
-                rel_gap: float = 0.0) -> StackResult | None:
+                rel_gap: float = 0.0, held_need: dict[int, float] | None = None) -> StackResult | None:
     """The relaxation's bound, and a plan meeting it when the dealt-out counts fit every constraint.
 
     ``eps``: frontier points of a block that another point beats on discard
@@ -112,8 +113,15 @@ def solve_stack(fr: Frontiers, stack: Stack, keyneed: np.ndarray, upper: float, 
     When the plain relaxation's counts cannot be dealt out (near the smallest
     feasible budget, where every block's own constraints bind), the ordered
     one of :mod:`planner.solve.stack.ordered` keeps those constraints and is tried next.
+
+    ``held_need`` (``problem.held_needs``): what the discard before a candidate's subtree must reach when it
+    is checkpointed (it holds its inputs through its own backward). The exact tail, the ordered relaxation
+    and the plans' checks keep them; the plain relaxation drops the blocks' (still a lower bound), and its
+    counts then fail to deal out where they bind (405B FSDP2 stats at their smallest budget: every layer
+    holds its input; the plain optimum 0.6% under the true one).
     """
     need = np.asarray(keyneed, dtype=np.float64)
+    held = {i: v for i, v in (held_need or {}).items() if math.isfinite(v)}
     tail_blocks = _tail_blocks(fr, stack, need)
     k0 = fr.starts[stack.blocks[-tail_blocks]]
     members = stack.blocks[:-tail_blocks]
@@ -122,7 +130,7 @@ def solve_stack(fr: Frontiers, stack: Stack, keyneed: np.ndarray, upper: float, 
     d, rc = stack.d[keep], stack.rc[keep]
     point_of = np.flatnonzero(keep)
     try:
-        tail = tail_requirements(fr, k0, need, work_limit=work_limit)
+        tail = tail_requirements(fr, k0, need, work_limit=work_limit, held_need=held)
         groups = []  # per value of tail.free: what the blocks before it must discard, and at what cost
         for free in np.unique(tail.free).tolist():
             sel = np.flatnonzero(tail.free == free)
@@ -157,14 +165,15 @@ def solve_stack(fr: Frontiers, stack: Stack, keyneed: np.ndarray, upper: float, 
     if best is not None:
         _, sol, (tail_i, other_i), g = best
         seq = [int(point_of[p]) for p, k in sol.counts.items() for _ in range(k)]
-        choices = _assemble(stack, [stack.choices[p] for p in exchange_order(fr, stack, seq, need)],
+        choices = _assemble(stack, [stack.choices[p] for p in exchange_order(fr, stack, seq, need, held)],
                             tail.choices(int(tail_i)), g.och[other_i])
-        if _fits(fr, choices, need):
+        if _fits(fr, choices, need, held):
             cost = math.fsum(float(fr.rc[i][j]) for i, j in choices.items())
             return StackResult(min(lower, cost), cost, choices)
     if unfinished:  # a group's optimum is unknown: its bound is what there is
         return StackResult(lower)
-    ordered = ordered_relaxation(fr, stack, need, groups, starts, d, rc, point_of, tail, eps, upper, work_limit, deadline)
+    ordered = ordered_relaxation(fr, stack, need, groups, starts, d, rc, point_of, tail, eps, upper, work_limit, deadline,
+                                 held)
     if ordered is None:
         return StackResult(lower)
     return StackResult(max(lower, ordered.lower), ordered.cost, ordered.choices)
@@ -199,32 +208,37 @@ class _Group:
 
 
 def ordered_relaxation(fr, stack: Stack, need, groups, starts, d, rc, point_of, tail, eps, upper, work_limit,
-             deadline=math.inf):
+             deadline=math.inf, held_need: dict[int, float] | None = None):
     """The ordered relaxation (planner.solve.stack.ordered) over every group; None when it does not apply.
 
     It lists its own options (``stack.ordered_options``: every partial-discard profile
     kept) and absorbs near-duplicates among them with the same ``eps``.
     """
-    if stack.ordered_options is None:
-        stack.ordered_options = block_types(fr, stack) or False
-    types = stack.ordered_options
+    held_need = held_need or {}
+    held = _held_in_first_block(fr, stack, held_need)
+    if held not in stack.ordered_options:
+        stack.ordered_options[held] = block_types(fr, stack, held=held) or False
+    types = stack.ordered_options[held]
     if not types or any(len(g.od) > _MAX_ORDERED_OTHERS for g in groups):
         return None
-    kept = np.flatnonzero(absorbed(types.rc, eps, d=types.d, partial=types.partial))
+    # an absorber must hold no inputs the absorbed option does not (else its requirement may be larger)
+    kept = np.flatnonzero(absorbed(types.rc, eps, d=types.d, partial=np.hstack([types.partial, -1.0 * types.holds])))
     od, orc, oR, och = types.d[kept], types.rc[kept], types.partial[kept], [types.choices[p] for p in kept]
+    holds = types.holds[kept]
     lower, best = math.inf, None
     for g, start in sorted(zip(groups, starts), key=lambda x: x[1]):
         limit = min(upper, best[0] if best else math.inf)
         if start >= limit:
             lower = min(lower, start - g.n * eps)
             continue
-        R, delta = requirements(fr, stack, oR, need, g.n) if g.n else (np.zeros(len(od)), 0.0)
+        R, delta, lead_R = (requirements(fr, stack, oR, need, g.n, held_need, held, holds, lead=None) if g.n
+                            else (np.zeros(len(od)), 0.0, None))
         bound = math.inf
         for o in range(len(g.od)):  # the other subtrees (all before the blocks) set the starting slack
             limit = min(upper, best[0] if best else math.inf)
             try:
                 sol, b = ordered_counts(od, orc, R, delta, float(g.od[o]), g.n, g.tx, g.tc + g.orc[o],
-                                        limit, start=start, work_limit=work_limit, deadline=deadline)
+                                        limit, start=start, work_limit=work_limit, deadline=deadline, lead_R=lead_R)
             except CountWorkLimit:
                 return None
             bound = min(bound, b)
@@ -235,7 +249,7 @@ def ordered_relaxation(fr, stack: Stack, need, groups, starts, d, rc, point_of, 
         return StackResult(min(lower, upper))
     value, seq, tail_i, och = best
     choices = _assemble(stack, seq, tail.choices(int(tail_i)), och)
-    if not _fits(fr, choices, need):
+    if not _fits(fr, choices, need, held_need):
         return StackResult(min(lower, value))
     cost = math.fsum(float(fr.rc[i][j]) for i, j in choices.items())
     return StackResult(min(lower, cost), cost, choices)
@@ -306,7 +320,7 @@ def _others(fr, stack: Stack, roots: list[int], key: int):
     return stack.other_options[key]
 
 
-def exchange_order(fr, stack: Stack, seq: list[int], need: np.ndarray) -> list[int]:
+def exchange_order(fr, stack: Stack, seq: list[int], need: np.ndarray, held_need: dict | None = None) -> list[int]:
     """The options ``seq`` (one per block) in the order that best keeps every block's constraints.
 
     A block taking option p needs slack ``T >= R_p`` before it and changes it
@@ -320,7 +334,9 @@ def exchange_order(fr, stack: Stack, seq: list[int], need: np.ndarray) -> list[i
     if not back_to_back(fr, stack):  # (the ordered relaxation's options are not needed to order these)
         return sorted(seq, key=lambda p: (-int(stack.d[p]), p))
     used = sorted(set(seq))
-    R, delta = requirements(fr, stack, partial_table(fr, stack, [stack.choices[p] for p in used]), need, len(seq))
+    ch, held = [stack.choices[p] for p in used], _held_in_first_block(fr, stack, held_need or {})
+    R, delta, _ = requirements(fr, stack, partial_table(fr, stack, ch), need, len(seq), held_need, held,
+                               held_table(ch, held))
     key = {p: ((0, R[i], p) if stack.d[p] >= delta else (1, -(R[i] + stack.d[p] - delta), p))
            for i, p in enumerate(used)}
     return sorted(seq, key=key.__getitem__)
@@ -338,10 +354,18 @@ def _assemble(stack: Stack, options: list, tail_choices: dict, other_choices) ->
     return out
 
 
-def _fits(fr, choices: dict[int, int], need: np.ndarray) -> bool:
-    """Whether the plan meets every memory constraint."""
+def _fits(fr, choices: dict[int, int], need: np.ndarray, held_need: dict | None = None) -> bool:
+    """Whether the plan meets every memory constraint, the held inputs' of the checkpointed candidates too."""
     disc = np.zeros(len(fr.d), np.int64)
     for i, j in choices.items():
         disc[i] += fr.d[i][j]
     s = np.concatenate([[0], np.cumsum(disc)])
-    return bool(np.all(s >= need - NEED_TOL_BYTES))
+    held = held_need or {}
+    return bool(np.all(s >= need - NEED_TOL_BYTES)) and all(
+        s[fr.starts[i]] >= held[i] - NEED_TOL_BYTES for i in choices if i in held)
+
+
+def _held_in_first_block(fr, stack: Stack, held_need: dict) -> tuple:
+    """The candidates of the first block that hold inputs when checkpointed (the same in every budget)."""
+    rep = stack.blocks[0]
+    return tuple(i for i in range(fr.starts[rep], rep + 1) if i in held_need)

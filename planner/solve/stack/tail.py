@@ -41,8 +41,8 @@ class TailList:
 
 
 class _Builder:
-    def __init__(self, fr: Frontiers, k0: int, need: np.ndarray, work_limit: float):
-        self.fr, self.k0, self.need = fr, k0, need
+    def __init__(self, fr: Frontiers, k0: int, need: np.ndarray, work_limit: float, held_need: dict):
+        self.fr, self.k0, self.need, self.held_need = fr, k0, need, held_need
         self.work, self.work_limit = 0, work_limit
         self.table = TraceTable()
 
@@ -87,6 +87,9 @@ class _Builder:
             r = k - 1
             a = max(self.fr.starts[r], self.k0)
             took = self.take(e, r)
+            # checkpointed, r holds its inputs: the discard before its subtree must reach held_need[r] (nothing
+            # inside the subtree is chosen, so that is also the discard before k0 when the subtree spans it)
+            took = self.gate(took, self.held_need.get(r, -np.inf))
             if a == r:
                 e = self.keep(self.gate(_union(e, took), self.need[r]), r)
             else:
@@ -102,13 +105,16 @@ def _union(a, b):
     return tuple(np.concatenate([x, y]) for x, y in zip(a, b))
 
 
-def tail_requirements(fr: Frontiers, k0: int, need: np.ndarray, *, work_limit: float = 3e6) -> TailList:
+def tail_requirements(fr: Frontiers, k0: int, need: np.ndarray, *, work_limit: float = 3e6,
+                      held_need: dict[int, float] | None = None) -> TailList:
     """Every non-dominated (required discard before k0, recompute) of the decisions from k0 on.
 
-    Raises :class:`planner.solve.stack.multiset.CountWorkLimit` past ``work_limit`` (entry, point) pairs.
+    ``held_need``: candidate -> what the discard before its subtree must reach when it is checkpointed
+    (``problem.held_needs``). Raises :class:`planner.solve.stack.multiset.CountWorkLimit` past ``work_limit``
+    (entry, point) pairs.
     """
     m = len(fr.d)
-    b = _Builder(fr, k0, need, work_limit)
+    b = _Builder(fr, k0, need, work_limit, held_need or {})
     one = np.ones(1)
     start = (one * need[m], np.zeros(1), np.full(1, k0), np.full(1, -1), np.full(1, -1), np.full(1, -1))
     e = b.run(k0, m, b.keep(start, m))
