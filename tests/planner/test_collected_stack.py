@@ -13,7 +13,8 @@ import pytest
 
 import planner
 import planner.solve.dp as dp
-from planner.solve.problem import prepare
+from planner.solve.problem import key_needs, prepare
+from planner.solve.stack.relaxation import find_stack
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -93,12 +94,14 @@ def test_a_sweep_sharing_the_count_search_plans_as_separate_calls(collected, mon
 
 @pytest.fixture(scope="module")
 def collected_fsdp() -> planner.Stats:
-    """One rank of FSDP2 x8 over the same 8 layers, at seq 1024: the gathered parameters weigh against the
-    activations as on Llama-3 405B FSDP2 x128, so the block before the last needs more than the last."""
+    """One rank of FSDP2 x64 over the same 8 layers, at seq 1280: the gathered parameters weigh against the
+    activations as on Llama-3 405B FSDP2 x128, so the block before the last needs more than the last, and the
+    activations still set the peak (at x8 and seq 1024 the smallest budget was the no-checkpointing peak: every
+    budget of the test below was planned "no checkpointing needed")."""
     from estimators import CollectRequest, run_collection
 
-    req = CollectRequest(hf_config=dict(LAYER_8B), batch=1, seq=1024, dtype="fp32", mixed_precision="bf16",
-                         fsdp_world_size=8, optimizer="adamw", target_device="H100-SXM", name="llama-3-8b-8-layers-fsdp")
+    req = CollectRequest(hf_config=dict(LAYER_8B), batch=1, seq=1280, dtype="fp32", mixed_precision="bf16",
+                         fsdp_world_size=64, optimizer="adamw", target_device="H100-SXM", name="llama-3-8b-8-layers-fsdp")
     return run_collection(req).stats
 
 
@@ -106,9 +109,15 @@ def test_fsdp2_stacks_count_space_and_dp_plans_equal_the_milp(collected_fsdp, mo
     """Issue 28: on FSDP2 per-rank stats the count-space relaxation dropped the block before the last, whose need
     is the tightest; its bound sat 2% under the optimum (405B). With that block in the exact tail, the count
     search and the default engine both agree with the MILP."""
+    fr = prepare(collected_fsdp).frontiers()
+    stack = find_stack(fr)
+    need = key_needs(prepare(collected_fsdp), planner.min_feasible_budget_gib(collected_fsdp) * planner.GIB)
+    last = fr.starts[stack.blocks[-1]]
+    assert need[fr.starts[stack.blocks[-2]]:last].max() > need[last:].max()  # the shape this test is about
     for budget in _budgets(collected_fsdp, 1, 3):
         milp = planner.plan(collected_fsdp, budget, solver="milp", time_limit_s=120)
         assert milp.status == "optimal", (budget, milp.message)
+        assert milp.recompute_ms > 0, budget  # a budget that needs checkpointing
         default = planner.plan(collected_fsdp, budget)
         monkeypatch.setattr(dp, "STACK_FIRST_BLOCKS", 4)  # the 8 blocks go to the count-space relaxation first
         counted = planner.plan(collected_fsdp, budget)
