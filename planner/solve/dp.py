@@ -130,14 +130,31 @@ def stack_of(prob: Problem) -> Stack | None:
 
 def plan_from_choices(prob: Problem, fr: Frontiers, choices: dict[int, int], status, message: str,
                       gap: float) -> Solution:
-    """A plan from (candidate -> index into fr's points) choices, its peak and recompute re-derived."""
-    decisions = {}
-    for i, j in choices.items():
-        cand = prob.candidates[i]
-        f = fr.capped.get(i) or prob.frontier(cand.fqn)
-        k = int(fr.point[i][j])
-        decisions[cand.fqn] = (f.save_list(k), int(f.saved_bytes[k]), float(f.saved_ms[k]))
-    return Solution.planned(prob, decisions, status, message, gap)
+    """A plan from (candidate -> index into fr's points) choices, its peak and recompute re-derived.
+
+    The same choices (the same frontier points, in the same order: the peak's sums follow it) give the same plan,
+    so a problem keeps each plan it derived: a search checks a plan against the held inputs, then returns it,
+    and a sweep's budgets often pick the same one. Points of a budget's capped giants are never kept.
+    """
+    memo = prob.derived("plans_from_choices", lambda p: {})
+    key = None if any(i in fr.capped for i in choices) else \
+        tuple((i, int(fr.point[i][j])) for i, j in choices.items())
+    planned = memo.get(key) if key is not None else None
+    if planned is None:
+        decisions = {}
+        save_lists: dict[tuple[int, int], list[int]] = {}  # repeated layers often take the same point
+        for i, j in choices.items():
+            cand = prob.candidates[i]
+            f = fr.capped.get(i) or prob.frontier(cand.fqn)
+            k = int(fr.point[i][j])
+            save = save_lists.get((id(f), k))
+            if save is None:
+                save = save_lists[(id(f), k)] = f.save_list(k)
+            decisions[cand.fqn] = (list(save), int(f.saved_bytes[k]), float(f.saved_ms[k]))
+        planned = Solution.planned(prob, decisions, status, message, gap)
+        if key is not None:
+            memo[key] = planned
+    return planned.with_status(status, message, gap)
 
 
 class _Search:

@@ -116,6 +116,7 @@ class Problem:
     chains: list[list[int]]  # candidate index chains that may hold at most one checkpoint
     unit: float  # bytes per MILP memory unit: a power of two near the peak, so values are O(1)
     _frontier_cache: dict[tuple, Frontier | None] = field(default_factory=dict)
+    _frontier_of: dict[str, Frontier | None] = field(default_factory=dict)  # fqn -> frontier: no ops_key hashed
     _key_cache: dict[str, tuple] = field(default_factory=dict)  # fqn -> ops_key
     _classes: dict[tuple, GroupClasses] = field(default_factory=dict)  # ops_key -> the candidates' op classes
     _hull_cache: dict[tuple, tuple[tuple[float, float], ...]] = field(default_factory=dict)
@@ -123,6 +124,8 @@ class Problem:
 
     def frontier(self, fqn: str) -> Frontier | None:
         """The module's frontier, or None when it is too long to list (then planned from capped parts, or by the MILP)."""
+        if fqn in self._frontier_of:  # an ops_key is a tuple per op: hashing it again per call cost more than the rest
+            return self._frontier_of[fqn]
         m = self.stats.module(fqn)
         key = self._key_cache.get(fqn)
         if key is None:
@@ -134,7 +137,8 @@ class Problem:
                                                             groups=self.op_groups_of(key))
             except FrontierTooLarge:
                 self._frontier_cache[key] = None
-        return self._frontier_cache[key]
+        out = self._frontier_of[fqn] = self._frontier_cache[key]
+        return out
 
     def op_groups_of(self, key: tuple) -> OpGroups | None:
         """The op groups of the candidates with this ops_key (settled), if any has it."""
@@ -163,6 +167,10 @@ class Problem:
         if name not in self._derived:
             self._derived[name] = build(self)
         return self._derived[name]
+
+    def has_derived(self, name: str) -> bool:
+        """Whether :meth:`derived` has built ``name`` already."""
+        return name in self._derived
 
     def repeat_counts(self) -> dict[int, np.ndarray]:
         """Candidate index -> per moment, how many of its calls after the first discard then (candidates called
