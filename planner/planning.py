@@ -18,17 +18,18 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from planner.memory_model import GIB, NEED_TOL_BYTES, compute_ms, discardable_bytes
+
+from planner.memory_model import GIB, NEED_TOL_BYTES
 from planner.options import PlanOptions, plan_options
-from planner.plan_format import Plan, PlanMoment, PlannedModule
+from planner.plan_assembly import to_plan
+from planner.plan_format import Plan
 from planner.solve.dp import solve_dp
 from planner.solve.milp import solve_budget
 from planner.solve.min_peak import smallest_peak
 from planner.solve.problem import Problem, prepare
-from planner.solve.solution import Solution, discards, needs_peak_bytes, save_lists
+from planner.solve.solution import Solution, discards, needs_peak_bytes
 from planner.stats.format import Stats
 from planner.stats.loader import load_stats, parse_stats
-from planner.version import PLANNER_VERSION
 
 __all__ = ["plan", "sweep", "min_feasible_budget_gib"]
 
@@ -145,7 +146,7 @@ def _plans_gc_paused(stats: Stats, budgets: list[float], opts: PlanOptions,
         started = time.perf_counter()
         sol = _solve(prob, budget * GIB, baseline_bytes, opts, started, deadline - started)
         min_budget = _min_feasible(prob) if sol.status == "infeasible" else None
-        p = _to_plan(prob, sol, budget, opts, baseline, time.perf_counter() - started, min_budget)
+        p = to_plan(prob, sol, budget, opts, baseline, time.perf_counter() - started, min_budget)
         plans.append(p)
         if progress:
             progress(i, len(budgets), p)
@@ -316,82 +317,3 @@ def _round_up(gib: float, digits: int = 6) -> float:
     while out < gib:
         out = math.nextafter(out, math.inf)
     return out
-
-
-def _to_plan(prob: Problem, sol: Solution, budget: float, opts: PlanOptions, baseline: int,
-             seconds: float, min_budget: float | None) -> Plan:
-    modules = [_planned_module(prob, fqn, sol.decisions[fqn]) for fqn in prob.stats.fw_pre_order
-               if sol.decisions and fqn in sol.decisions]
-    recompute_ms = sol.recompute_ms
-    if recompute_ms is not None and modules:
-        recompute_ms = math.fsum(pm.recompute_ms for pm in modules)
-    message = sol.message
-    if sol.status == "infeasible" and min_budget is not None:
-        message = f"no plan fits {budget:g} GiB; the smallest budget with a plan is {min_budget:g} GiB"
-        if not prob.candidates:
-            message += (" (no module can be checkpointed: that takes a non-leaf module with op stats, other than "
-                        "the root, that frees memory, is among ac_units when given and encloses no FSDP unit)")
-    return Plan(
-        status=sol.status,
-        message=message,
-        memory_budget_gib=budget,
-        world_size=opts.world_size,
-        peak_bytes=None if sol.peak_bytes is None else int(math.ceil(sol.peak_bytes)),
-        recompute_ms=recompute_ms,
-        baseline_peak_bytes=baseline,
-        compute_ms=compute_ms(prob.stats),
-        solve_seconds=seconds,
-        mip_gap=sol.mip_gap,
-        planner_version=PLANNER_VERSION,
-        min_feasible_budget_gib=min_budget,
-        memory_model=prob.model.kind,
-        memory_model_note=prob.model.note,
-        first_step_only=opts.first_step_only,
-        modules=modules,
-        **_timeline(prob, sol),
-        **_accumulation(prob, recompute_ms),
-    )
-
-
-def _accumulation(prob: Problem, recompute_ms: float | None) -> dict:
-    """With gradient accumulation: the micro-batches and the recompute of a whole optimizer step."""
-    n = prob.model.grad_accumulation if prob.model.grad_accumulation > 1 else prob.stats.metadata.grad_accumulation
-    if not n:
-        return {}
-    return {"grad_accumulation": n,
-            "recompute_ms_per_optimizer_step": None if recompute_ms is None else recompute_ms * n}
-
-
-def _timeline(prob: Problem, sol: Solution) -> dict:
-    """The plan's ``timeline`` and ``peak_at``: every key moment without and with the plan."""
-    model = prob.model
-    base = model.profile_bytes()
-    planned = None
-    if sol.decisions is not None:
-        planned = model.profile_bytes(discards(prob, sol.decisions), saves=save_lists(sol.decisions))
-    shown = planned if planned is not None else base
-    micro = model.micro_batches or (None,) * len(base)
-    moments = [PlanMoment(phase=model.phases[t], module=model.modules[t], baseline_bytes=math.ceil(base[t]),
-                          planned_bytes=None if planned is None else math.ceil(planned[t]), micro_batch=micro[t])
-               for t in range(len(base))]
-    peak = int(shown.argmax())
-    return {"timeline": moments, "peak_at": model.describe(peak), "peak_micro_batch": micro[peak]}
-
-
-def _planned_module(prob: Problem, fqn: str, decision) -> PlannedModule:
-    save, saved_bytes, _ = decision
-    m = prob.stats.module(fqn)
-    total = m.op_bytes
-    overhead = m.checkpoint_overhead_ms or 0.0
-    return PlannedModule(
-        fqn=fqn,
-        discard_ratio=1.0 - saved_bytes / total if total else 0.0,
-        discarded_bytes=discardable_bytes(m) - saved_bytes,
-        saved_bytes=saved_bytes,
-        # summed from the save list itself (not total - saved: that leaves float noise where nothing is recomputed)
-        recompute_ms=math.fsum([ms for ms, s in zip(m.recompute_runtimes_ms, save) if not s] + [overhead])
-        * m.calls,
-        checkpoint_overhead_ms=overhead,
-        save=save,
-        op_names=[op.name for op in m.ops],
-    )

@@ -150,7 +150,7 @@ def plan_from_choices(prob: Problem, fr: Frontiers, choices: dict[int, int], sta
             save = save_lists.get((id(f), k))
             if save is None:
                 save = save_lists[(id(f), k)] = f.save_list(k)
-            decisions[cand.fqn] = (list(save), int(f.saved_bytes[k]), float(f.saved_ms[k]))
+            decisions[cand.fqn] = (save, int(f.saved_bytes[k]), float(f.saved_ms[k]))
         planned = Solution.planned(prob, decisions, status, message, gap)
         if key is not None:
             memo[key] = planned

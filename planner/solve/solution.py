@@ -8,7 +8,9 @@ engine chose them.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import numpy as np
 
 from planner.memory_model import discardable_bytes
 from planner.plan_format import PlanStatus
@@ -30,14 +32,16 @@ class Solution:
     mip_gap: float | None = None
     decisions: dict[str, Decision] | None = None
     lower_bound: float | None = None  # the solver's proven bound on recompute, when it gives one
+    # the plan's memory per moment (MemoryModel.profile_bytes), kept for the plan's timeline
+    profile: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def planned(cls, prob: Problem, decisions: dict[str, Decision], status: PlanStatus, message: str,
                 gap: float, lower_bound: float | None = None) -> Solution:
         """A plan (``optimal`` or ``feasible``): its peak and recompute derived from the decisions."""
-        peak = prob.model.peak_bytes(discards(prob, decisions), saves=save_lists(decisions))
+        profile = prob.model.profile_bytes(discards(prob, decisions), saves=save_lists(decisions))
         recompute = math.fsum(_module_recompute_ms(prob, f, saved_ms) for f, (_, _, saved_ms) in decisions.items())
-        return cls(status, message, peak, recompute, gap, decisions, lower_bound)
+        return cls(status, message, float(profile.max()), recompute, gap, decisions, lower_bound, profile)
 
     @classmethod
     def unplanned(cls, prob: Problem, message: str) -> Solution:
@@ -55,7 +59,8 @@ class Solution:
 
     def with_status(self, status: PlanStatus, message: str, gap: float | None) -> Solution:
         """The same plan, re-labelled (a MILP plan judged against an earlier bound)."""
-        return Solution(status, message, self.peak_bytes, self.recompute_ms, gap, self.decisions, self.lower_bound)
+        return Solution(status, message, self.peak_bytes, self.recompute_ms, gap, self.decisions, self.lower_bound,
+                        self.profile)
 
 
 def discards(prob: Problem, decisions: dict[str, Decision]) -> dict[str, float]:
