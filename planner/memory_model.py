@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
+from operator import attrgetter
 from typing import Literal
 
 import numpy as np
@@ -266,15 +267,14 @@ def _step(stats: Stats, post: dict[str, int], world_size: int, first_step_only: 
     if stats.metadata.grad_accumulation:
         when += f", {stats.metadata.grad_accumulation} micro-batches per optimizer step"
     first = dict(post)
-    for m in stats.modules:  # every module lowers the first position of each of its ancestors' subtrees
-        parent = m.parent
-        while parent is not None and m.fqn in post:
-            first[parent] = min(first.get(parent, post[m.fqn]), post[m.fqn])
-            parent = stats.module(parent).parent
+    for fqn in stats.fw_post_order:  # a subtree's first position: in post-order a module's children come before it
+        parent = stats.module(fqn).parent
+        if parent is not None and first[fqn] < first[parent]:
+            first[parent] = first[fqn]
     held = {m.fqn: float(m.held_input_bytes) for m in stats.modules if m.held_input_bytes}
     held_inputs = {m.fqn: tuple(m.held_inputs) for m in stats.modules if m.held_inputs}
     op_held = {m.fqn: {k: tuple(op.held_tensors) for k, op in enumerate(m.ops) if op.held_tensors}
-               for m in stats.modules if m.ops and any(op.held_tensors for op in m.ops)}
+               for m in stats.modules if m.ops and any(map(_HELD_TENSORS, m.ops))}
     chained = {m.fqn: (m.chained_calls[0], float(m.chained_calls[1])) for m in stats.modules if m.chained_calls}
     recompute_at = {m.fqn: (m.recompute_key, m) for m in stats.modules
                     if m.recompute_key is not None and m.ops and any(op.storages for op in m.ops)}
@@ -285,6 +285,9 @@ def _step(stats: Stats, post: dict[str, int], world_size: int, first_step_only: 
                        _per_moment(moments, "repeat_calls_discarding"), _per_moment(moments, "repeat_calls_in_backward"),
                        held_inputs, op_held, chained, tuple(t.micro_batch for t in moments),
                        stats.metadata.grad_accumulation or 1, recompute_at, engine_transient, kinds)
+
+
+_HELD_TENSORS = attrgetter("held_tensors")
 
 
 def _per_moment(moments: list, name: str) -> dict[str, np.ndarray]:

@@ -167,6 +167,12 @@ def module_frontier(
     ``max_items`` free op groups to decide. ``groups``: the ops' groups, when
     the caller has them already.
     """
+    if max_items is not None and groups is not None:  # told from the groups alone: a giant's ops are not read
+        free = groups.fixed == FREE
+        gb = groups.group_bytes
+        n_items = int(np.count_nonzero(free & (gb != 0) & ~((gb > 0) & (groups.group_ms <= 0))))
+        if n_items > max_items:  # the groups settle_trivial leaves free: what _knapsack_items would count
+            raise FrontierTooLarge(f"{n_items} free op groups exceed {max_items}")
     ops, fsr = as_op_list(op_stats, force_store_random)
     k = _knapsack_items(ops, fsr, groups)
     if max_items is not None and len(k.items) > max_items:

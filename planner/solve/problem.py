@@ -245,6 +245,7 @@ def prepare(
     post = {f: k for k, f in enumerate(stats.fw_post_order)}
     cands: list[Candidate] = []
     class_cache: dict[tuple, GroupClasses] = {}
+    first_of: dict[tuple, tuple[tuple, GroupClasses]] = {}  # ops_key -> (the first equal key, its op classes)
     # A module finishing last frees nothing before any module's peak.
     modules = [stats.module(f) for f in stats.fw_post_order if f in allowed and post[f] != last_post]
     shapes = Counter(_ops_shape(m) for m in modules)
@@ -253,10 +254,11 @@ def prepare(
         # equal keys need equal shapes: a module alone in its shape (the model-spanning ones, thousands of ops)
         # gets a key no other can equal, without a tuple per op
         key = ops_key(m) if shapes[_ops_shape(m)] > 1 else (_ALONE, fqn)
-        if key not in class_cache:
-            class_cache[key] = group_classes(op_groups(m.recompute_ops, m.force_store_random))
-        cand = Candidate(fqn, post[fqn], discardable_bytes(m), class_cache[key], key, m.checkpoint_overhead_ms or 0.0,
-                         m.calls)
+        if (entry := first_of.get(key)) is None:  # equal keys become one object: later work tells them by id
+            entry = first_of[key] = (key, group_classes(op_groups(m.recompute_ops, m.force_store_random)))
+            class_cache[key] = entry[1]
+        key, classes = entry
+        cand = Candidate(fqn, post[fqn], discardable_bytes(m), classes, key, m.checkpoint_overhead_ms or 0.0, m.calls)
         if cand.max_discard_bytes > 0:
             cands.append(cand)
     cand_post = np.array([c.post_pos for c in cands], dtype=np.int64)
@@ -361,8 +363,12 @@ def _build_frontiers(prob: Problem) -> Frontiers:
     out = Frontiers([], [], [], prob.subtree_starts(), [])
     memo: dict[tuple, tuple] = {}
     fids: dict[tuple, int] = {}
+    numbers: dict[tuple, int] = {}  # ops_key -> a number for it: a key of hundreds of ops is hashed once per object
+    number_of: dict[int, int] = {}  # id(ops_key) -> its number (every candidate holds its key: ids stay unique)
     for i, cand in enumerate(prob.candidates):
-        key = (cand.ops_key, cand.act_saved_bytes, cand.overhead_ms, cand.calls)
+        if (number := number_of.get(id(cand.ops_key))) is None:
+            number = number_of[id(cand.ops_key)] = numbers.setdefault(cand.ops_key, len(numbers))
+        key = (number, cand.act_saved_bytes, cand.overhead_ms, cand.calls)
         if key not in memo:
             memo[key] = _points(prob, cand)
         out.fid.append(fids.setdefault(key, len(fids)))
