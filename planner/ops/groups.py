@@ -105,7 +105,7 @@ def _wants(ops: Sequence[OpLike], force_store_random: bool) -> dict[int, list[in
     for i, op in enumerate(ops):
         if op.view_like or op.inplace_parent == i or (op.random and force_store_random) \
                 or getattr(op, "must_save", None):
-            out[i] = [want for want, _ in _rules(i, op, force_store_random)]
+            out[i] = [_RULES[r][0] for r in _applying(i, op, force_store_random)]
     return out
 
 
@@ -154,31 +154,41 @@ def _tie(ops: Sequence[OpLike], force_store_random: bool,
             union(a, b)
             if want != FREE:
                 forced[find(a)] = want
-    index: dict[int, int] = {}
-    members: list[list[int]] = []
-    gid = []
-    for i in range(n):
-        r = find(i)
-        if r not in index:
-            index[r] = len(members)
-            members.append([])
-        members[index[r]].append(i)
-        gid.append(index[r])
+    # Every union points the larger root at the smaller, so a group's root is its first op: groups numbered by
+    # their roots in order are numbered by first op, as a pass over the ops would number them.
+    roots = np.array(root, dtype=np.int64)
+    while not np.array_equal(jumped := roots[roots], roots):
+        roots = jumped
+    firsts, number = np.unique(roots, return_inverse=True)
+    gid = number.tolist()
+    members: list[list[int]] = [[] for _ in range(len(firsts))]
+    for i, g in enumerate(gid):
+        members[g].append(i)
     return gid, members
+
+
+# The SAC conventions that force one op's decision: (the decision, why), in the order they are checked.
+_RULES = ((RECOMPUTE, "is view-like, so recomputed"), (SAVE, "is in-place on a module input, so saved"),
+          (SAVE, "is random with force_store_random, so saved"), (SAVE, "is a collective, so saved"))
+
+
+def _applying(i: int, op: OpLike, force_store_random: bool) -> list[int]:
+    """Which of :data:`_RULES` force op i's decision."""
+    out = []
+    if op.view_like:
+        out.append(0)
+    if op.inplace_parent == i:
+        out.append(1)
+    if op.random and force_store_random:
+        out.append(2)
+    if getattr(op, "must_save", None):
+        out.append(3)
+    return out
 
 
 def _rules(i: int, op: OpLike, force_store_random: bool) -> list[tuple[int, str]]:
     """The decisions the SAC conventions force on op i, each with its reason."""
-    rules = []
-    if op.view_like:
-        rules.append((RECOMPUTE, f"op {i} ({op.name}) is view-like, so recomputed"))
-    if op.inplace_parent == i:
-        rules.append((SAVE, f"op {i} ({op.name}) is in-place on a module input, so saved"))
-    if op.random and force_store_random:
-        rules.append((SAVE, f"op {i} ({op.name}) is random with force_store_random, so saved"))
-    if getattr(op, "must_save", None):
-        rules.append((SAVE, f"op {i} ({op.name}) is a collective, so saved"))
-    return rules
+    return [(_RULES[r][0], f"op {i} ({op.name}) {_RULES[r][1]}") for r in _applying(i, op, force_store_random)]
 
 
 def settle_trivial(groups: OpGroups) -> tuple[OpGroups, np.ndarray]:
