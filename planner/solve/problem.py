@@ -298,10 +298,16 @@ def held_needs(prob: Problem, budget_bytes: float) -> dict[int, float]:
     There no discard of i's subtree is credited (i's recompute has brought them back, and nothing inside a
     checkpointed module is checkpointed), so one threshold on the running sum at the subtree's start covers them.
     """
+    return {i: peak - budget_bytes for i, peak in prob.derived("held_peaks", _held_peaks).items()}
+
+
+def _held_peaks(prob: Problem) -> dict[int, float]:
+    """Candidate i -> the most memory at the moments its checkpointing adds to (-inf: none): every budget's
+    ``held_needs`` less the budget."""
     model, out = prob.model, {}
     for i, extra in prob.checkpointed_extra_bytes().items():
         at = extra > 0
-        out[i] = float(np.max(model.base_bytes[at] + extra[at])) - budget_bytes if at.any() else -np.inf
+        out[i] = float(np.max(model.base_bytes[at] + extra[at])) if at.any() else -np.inf
     return out
 
 

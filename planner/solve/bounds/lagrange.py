@@ -94,7 +94,9 @@ class Lagrange:
         self.M = np.concatenate([np.cumsum(mu[::-1])[::-1][1:], [0.0]])
         self.C = np.concatenate([np.cumsum((mu * need)[::-1])[::-1][1:], [0.0]])
         self.lam = self.M[:m].copy()  # price of a MiB discarded by candidate i: keys j > i
-        self.v = [rc[i] - self.lam[i] * (d[i] / MIB) for i in range(m)]
+        mib: dict[int, np.ndarray] = {}  # candidates with the same frontier share its arrays: divided once
+        self.v = [rc[i] - self.lam[i] * (mib[id(d[i])] if id(d[i]) in mib else mib.setdefault(id(d[i]), d[i] / MIB))
+                  for i in range(m)]
         self.vbest = np.array([float(v.min()) if len(v) else math.inf for v in self.v])
         self.G = np.zeros(m + 1)
         self.G[m] = 0.0
