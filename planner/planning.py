@@ -25,7 +25,7 @@ from planner.plan_assembly import to_plan
 from planner.plan_format import Plan
 from planner.solve.dp import solve_dp
 from planner.solve.milp import solve_budget
-from planner.solve.min_peak import smallest_peak
+from planner.solve.min_peak import innermost_peak_bytes, smallest_peak
 from planner.solve.problem import Problem, prepare
 from planner.solve.solution import Solution, discards, needs_peak_bytes
 from planner.stats.format import Stats
@@ -193,12 +193,9 @@ def _solve_once(prob: Problem, budget_bytes: float, baseline_bytes: float, opts:
     gap = opts.effective_rel_gap
     if baseline_bytes <= budget_bytes:  # nothing to plan: no checkpointing fits, and nothing costs less
         return Solution.unplanned(prob, "no checkpointing needed: the step's peak fits the budget as it is")
-    # The least peak settles infeasible budgets, exactly. The DP needs it first only where it may raise or give
-    # up (a module called more than once) or the time is up: a plan it finds within the budget shows the least
-    # peak fits too (one DP of 379 candidates, a tenth of a 405B plan, spared where it was never needed).
-    least_first = opts.solver in ("auto", "dp") and (time_left_s <= 0 or bool(prob.repeat_counts()) or
-                                                     prob.has_derived("min_peak"))
-    if least_first and _least_exceeds(prob, budget_bytes):
+    # The least peak settles infeasible budgets, exactly; it is not needed where a plan found without a search
+    # already fits the budget (then so does the least peak): one DP of 379 candidates, a tenth of a 405B plan.
+    if opts.solver in ("auto", "dp") and not _least_fits(prob, budget_bytes) and _least_exceeds(prob, budget_bytes):
         return Solution.infeasible()  # exact and cheap (once per problem): said even when the time is up
     if time_left_s <= 0:
         return Solution.without_plan("time_limit", "time_limit_s ran out before this budget was planned (one "
@@ -207,8 +204,6 @@ def _solve_once(prob: Problem, budget_bytes: float, baseline_bytes: float, opts:
     sol = None
     if opts.solver in ("auto", "dp"):
         sol = solve_dp(prob, budget_bytes, time_limit_s=time_left_s, mip_rel_gap=gap)
-        if not least_first and not _fits(prob, sol, budget_bytes) and _least_exceeds(prob, budget_bytes):
-            return Solution.infeasible()
         if sol is None and opts.solver == "dp":
             why = ("a module called more than once discards at every call" if prob.repeat_counts()
                    else "a module frontier is too large")
@@ -233,10 +228,11 @@ def _least_exceeds(prob: Problem, budget_bytes: float) -> bool:
 _FITS_MARGIN_BYTES = 1024.0
 
 
-def _fits(prob: Problem, sol: Solution | None, budget_bytes: float) -> bool:
-    """Whether the DP's plan shows, on its own, that the least peak fits the budget."""
-    return (sol is not None and sol.decisions is not None
-            and needs_peak_bytes(prob, sol) <= budget_bytes - _FITS_MARGIN_BYTES)
+def _least_fits(prob: Problem, budget_bytes: float) -> bool:
+    """Whether the least peak surely fits the budget, told without computing it (False: not known)."""
+    if prob.repeat_counts() or prob.has_derived("min_peak"):  # no bound for these; or known already, and cheap
+        return False
+    return prob.derived("innermost_peak", innermost_peak_bytes) <= budget_bytes - _FITS_MARGIN_BYTES
 
 
 def _with_milp(prob: Problem, sol: Solution, budget_bytes: float, gap: float, started: float,

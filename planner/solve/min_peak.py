@@ -9,7 +9,7 @@ from planner.solve.milp import solve_min_peak
 from planner.solve.problem import Problem
 from planner.solve.solution import Solution
 
-__all__ = ["MIN_PEAK_MILP_SECONDS", "smallest_peak", "solve_min_peak_dp"]
+__all__ = ["MIN_PEAK_MILP_SECONDS", "innermost_peak_bytes", "smallest_peak", "solve_min_peak_dp"]
 
 # The least-peak MILP (modules called more than once) gets this long; past it its plan is an upper bound only.
 MIN_PEAK_MILP_SECONDS = 60.0
@@ -21,6 +21,20 @@ def smallest_peak(prob: Problem) -> Solution:
     if prob.repeat_counts():
         return solve_min_peak(prob, time_limit_s=MIN_PEAK_MILP_SECONDS)
     return solve_min_peak_dp(prob)
+
+
+def innermost_peak_bytes(prob: Problem) -> float:
+    """The peak, as the engines' needs count it, of one plan found without a search: every candidate with no
+    candidate inside it checkpointed at its largest discard. No plan's peak is less than the least peak, so the
+    least peak is at most this (within float noise: discards summed in another order).
+
+    Candidates called more than once whose stats describe every call discard at every call: not counted here,
+    so this is no bound for them (``Problem.repeat_counts``).
+    """
+    starts = prob.subtree_starts()
+    innermost = [c.max_discard_bytes if starts[i] == i else 0 for i, c in enumerate(prob.candidates)]
+    before = np.concatenate([[0], np.cumsum(np.asarray(innermost, dtype=np.int64))])  # per key: exact sums
+    return float(np.max(prob.model.base_bytes - before[prob.node_key]))
 
 
 def solve_min_peak_dp(prob: Problem) -> Solution:

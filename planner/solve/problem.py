@@ -137,8 +137,7 @@ class Problem:
                                                             groups=self.op_groups_of(key))
             except FrontierTooLarge:
                 self._frontier_cache[key] = None
-        out = self._frontier_of[fqn] = self._frontier_cache[key]
-        return out
+        return self._frontier_of.setdefault(fqn, self._frontier_cache[key])
 
     def op_groups_of(self, key: tuple) -> OpGroups | None:
         """The op groups of the candidates with this ops_key (settled), if any has it."""
@@ -302,8 +301,7 @@ def held_needs(prob: Problem, budget_bytes: float) -> dict[int, float]:
 
 
 def _held_peaks(prob: Problem) -> dict[int, float]:
-    """Candidate i -> the most memory at the moments its checkpointing adds to (-inf: none): every budget's
-    ``held_needs`` less the budget."""
+    """Candidate i -> the most memory where its checkpointing adds some (-inf: nowhere): ``held_needs`` + budget."""
     model, out = prob.model, {}
     for i, extra in prob.checkpointed_extra_bytes().items():
         at = extra > 0
