@@ -64,7 +64,9 @@ class HullLP:
     def duals(self, keyneed: np.ndarray) -> tuple[str, np.ndarray | None]:
         """("ok", mu per key in ms per MiB, >= 0) at the LP optimum, ("infeasible", None) or ("failed", None)."""
         need = np.maximum(np.asarray(keyneed, dtype=np.float64) / MIB, 0.0)
-        bounds = [(0.0, None)] * self.nx + [(float(v), None) for v in need]
+        bounds = np.empty((self.nx + len(need), 2))  # as an array: linprog reads a list of pairs one by one
+        bounds[:, 0], bounds[:, 1] = 0.0, np.inf
+        bounds[self.nx:, 0] = need
         res = linprog(self.cost, A_ub=self.a_ub if self.n_chains else None,
                       b_ub=np.ones(self.n_chains) if self.n_chains else None,
                       A_eq=self.a_eq, b_eq=np.zeros(self.m + 1), bounds=bounds, method="highs")
