@@ -36,6 +36,7 @@ import numpy as np
 
 from planner.solve.points import lower_hull
 from planner.solve.stack.completion import CompletionBound
+from planner.solve.stack.greedy import greedy_counts
 from planner.solve.stack.group import GroupRelaxation, group_relaxation
 
 __all__ = ["CountSolution", "CountWorkLimit", "min_cost_counts"]
@@ -198,6 +199,9 @@ def min_cost_counts(d: np.ndarray, rc: np.ndarray, n: int, need: np.ndarray, cos
     lower = cost + n * base[a] + lam * need  # a valid bound per target
     floor = float(np.min(lower))
     rounded = _rounded_solution(d, rc, n, need, cost, a, b)  # a real multiset: it bounds what is worth searching
+    greedy = greedy_counts(d, rc, n, need, cost, lower, pi, lam, a, b)  # often much closer (the paths cost less)
+    if greedy is not None and (rounded is None or greedy[0] < rounded.value):
+        rounded = CountSolution(*greedy)
     known = min(upper, rounded.value if rounded is not None else math.inf)
     group = group_relaxation(d, rc, n, need, lower, lam, a, pi, upper=known, cache=cache)
     held = rounded  # the best real multiset in hand
