@@ -47,9 +47,12 @@ class CompletionBound:
     def __init__(self, group: GroupRelaxation, need: np.ndarray, lower: np.ndarray, room: float, ties: float):
         m, u = group.modulus, group.unit
         step = group.lam * u
-        g = group.dist + step * np.arange(m)  # inf where not reached
-        suffix = np.minimum.accumulate(g[::-1])[::-1]
-        self.exc = np.minimum(suffix, float(np.min(g)) + step * m) - step * np.arange(m)
+        ramp = np.arange(m, dtype=np.float64)
+        ramp *= step
+        g = group.dist + ramp  # inf where not reached
+        self.exc = np.minimum.accumulate(g[::-1])[::-1]  # (in place from here: M is up to 2**21 residues)
+        np.minimum(self.exc, float(np.min(g)) + step * m, out=self.exc)
+        self.exc -= ramp
         x = np.ceil(np.asarray(need, dtype=np.float64) / u)
         self.t = np.mod(x, m).astype(np.int64)
         self.base = np.asarray(lower, dtype=np.float64) + group.lam * (x * u - need) - ties
