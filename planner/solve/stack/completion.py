@@ -24,8 +24,9 @@ rounded up, ``t_e = X_e mod G``) every completion costs at least
 
 ``exc`` the same excess table the group relaxation's own bound reads (at
 ``x = 0`` this is that bound). Residues the paths did not reach cost at least
-the relaxation's room, so every target's term is also capped there, and the
-paths' tie tolerance is taken off as the relaxation takes it off.
+the relaxation's room (less the n ties a path may skip), so every target's
+term is also capped there, and the paths' tie tolerance is taken off as the
+relaxation takes it off.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ class CompletionBound:
         x = np.ceil(np.asarray(need, dtype=np.float64) / u)
         self.t = np.mod(x, m).astype(np.int64)
         self.base = np.asarray(lower, dtype=np.float64) + group.lam * (x * u - need) - ties
-        self.capped = np.asarray(lower, dtype=np.float64) + room  # unreached residues: at least the room
+        self.capped = self.base + room  # unreached residues: at least the room (less the ties it may skip)
         self.bound = group.bound
         self.unit, self.modulus = u, m
 
