@@ -61,7 +61,7 @@ class CompletionBound:
         self.bound = group.bound
         self.unit, self.modulus = u, m
 
-    def cheapest(self, cap: float) -> "_Targets":
+    def cheapest(self, cap: float) -> _Targets:
         """The bound over the targets that might still lead under ``cap`` (the others cost at least cap)."""
         live = np.flatnonzero(self.bound < cap)
         return _Targets(self, live)
