@@ -35,6 +35,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.solve.points import lower_hull
+from planner.solve.stack.completion import CompletionBound
+from planner.solve.stack.greedy import greedy_counts
 from planner.solve.stack.group import GroupRelaxation, group_relaxation
 
 __all__ = ["CountSolution", "CountWorkLimit", "min_cost_counts"]
@@ -71,7 +73,7 @@ class _Front:
     """
 
     def __init__(self, x_menu: np.ndarray, p_menu: np.ndarray, lam: float, cap: float, kmax: int,
-                 work_limit: float):
+                 work_limit: float, may_lead=None):
         self.x = np.zeros(1, np.int64)
         self.p = np.zeros(1)
         self.parent = np.full(1, -1)
@@ -94,6 +96,10 @@ class _Front:
             row = np.repeat(np.arange(len(new)), fits)
             col = by_p[np.arange(total) - np.repeat(np.cumsum(fits) - fits, fits)]
             cx, cp = self.x[new[row]] + x_menu[col], self.p[new[row]] + p_menu[col]
+            if may_lead is not None:  # only what may still complete under the cap (every completion of a
+                # label dropped here, and of any label it dominates, costs at least the cap)
+                ok = may_lead(cx, cp)
+                row, col, cx, cp = row[ok], col[ok], cx[ok], cp[ok]
             cv = cp + lam * cx
             # drop what the current front dominates (cheap: one search per candidate)
             old = np.flatnonzero(alive)
@@ -193,9 +199,13 @@ def min_cost_counts(d: np.ndarray, rc: np.ndarray, n: int, need: np.ndarray, cos
     lower = cost + n * base[a] + lam * need  # a valid bound per target
     floor = float(np.min(lower))
     rounded = _rounded_solution(d, rc, n, need, cost, a, b)  # a real multiset: it bounds what is worth searching
+    greedy = greedy_counts(d, rc, n, need, cost, lower, pi, lam, a, b)  # often much closer (the paths cost less)
+    if greedy is not None and (rounded is None or greedy[0] < rounded.value):
+        rounded = CountSolution(*greedy)
     known = min(upper, rounded.value if rounded is not None else math.inf)
     group = group_relaxation(d, rc, n, need, lower, lam, a, pi, upper=known, cache=cache)
     held = rounded  # the best real multiset in hand
+    completion = None
     if group is not None:  # the lattice's own bound, often met by a plan from it
         floor = max(floor, float(np.min(group.bound)))
         if not floor < upper:
@@ -207,16 +217,22 @@ def min_cost_counts(d: np.ndarray, rc: np.ndarray, n: int, need: np.ndarray, cos
         if sol is not None and sol.value < upper and sol.value <= floor + rel_gap * abs(sol.value) + tol:
             return sol, sol.value if sol.value <= floor + tol else floor
         held = sol
+        # the relaxation's room and tie allowance, as group_relaxation sets them (3 n ties covers paths shared
+        # from another budget's call)
+        room = min(lam * group.unit * group.modulus, known - float(np.min(lower)))
+        ties = 3 * n * 1e-12 * (1.0 + float(np.max(np.abs(rc))))
+        completion = CompletionBound(group, need, lower, room, ties)
     if held is not None and not held.value < upper:
         held = None
     return _guesses(d, rc, n, need, cost, lower, pi, lam, a, b, floor, upper, held, first_gap, max_gap, work_limit,
-                    deadline)
+                    deadline, completion)
 
 
 def _guesses(d, rc, n, need, cost, lower, pi, lam, a, b, floor, upper, held, first_gap, max_gap, work_limit,
-             deadline) -> tuple[CountSolution | None, float]:
+             deadline, completion=None) -> tuple[CountSolution | None, float]:
     """The search below growing guesses from ``floor`` (a proven bound), up to ``held`` (a real multiset, or
-    None) or ``upper``: min_cost_counts' answer."""
+    None) or ``upper``: min_cost_counts' answer. ``completion``: the group relaxation's cost-to-go, which the
+    search prunes its partial multisets with."""
     guess = floor + first_gap * max(abs(floor), 1e-9)
     spent = 0.0
     proven = min(floor, upper)  # the LP's and the lattice's bound, then each guess searched in full
@@ -229,7 +245,7 @@ def _guesses(d, rc, n, need, cost, lower, pi, lam, a, b, floor, upper, held, fir
         if at_held:  # the multiset in hand costs no more than the guess: search only below it
             cap = held.value
         try:
-            sol, work = _search(d, rc, n, need, cost, lower, pi, lam, a, b, cap, work_limit - spent)
+            sol, work = _search(d, rc, n, need, cost, lower, pi, lam, a, b, cap, work_limit - spent, completion)
         except CountWorkLimit:
             raise CountWorkLimit(proven) from None
         spent += work
@@ -278,9 +294,16 @@ def _group_solution(group: GroupRelaxation, d, rc, n, need, cost, tries: int = 3
     return best
 
 
-def _search(d, rc, n, need, cost, lower, pi, lam, a, b, cap, work_limit):
+def _search(d, rc, n, need, cost, lower, pi, lam, a, b, cap, work_limit, completion=None):
     """The cheapest solution costing less than ``cap``, exactly; None if there is none."""
-    live = np.flatnonzero(lower < cap)
+    may_lead, ok = None, lower < cap
+    if completion is not None:  # targets and partial multisets that may still lead under the cap
+        targets = completion.cheapest(cap)
+        ok &= completion.bound < cap
+
+        def may_lead(x, p):
+            return p + targets.least(x) < cap
+    live = np.flatnonzero(ok)
     if len(live) == 0:
         return None, 0.0
     room = float(cap - lower[live].min())  # no solution under cap has more penalty than this
@@ -290,8 +313,8 @@ def _search(d, rc, n, need, cost, lower, pi, lam, a, b, cap, work_limit):
     near_a = d.astype(np.float64) <= 0.5 * (da + db)
     menu_a = idx[near_a & (idx != a) & (pi <= room)]
     menu_b = idx[~near_a & (idx != b) & (pi <= room)]
-    fa = _Front(d[menu_a] - da, pi[menu_a], lam, room, n, work_limit / 2)
-    fb = _Front(d[menu_b] - db, pi[menu_b], lam, room, n, work_limit / 2 - 0.0)
+    fa = _Front(d[menu_a] - da, pi[menu_a], lam, room, n, work_limit / 2, may_lead)
+    fb = _Front(d[menu_b] - db, pi[menu_b], lam, room, n, work_limit / 2, may_lead)
     work = float(fa.work + fb.work)
     x_hi = float(fa.x[fa.snap[-1]].max() + fb.x[fb.snap[-1]].max())
     x_lo = float(fa.x[fa.snap[-1]].min() + fb.x[fb.snap[-1]].min())
