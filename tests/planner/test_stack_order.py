@@ -17,13 +17,14 @@ from test_stack import StackSpy, stack_stats
 GIB = 2**30
 
 
-def _brute(d, rc, R, delta, s0, n, need, cost):
-    """Cheapest sequence in *any* order: block j may take option p when s0 + discard before it - j delta >= R_p."""
+def _brute(d, rc, R, delta, s0, n, need, cost, lead_R=()):
+    """Cheapest sequence in *any* order: block j may take option p when s0 + discard before it - j delta >= R_p
+    (the first len(lead_R) blocks meet their own R, lead_R[j], instead)."""
     best = math.inf
     for seq in itertools.product(range(len(d)), repeat=n):
         s, ok = s0, True
         for j, p in enumerate(seq):
-            if s - j * delta < R[p] - 1e-6:
+            if s - j * delta < (lead_R[j][p] if j < len(lead_R) else R[p]) - 1e-6:
                 ok = False
                 break
             s += d[p]
@@ -159,23 +160,6 @@ def test_l12_stack_first_at_the_tightest_budget_equals_the_dp(monkeypatch):
     assert peak <= budget * GIB and rc == pytest.approx(p.recompute_ms, rel=1e-9)
 
 
-def _brute_lead(d, rc, R, lead_R, delta, s0, n, need, cost):
-    """As _brute, but the first len(lead_R) blocks meet their own R (lead_R[j]) instead of R."""
-    best = math.inf
-    for seq in itertools.product(range(len(d)), repeat=n):
-        s, ok = s0, True
-        for j, p in enumerate(seq):
-            if s - j * delta < (lead_R[j][p] if j < len(lead_R) else R[p]) - 1e-6:
-                ok = False
-                break
-            s += d[p]
-        if ok:
-            for e in range(len(need)):
-                if s >= need[e] - 1e-6:
-                    best = min(best, cost[e] + sum(rc[p] for p in seq))
-    return best
-
-
 def test_ordered_counts_with_lead_blocks_equal_brute_force():
     # The first blocks of FSDP2 stats are looser than the growth of the rest (Llama-3 405B: the first layer
     # 5.9 GiB), so they keep their own R; the rest share theirs. Tight targets make the last block's own R
@@ -192,7 +176,7 @@ def test_ordered_counts_with_lead_blocks_equal_brute_force():
         delta, s0 = rng.uniform(0, 70), rng.uniform(0, 20)
         need = np.array([rng.uniform(0, 40 * n + 20) for _ in range(rng.randrange(1, 4))])
         cost = np.array([rng.uniform(0, 3) for _ in range(len(need))])
-        expected = _brute_lead(d, rc, R, lead_R, delta, s0, n, need, cost)
+        expected = _brute(d, rc, R, delta, s0, n, need, cost, lead_R)
         sol, lower = ordered_counts(d, rc, R, delta, s0, n, need, cost, math.inf, start=0.0, lead_R=lead_R)
         if math.isfinite(expected):
             assert sol is not None and sol.value == pytest.approx(expected, abs=1e-9), f"trial {trial}"
