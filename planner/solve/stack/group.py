@@ -60,6 +60,8 @@ class GroupRelaxation:
     use: np.ndarray | None = None  # the deviations searched, one per step
     items: int = 0  # n: no path has more deviations
     tie: float = 0.0
+    room: float = math.inf  # residues not reached cost at least this much penalty
+    off: float = 0.0  # what the distances may be high by (ties skipped, the any-number search's slack)
 
     def path(self, end: int) -> list[int] | None:
         """The points of a least-penalty path from the start to residue ``end`` (None if not reached, or, from
@@ -157,7 +159,7 @@ def group_relaxation(d: np.ndarray, rc: np.ndarray, n: int, need: np.ndarray, lo
             # over the other budget's points would build plans for its targets).
             rounds, ties = (None if rounds is None else _rechosen(rounds, delta, use)), 3 * n * tie
         group = GroupRelaxation(_bound(dist, lower, need, u, lam, modulus, room, ties + slack), lam, u, modulus,
-                                start, delta, dist, rounds, zero, pi, use, n, tie)
+                                start, delta, dist, rounds, zero, pi, use, n, tie, room, ties + slack)
         if rounds is None and not _floor_met(group, need, room):
             group, binds = None, True
     if group is None:  # at most n deviations, round by round: exact
@@ -166,7 +168,7 @@ def group_relaxation(d: np.ndarray, rc: np.ndarray, n: int, need: np.ndarray, lo
             return None
         slack, ties = 0.0, 2 * n * tie
         group = GroupRelaxation(_bound(dist, lower, need, u, lam, modulus, room, ties), lam, u, modulus, start,
-                                delta, dist, rounds, zero, pi, use, n, tie)
+                                delta, dist, rounds, zero, pi, use, n, tie, room, ties)
     if cache is not None and (hit is None or hit[1] is not dist):
         cache[key] = (room, dist, rounds, use, slack)
     return group

@@ -217,11 +217,9 @@ def min_cost_counts(d: np.ndarray, rc: np.ndarray, n: int, need: np.ndarray, cos
         if sol is not None and sol.value < upper and sol.value <= floor + rel_gap * abs(sol.value) + tol:
             return sol, sol.value if sol.value <= floor + tol else floor
         held = sol
-        # the relaxation's room and tie allowance, as group_relaxation sets them (3 n ties covers paths shared
-        # from another budget's call)
-        room = min(lam * group.unit * group.modulus, known - float(np.min(lower)))
-        ties = 3 * n * 1e-12 * (1.0 + float(np.max(np.abs(rc))))
-        completion = CompletionBound(group, need, lower, room, ties)
+        # the relaxation's own room and allowance (its ties, and the slack of a search of any number of
+        # deviations), at least the 3 n ties paths shared from another budget's call may skip
+        completion = CompletionBound(group, need, lower, group.room, max(group.off, 3 * n * group.tie))
     if held is not None and not held.value < upper:
         held = None
     return _guesses(d, rc, n, need, cost, lower, pi, lam, a, b, floor, upper, held, first_gap, max_gap, work_limit,
