@@ -11,7 +11,7 @@ only ``estimators.common`` of its siblings.
 """
 
 from estimators.measure.gloo_comms import (SettledAllGather, SettledFunctionalCollectives, SettledReduceScatter,
-                                           settle_gloo_collectives)
+                                           run_settled, settle_gloo_collectives)
 from estimators.measure.real_pipeline import measure_pipeline_stage
 from estimators.measure.real_fsdp import (ALL_GATHER, BACKEND, REDUCE_SCATTER, UNSHARDED, FsdpStepMeasure,
                                           measure_fsdp_steps, run_ranks, shard)
@@ -21,5 +21,5 @@ from estimators.measure.real_step import (BACKWARD, FORWARD, OPTIMIZER, PHASES, 
 __all__ = ["ALL_GATHER", "BACKEND", "BACKWARD", "FORWARD", "OPTIMIZER", "PHASES", "REDUCE_SCATTER", "UNSHARDED",
            "FsdpStepMeasure", "LiveStorages", "measure_pipeline_stage", "SettledAllGather",
            "SettledFunctionalCollectives", "SettledReduceScatter", "StepMeasure", "measure_fsdp_steps",
-           "measure_steps", "run_ranks", "settle_gloo_collectives", "shard",
+           "measure_steps", "run_ranks", "run_settled", "settle_gloo_collectives", "shard",
            "track_live_storages"]

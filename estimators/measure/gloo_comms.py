@@ -37,8 +37,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["SettledAllGather", "SettledFunctionalCollectives", "SettledReduceScatter", "settle_gloo_collectives",
-           "SETTLE_TIMEOUT_S"]
+__all__ = ["SettledAllGather", "SettledFunctionalCollectives", "SettledReduceScatter", "run_settled",
+           "settle_gloo_collectives", "SETTLE_TIMEOUT_S"]
 
 SETTLE_TIMEOUT_S = 60.0  # gloo's thread lets go within milliseconds; this only guards a hang
 
@@ -70,12 +70,14 @@ def _held(tensors: tuple[torch.Tensor, ...], now: list[int], before: list[int]) 
     return ", ".join(f"{k}: {b} before, {c} now" for k, c, b in zip(kinds, now, before) if c > b)
 
 
-def _settled(tensors: tuple[torch.Tensor, ...], issue: Callable[[], Any]) -> None:
-    """Run ``issue()`` (an async collective on ``tensors``), wait for it, then until the backend lets go.
+def run_settled(tensors: tuple[torch.Tensor, ...], issue: Callable[[], Any], *,
+                timeout_s: float = SETTLE_TIMEOUT_S) -> None:
+    """Run ``issue()`` (an async collective on ``tensors``, returning its work), wait for it, then until the
+    backend lets go of ``tensors``.
 
     Lets go: every count :func:`_counts` reads is back to at most what it was before the call, so a buffer
     the caller drops after this returns is freed there and then. Raises ``RuntimeError`` naming what is still
-    held if that does not happen within ``SETTLE_TIMEOUT_S``."""
+    held if that does not happen within ``timeout_s`` seconds."""
     storages: dict[int, torch.UntypedStorage] = {}
     for t in tensors:
         st = t.untyped_storage()
@@ -84,13 +86,13 @@ def _settled(tensors: tuple[torch.Tensor, ...], issue: Callable[[], Any]) -> Non
     work = issue()
     work.wait()
     del work
-    deadline = time.monotonic() + SETTLE_TIMEOUT_S
+    deadline = time.monotonic() + timeout_s
     while True:
         now = _counts(tensors, storages)
         if all(c <= b for c, b in zip(now, before)):
             return
         if time.monotonic() > deadline:
-            raise RuntimeError(f"the process group still holds a collective's buffers {SETTLE_TIMEOUT_S} s "
+            raise RuntimeError(f"the process group still holds a collective's buffers {timeout_s} s "
                                f"after the collective completed: {_held(tensors, now, before)}")
         # let gloo's worker thread run: it drops the work without the GIL, but needs the GIL for the decref
         time.sleep(0)
@@ -109,8 +111,8 @@ class SettledAllGather(_AllGatherBase):
 
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup,
                  async_op: bool = False) -> None:
-        _settled((output_tensor, input_tensor),
-                 lambda: dist.all_gather_single(output_tensor, input_tensor, group=group, async_op=True))
+        run_settled((output_tensor, input_tensor),
+                    lambda: dist.all_gather_single(output_tensor, input_tensor, group=group, async_op=True))
         return None
 
 
@@ -126,7 +128,7 @@ class SettledReduceScatter(_ReduceScatterBase):
         # gloo's reduce-scatter reduces a copy of its input that its work holds (out of FSDP2's reach); an
         # all-reduce in place on FSDP2's own input buffer (a temporary it frees after) needs no copy, then this
         # rank's chunk is the reduce-scatter's output: the same sums, no buffer FSDP2 does not know of.
-        _settled((input_tensor,), lambda: dist.all_reduce(input_tensor, op=op, group=group, async_op=True))
+        run_settled((input_tensor,), lambda: dist.all_reduce(input_tensor, op=op, group=group, async_op=True))
         chunk = input_tensor.view(dist.get_world_size(group), -1)[dist.get_rank(group)]
         output_tensor.view(-1).copy_(chunk)
         return None
@@ -191,8 +193,8 @@ class SettledFunctionalCollectives(TorchDispatchMode):
             inp, group_size, group_name = args
             inp = inp.contiguous()
             out = inp.new_empty((group_size * inp.shape[0], *inp.shape[1:]))
-            _settled((out, inp), lambda: dist.all_gather_single(out, inp, group=_group(group_name),
-                                                                     async_op=True))
+            run_settled((out, inp), lambda: dist.all_gather_single(out, inp, group=_group(group_name),
+                                                                   async_op=True))
             return out
         if func is ops.reduce_scatter_tensor.default:
             inp, reduce_op, group_size, group_name = args
@@ -205,7 +207,7 @@ class SettledFunctionalCollectives(TorchDispatchMode):
 
     @staticmethod
     def _reduce(t: torch.Tensor, reduce_op: str, group: dist.ProcessGroup) -> None:
-        _settled((t,), lambda: dist.all_reduce(t, op=_REDUCE_OPS[reduce_op], group=group, async_op=True))
+        run_settled((t,), lambda: dist.all_reduce(t, op=_REDUCE_OPS[reduce_op], group=group, async_op=True))
         if reduce_op == "avg":
             t.div_(dist.get_world_size(group))
 

@@ -11,6 +11,10 @@ from estimators import build_from_hf_config, make_optimizer, measure_fsdp_steps,
 from estimators.measure import SettledAllGather, SettledReduceScatter, settle_gloo_collectives
 
 HAND_FEATURES, HAND_BATCH = 64, 8  # two bias-free Linear(64, 64) units, an (8, 64) input
+# before gloo_comms waited for it, gloo's late release hit 1 repeat in 500 to 2,500 per rank (4 runs of 2 x 2,000,
+# loaded and not): 2 x 500 repeats catch that about half the time, in about a second; test_gloo_comms.py shows
+# deterministically that the wait fails on a buffer still held
+RELEASE_REPEATS = 500
 
 
 def hand_case(mesh: Any) -> list[Any]:
@@ -39,10 +43,12 @@ def llama_case(mesh: Any, config: dict, batch: int, seq: int, mixed_precision: s
     return measure_fsdp_steps(built.model, built.inputs, built.loss_fn, opt, steps=3, seed=1)
 
 
-def release_case(mesh: Any, repeats: int = 20, n: int = 1024) -> list[tuple[bool, bool, bool, bool]]:
+def release_case(mesh: Any, repeats: int = RELEASE_REPEATS, n: int = 1024) -> list[tuple[bool, bool, bool, bool]]:
     """FSDP2's collectives as ``shard_model`` gives them on gloo: right values, and buffers the caller drops
     right after the call freed there and then (not later by gloo's worker thread); per repeat: (all-gather
-    values right, its buffer freed, reduce-scatter values right, its buffers freed)."""
+    values right, its buffer freed, reduce-scatter values right, its buffers freed). Each weak reference is
+    read right after the ``del``, before anything else runs, so a buffer gloo's thread frees a moment later
+    counts as held."""
     import weakref
 
     import torch.distributed as dist
@@ -53,15 +59,16 @@ def release_case(mesh: Any, repeats: int = 20, n: int = 1024) -> list[tuple[bool
         buf = SettledAllGather().allocate((world * n,), dtype=torch.float32, device=torch.device("cpu"))
         buf.narrow(0, rank * n, n).fill_(rank)
         SettledAllGather()(buf, buf.narrow(0, rank * n, n), group)
-        gathered = torch.equal(buf, torch.arange(world, dtype=torch.float32).repeat_interleave(n))
         ag_ref = weakref.ref(buf.untyped_storage())
+        gathered = torch.equal(buf, torch.arange(world, dtype=torch.float32).repeat_interleave(n))
         del buf
+        ag_freed = ag_ref() is None
         grad, shard = torch.full((world * n,), float(rank + 1)), torch.empty(n)
         SettledReduceScatter()(shard, grad, group, dist.ReduceOp.SUM)
         reduced = torch.equal(shard, torch.full((n,), float(world * (world + 1) // 2)))
         rs_refs = (weakref.ref(grad.untyped_storage()), weakref.ref(shard.untyped_storage()))
         del grad, shard
-        out.append((gathered, ag_ref() is None, reduced, all(r() is None for r in rs_refs)))
+        out.append((gathered, ag_freed, reduced, all(r() is None for r in rs_refs)))
     return out
 
 

@@ -32,7 +32,7 @@ import planner  # noqa: E402
 from est_helpers import TINY_LLAMA  # noqa: E402
 from estimators.measure import ALL_GATHER, REDUCE_SCATTER, UNSHARDED  # noqa: E402
 from estimators import CollectRequest, TrainingLoop, measure_fsdp_steps, run_collection, run_ranks  # noqa: E402
-from fsdp_cases import HAND_BATCH, HAND_FEATURES, all_cases  # noqa: E402
+from fsdp_cases import HAND_BATCH, HAND_FEATURES, RELEASE_REPEATS, all_cases  # noqa: E402
 
 RANKS, BATCH, SEQ = 2, 4, 64
 FSDP_TERMS = (UNSHARDED, ALL_GATHER, REDUCE_SCATTER)
@@ -64,11 +64,13 @@ def request_() -> CollectRequest:
 
 
 def test_gloo_collectives_release_their_buffers_at_once(ranks: list[dict]) -> None:
-    """FSDP2's all-gather and reduce-scatter as ``shard_model`` sets them on gloo, 20 times on each rank: the
-    values a reduce-scatter (sum) and an all-gather give, and every buffer freed as soon as the caller drops
-    it after the call (a weak reference dead at once), never later by gloo's worker thread."""
+    """FSDP2's all-gather and reduce-scatter as ``shard_model`` sets them on gloo, ``RELEASE_REPEATS`` times on
+    each rank: the values a reduce-scatter (sum) and an all-gather give, and every buffer freed as soon as the
+    caller drops it after the call (a weak reference dead at once), never later by gloo's worker thread (which
+    owes the tensor's Python object a decref that waits for the GIL: ``gloo_comms.run_settled`` waits for it;
+    ``test_gloo_comms.py`` shows that wait fails on a buffer still held)."""
     for rank, out in enumerate(ranks):
-        assert len(out["release"]) == 20
+        assert len(out["release"]) == RELEASE_REPEATS
         for repeat, (gathered, ag_freed, reduced, rs_freed) in enumerate(out["release"]):
             assert (gathered, ag_freed, reduced, rs_freed) == (True, True, True, True), (rank, repeat)
 
