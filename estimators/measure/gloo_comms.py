@@ -11,8 +11,9 @@ rank holds one buffer more than FSDP2's program order says, now and then
 +49,664 bytes at the step's peak when the extra buffer overlapped another
 moment). The per-rank stats model program order, so a real gloo rank is made
 to follow it: the collectives here wait until gloo's thread no longer
-references the buffers FSDP2 passed (their storages' reference counts are
-back to what they were before the call), then return. Deterministic, and it
+references the buffers FSDP2 passed (the reference counts of their storages
+and of the tensors passed, C++ and Python, are back to what they were before
+the call: see ``_counts`` for why the Python count), then return. Deterministic, and it
 adds no memory (the buffers are FSDP2's own, allocated as by default).
 
 Tensor parallel's collectives (the functional ones DTensor's redistributions
