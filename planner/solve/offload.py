@@ -67,17 +67,17 @@ def host_link(stats: Stats, host_link_gbps: float | None) -> HostLinkFigures:
     either, or for stats offloading's model does not cover (a pipeline stage's, or without a timeline)."""
     meta = stats.metadata
     if meta.pipeline is not None:
-        raise ValueError("offload='on' is not supported for a pipeline stage's stats (metadata.pipeline): the "
+        raise ValueError("offload 'on' is not supported for a pipeline stage's stats (metadata.pipeline): the "
                          "schedule interleaves micro-batches, which breaks the offload windows")
     if not stats.timeline:
-        raise ValueError("offload='on' needs stats with a timeline (sacplan collect writes one): offloading's windows "
+        raise ValueError("offload 'on' needs stats with a timeline (sacplan collect writes one): offloading's windows "
                          "follow the step's own moments")
     if host_link_gbps is not None:
         if not math.isfinite(host_link_gbps) or host_link_gbps <= 0:
             raise ValueError(f"host_link_gbps must be a positive number of GB/s, got {host_link_gbps!r}")
         return HostLinkFigures(float(host_link_gbps), float(host_link_gbps), "host_link_gbps option")
     if meta.host_link_gbps is None:
-        raise ValueError(f"offload='on' needs host_link_gbps: the stats carry no host link figure (target "
+        raise ValueError(f"host_link_gbps is needed with offload 'on': the stats carry no host link figure (target "
                          f"{meta.target_device or meta.device or 'not stated'})")
     link = meta.host_link_gbps
     return HostLinkFigures(float(link.d2h), float(link.h2d), link.source)

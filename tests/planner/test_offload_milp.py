@@ -7,6 +7,7 @@ recompute and stall re-derived moment by moment from its save and offload lists.
 
 from __future__ import annotations
 
+import json
 import math
 import random
 
@@ -89,3 +90,20 @@ def test_offload_off_plans_carry_no_offload_fields():
         assert not {"offload", "host_link_gbps", "host_bytes", "offload_stall_ms", "step_overhead_ms",
                     "offload_windows", "prefetch_distance"} & set(doc)
         assert all("offload" not in m and "offloaded_bytes" not in m for m in doc["modules"])
+
+
+def test_sacplan_plan_with_offload(tmp_path, capsys):
+    from planner.cli import main
+
+    path = tmp_path / "toy.json"
+    path.write_text(toy_stats().model_dump_json())
+    budget = f"{20_500 / GIB:.12g}"
+    assert main(["plan", str(path), "--budget-gib", budget, "--offload", "on", "--host-link-gbps", "24",
+                 "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["offload"] == "on" and doc["host_link_gbps"] == {"d2h": 24.0, "h2d": 24.0}
+    assert len(doc["offload_windows"]) == 4 and doc["prefetch_distance"] == 1
+    assert main(["plan", str(path), "--budget-gib", budget, "--offload", "on", "--host-link-gbps", "24"]) == 0
+    assert "offloaded GiB" in capsys.readouterr().out
+    assert main(["plan", str(path), "--budget-gib", budget, "--offload", "on"]) == 1
+    assert "--host-link-gbps is needed with offload 'on'" in capsys.readouterr().err
