@@ -50,6 +50,12 @@ def test_plans_equal_brute_force_over_every_save_recompute_offload_choice():
         assert p.step_overhead_ms == pytest.approx(expected, rel=1e-6, abs=1e-9), (trial, gbps)
         assert p.host_bytes == sum(w.offloaded_bytes for w in p.offload_windows) == \
             sum(m.offloaded_bytes or 0 for m in p.modules)
+        for m in p.modules:  # every offload is needed: kept on the device instead, any one breaks the budget
+            for k, o in enumerate(m.offload or ()):
+                if o:
+                    rest = [(x.fqn, x.save, x.offload if x is not m else [0 if i == k else v for i, v in
+                                                                          enumerate(m.offload)]) for x in p.modules]
+                    assert evaluate(stats, rest, gbps)[0] > budget, (trial, m.fqn, k)
         compared += 1
         offloading += p.host_bytes > 0
         stalling += p.offload_stall_ms > 0
