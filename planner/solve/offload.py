@@ -40,7 +40,7 @@ from planner.stats.format import Stats
 from planner.stats.metadata import MIN_HOST_LINK_GBPS
 
 __all__ = ["GBPS_BYTES_PER_MS", "HostLinkFigures", "OffloadOptions", "OffloadPlan", "OffloadSetup", "OffloadWindows",
-           "decisions", "host_link", "offload_options", "offload_plan", "offload_setup", "offload_windows",
+           "check_offloads", "decisions", "host_link", "offload_options", "offload_plan", "offload_setup", "offload_windows",
            "window_bytes"]
 
 GBPS_BYTES_PER_MS = 1e6  # 1 GB/s = 1e9 bytes/s = 1e6 bytes/ms
@@ -319,3 +319,29 @@ def offload_plan(prob: Problem, windows: OffloadWindows, offloads: Mapping[str, 
         per_window[j] += nbytes[fqn]
     stall = np.array([windows.stall_ms(j, b) for j, b in enumerate(per_window.tolist())])
     return OffloadPlan(windows, lists, nbytes, per_window, stall)
+
+
+def check_offloads(prob: Problem, setup: OffloadSetup, saves: Mapping[str, Sequence[int]],
+                   offloads: Mapping[str, Sequence[int]]) -> None:
+    """ValueError naming the first offload the model does not allow: of a module not checkpointed (no save list)
+    or without offloadable groups, of an op not saved, or of a group not offloadable or offloaded in part.
+    An engine's plan passes this before :func:`offload_plan` prices it."""
+    index = {c.fqn: i for i, c in enumerate(prob.candidates)}
+    for fqn, offload in offloads.items():
+        if not any(offload):
+            continue
+        i = index.get(fqn)
+        if fqn not in saves or i is None or i not in setup.options:
+            raise ValueError(f"{fqn!r} offloads, but it is not a checkpointed module that may offload")
+        save, opts = saves[fqn], setup.options[i]
+        for k, (o, s) in enumerate(zip(offload, save)):
+            if o and not s:
+                raise ValueError(f"{fqn!r} offloads op {k}, which it does not save")
+        groups = prob.candidates[i].classes.groups.members
+        allowed = {g for able in opts.groups for g in able}
+        for g, members in enumerate(groups):
+            flags = {int(offload[k]) for k in members}
+            if flags == {1} and g not in allowed:
+                raise ValueError(f"{fqn!r} offloads op group {g} (ops {list(members)}), which may not be offloaded")
+            if len(flags) > 1:
+                raise ValueError(f"{fqn!r} offloads part of op group {g} (ops {list(members)}): one decision")

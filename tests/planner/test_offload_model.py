@@ -13,7 +13,8 @@ import pytest
 from offload_toy import toy_doc, toy_stats
 
 from planner import PlanOptions, parse_stats, plan, stats_hash
-from planner.solve.offload import decisions, host_link, offload_options, offload_windows
+from planner.solve.offload import (check_offloads, decisions, host_link, offload_options, offload_setup,
+                                   offload_windows)
 from planner.solve.problem import prepare
 from planner.stats.metadata import HostLink
 
@@ -176,3 +177,17 @@ def test_a_plans_offload_list_must_offload_saved_ops():
         PlannedModule(**kw, offload=[0, 1])
     with pytest.raises(ValueError, match="offload of 'm' has 1 entries, save 2"):
         PlannedModule(**kw, offload=[0])
+
+
+def test_check_offloads_names_what_the_model_does_not_allow():
+    stats = toy_stats()
+    prob = prepare(stats)
+    setup = offload_setup(prob, host_link(stats, 1.0))
+    save = {"R.layers.0": [1, 0, 1, 1]}
+    check_offloads(prob, setup, save, {"R.layers.0": [1, 0, 1, 0]})  # mm and silu: allowed
+    with pytest.raises(ValueError, match="'R.layers.1' offloads, but it is not a checkpointed module"):
+        check_offloads(prob, setup, save, {"R.layers.1": [1, 0, 0, 0]})
+    with pytest.raises(ValueError, match="'R.layers.0' offloads op 1, which it does not save"):
+        check_offloads(prob, setup, save, {"R.layers.0": [0, 1, 0, 0]})
+    with pytest.raises(ValueError, match=r"offloads op group 3 \(ops \[3\]\), which may not be offloaded"):
+        check_offloads(prob, setup, save, {"R.layers.0": [0, 0, 0, 1]})  # its mul makes block 1's held input
