@@ -60,8 +60,12 @@ def plan(stats: StatsInput, memory_budget_gib: float, *, options: PlanOptions | 
         identical blocks), ``mip_rel_gap`` (the gap at which a plan counts as
         optimal, at least 1e-8), ``solver`` (``auto``, ``dp`` or ``milp``),
         ``first_step_only`` (by default a plan holds for every step: the
-        optimizer state the stats record is live throughout) and
-        ``reserve_gib`` (a fixed reserve at every moment).
+        optimizer state the stats record is live throughout),
+        ``reserve_gib`` (a fixed reserve at every moment), ``offload``
+        ('on': saved op outputs of checkpointed modules may go to host
+        memory, the plan minimising recompute + copy stall; see
+        docs/memory-model.md) and ``host_link_gbps`` (the host link, GB/s
+        per direction; by default the stats' ``metadata.host_link_gbps``).
 
     Returns
     -------
