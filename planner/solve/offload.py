@@ -40,8 +40,7 @@ from planner.stats.format import Stats
 from planner.stats.metadata import MIN_HOST_LINK_GBPS
 
 __all__ = ["GBPS_BYTES_PER_MS", "HostLinkFigures", "OffloadOptions", "OffloadPlan", "OffloadSetup", "OffloadWindows",
-           "check_offloads", "decisions", "host_link", "offload_options", "offload_plan", "offload_setup", "offload_windows",
-           "window_bytes"]
+           "check_offloads", "decisions", "host_link", "offload_options", "offload_plan", "offload_setup", "offload_windows"]
 
 GBPS_BYTES_PER_MS = 1e6  # 1 GB/s = 1e9 bytes/s = 1e6 bytes/ms
 
@@ -250,14 +249,6 @@ def decisions(classes: GroupClasses, options: OffloadOptions | None, recomputed:
             group_save[gi] = gi not in recompute
             group_off[gi] = gi in off
     return g.op_decisions(group_save), g.op_decisions(group_off)
-
-
-def window_bytes(windows: OffloadWindows, cand_window: Mapping[int, float]) -> np.ndarray:
-    """Per window, the bytes its candidates offload, from candidate index -> offloaded bytes."""
-    out = np.zeros(len(windows))
-    for i, nbytes in cand_window.items():
-        out[int(windows.candidate_window[i])] += nbytes
-    return out
 
 
 @dataclass(frozen=True)
