@@ -49,6 +49,7 @@ class CollectRequest:
     allow_tf32: bool = False
     benchmark: bool = False
     checkpoint_overhead_us_per_op: float | None = None
+    host_link_gbps: float | None = None  # both directions; None: the device table's figure
     moe_routing: str = "balanced"
     attention_mask: str = "none"  # --hf-config only: none, ones or padded:F
     name: str | None = None
@@ -203,7 +204,8 @@ def target_spec(req: CollectRequest) -> DeviceSpec:
         name = cuda_device_entry(torch.cuda.get_device_name()) if req.device == "cuda" else "cpu"
     return device_spec(name, peak_tflops=req.peak_tflops, mem_bandwidth_gbps=req.mem_bandwidth_gbps,
                        compute_efficiency=req.compute_efficiency, memory_efficiency=req.memory_efficiency,
-                       checkpoint_overhead_us_per_op=req.checkpoint_overhead_us_per_op)
+                       checkpoint_overhead_us_per_op=req.checkpoint_overhead_us_per_op,
+                       host_link_gbps=req.host_link_gbps)
 
 
 def _benchmark_refusal(req: CollectRequest, target: DeviceSpec) -> str | None:
