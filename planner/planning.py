@@ -26,6 +26,7 @@ from planner.plan_format import Plan
 from planner.solve.dp import solve_dp
 from planner.solve.milp import solve_budget
 from planner.solve.min_peak import innermost_peak_bytes, smallest_peak
+from planner.solve.offload import host_link
 from planner.solve.problem import Problem, prepare
 from planner.solve.solution import Solution, discards, needs_peak_bytes
 from planner.stats.format import Stats
@@ -137,6 +138,8 @@ def _plans_gc_paused(stats: Stats, budgets: list[float], opts: PlanOptions,
                      progress: Callable[[int, int, Plan], None] | None) -> list[Plan]:
     # One time limit for the whole call: the analysis and every budget share it.
     deadline = time.perf_counter() + opts.time_limit_s
+    if opts.offload == "on":
+        host_link(stats, opts.host_link_gbps)  # the option over the stats' figure; ValueError without either
     prob = prepare(stats, world_size=opts.world_size, ac_units=opts.ac_units, fsdp_units=opts.fsdp_units,
                    first_step_only=opts.first_step_only, reserve_bytes=opts.reserve_gib * GIB)
     baseline_bytes = prob.model.peak_bytes()
