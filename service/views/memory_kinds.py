@@ -50,7 +50,7 @@ def step_memory(stats: Stats, plan: dict[str, Any]) -> StepMemory:
             baseline["reserve"] = np.maximum(reserve, 0.0)
     planned = host = None
     if plan.get("status") in ("optimal", "feasible"):
-        host = offloaded_by_moment(model, plan)
+        host = offloaded_by_moment(model, plan, stats.root.fqn)
         planned = _planned(model, plan, baseline, host)
     shown = sum((planned or baseline).values())
     peak = int(np.argmax(shown))
@@ -58,19 +58,20 @@ def step_memory(stats: Stats, plan: dict[str, Any]) -> StepMemory:
                       baseline, planned, plan.get("peak_at") or model.describe(peak), peak, host)
 
 
-def offloaded_by_moment(model: Any, plan: dict[str, Any]) -> np.ndarray | None:
+def offloaded_by_moment(model: Any, plan: dict[str, Any], root: str) -> np.ndarray | None:
     """Bytes ``plan`` holds on the host at each moment of ``model``, or None for a plan without offloading.
 
     Window j's offloaded bytes are off the device at the moments whose key is at least ``B_{j+1}``, one past
     the forward post-order position of window j+1's end module, in forward and backward alike
-    (docs/memory-model.md, "Offloading"); the last window's are never credited.
+    (docs/memory-model.md, "Offloading"); the last window's are never credited. ``plan['offload_windows']``
+    lists every window, the last one's end module '' (the root, ``root``).
     """
     windows = plan.get("offload_windows")
     if not windows:
         return None
     host = np.zeros(len(model.keys))
     for window, after in zip(windows, windows[1:]):
-        credited_from = model.post_pos[after["end_module"]] + 1
+        credited_from = model.post_pos[after["end_module"] or root] + 1
         host += float(window["offloaded_bytes"]) * (model.keys >= credited_from)
     return host
 

@@ -42,10 +42,11 @@ def _window_of(post_pos: Mapping[str, int], ends: list[int], fqn: str) -> int | 
     return None if pos is None else next((k for k, end in enumerate(ends) if pos <= end), None)
 
 
-def window_bytes(plan: dict[str, Any], post_pos: Mapping[str, int]) -> dict[str, np.ndarray]:
-    """Per window of ``plan``: the bytes its checkpointed modules keep on the device, discard, and offload."""
+def window_bytes(plan: dict[str, Any], post_pos: Mapping[str, int], root: str) -> dict[str, np.ndarray]:
+    """Per window of ``plan``: the bytes its checkpointed modules keep on the device, discard, and offload (the
+    last window's end module is '', the root ``root``)."""
     windows = plan["offload_windows"]
-    ends = [post_pos[w["end_module"]] for w in windows]
+    ends = [post_pos[w["end_module"] or root] for w in windows]
     out = {kind: np.zeros(len(windows)) for kind in OFFLOAD_COLORS}
     for m in plan.get("modules", []):
         k = _window_of(post_pos, ends, m["fqn"])
@@ -62,7 +63,7 @@ def draw_windows(ax: Any, plan: dict[str, Any], post_pos: Mapping[str, int], roo
     """One stacked bar per window: its checkpointed modules' outputs kept, recomputed and offloaded; above each
     bar its copies' stall, where the copies outlast the next window's compute."""
     windows = plan["offload_windows"]
-    parts = window_bytes(plan, post_pos)
+    parts = window_bytes(plan, post_pos, root)
     top = max(float(sum(parts.values()).max()), 1.0)
     unit = next(((n, s) for n, s in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)) if top >= s), ("KiB", 2**10))
     x = np.arange(len(windows))
@@ -77,13 +78,14 @@ def draw_windows(ax: Any, plan: dict[str, Any], post_pos: Mapping[str, int], roo
         if words:
             ax.annotate("\n".join(words), (k, bottom[k] / unit[1]), xytext=(0, 2), textcoords="offset points",
                         ha="center", va="bottom", fontsize=7)
-    names = [short_name(w["end_module"], root) if w["end_module"] != root else "rest" for w in windows]
-    ax.set_xticks(x, [f"{j + 1}: to {n}" for j, n in enumerate(names)], rotation=90 if len(windows) > 8 else 0,
+    names = [short_name(w["end_module"], root) if w["end_module"] not in ("", root) else "rest" for w in windows]
+    ax.set_xticks(x, [f"{w['index']}: to {n}" for w, n in zip(windows, names)], rotation=90 if len(windows) > 8 else 0,
                   fontsize=7)
     ax.set_xlim(-0.6, len(windows) - 0.4)
     ax.set_ylim(0, top * 1.3 / unit[1])
     ax.set_ylabel(f"per window: checkpointed\nmodules' outputs, {unit[0]}", fontsize=9)
-    ax.set_xlabel("offload window (forward order; window j's copies hide in window j+1's compute)", fontsize=9)
+    ax.set_xlabel("offload window (its index in the plan, forward order; window j's copies hide in window j+1's "
+                  "compute)", fontsize=9)
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=7, loc="upper right", frameon=False)
 

@@ -43,11 +43,11 @@ def _hand_offload_plan(stats, budget_gib: float = 0.75) -> dict:
     nxt = stats.module("Net.layers.1")
     copy_ms = out / (LINK_GBPS * 1e9) * 1e3
     windows = [
-        {"index": 1, "end_module": "Net.layers.0", "offloaded_bytes": out, "d2h_ms": copy_ms, "forward_ms": nxt.fw_ms,
+        {"index": 0, "end_module": "Net.layers.0", "offloaded_bytes": out, "d2h_ms": copy_ms, "forward_ms": nxt.fw_ms,
          "h2d_ms": copy_ms, "backward_ms": nxt.bw_ms, "stall_ms": 0.0},
-        {"index": 2, "end_module": "Net.layers.1", "offloaded_bytes": 0, "d2h_ms": 0.0, "forward_ms": 0.0,
+        {"index": 1, "end_module": "Net.layers.1", "offloaded_bytes": 0, "d2h_ms": 0.0, "forward_ms": 0.0,
          "h2d_ms": 0.0, "backward_ms": 0.0, "stall_ms": 0.0},
-        {"index": 3, "end_module": "Net", "offloaded_bytes": 0, "d2h_ms": 0.0, "forward_ms": 0.0,
+        {"index": 2, "end_module": "", "offloaded_bytes": 0, "d2h_ms": 0.0, "forward_ms": 0.0,
          "h2d_ms": 0.0, "backward_ms": 0.0, "stall_ms": 0.0},
     ]
     plan.update(offload="on", host_link_gbps={"d2h": LINK_GBPS, "h2d": LINK_GBPS}, host_bytes=out,
@@ -60,7 +60,7 @@ def test_the_host_holds_window_1s_offload_from_the_end_of_window_2_on(stats):
     plan = _hand_offload_plan(stats)
     memory = step_memory(stats, plan)
     model = planner.memory_model(stats)
-    # docs/memory-model.md: window 1's bytes are off the device at keys >= B_2 = post(layers.1) + 1 = 8
+    # docs/memory-model.md: the first window's bytes are off the device at keys >= B_2 = post(layers.1) + 1 = 8
     credited = model.keys >= stats.fw_post_order.index("Net.layers.1") + 1
     assert credited.any() and (~credited).any()
     np.testing.assert_array_equal(memory.host, np.where(credited, plan["host_bytes"], 0.0))
@@ -73,11 +73,11 @@ def test_the_plan_chart_shows_the_host_and_the_windows(stats):
     svg = plan_chart(stats, plan, image_format="svg").decode()
     assert "offloaded: on the host, off the device (at most 128 MiB)" in svg  # host_bytes: 134217728 = 128 MiB
     assert "offloaded 0.125 GiB pinned host memory at 24/24 GB/s, stall 0 ms" in svg  # the title
-    for label in ("1: to layers.0", "2: to layers.1", "3: to rest", "kept on the device",
+    for label in ("0: to layers.0", "1: to layers.1", "2: to rest", "kept on the device",
                   "discarded, recomputed in backward", "offloaded to host memory", "128 MiB off"):
         assert label in svg, label
-    parts = window_bytes(plan, {f: k for k, f in enumerate(stats.fw_post_order)})
-    (m,) = plan["modules"]  # window 1 holds layers.0, the plan's one checkpointed module
+    parts = window_bytes(plan, {f: k for k, f in enumerate(stats.fw_post_order)}, "Net")
+    (m,) = plan["modules"]  # window 0 holds layers.0, the plan's one checkpointed module
     assert parts["offloaded to host memory"].tolist() == [m["offloaded_bytes"], 0, 0]
     assert parts["kept on the device"].tolist() == [m["saved_bytes"] - m["offloaded_bytes"], 0, 0]
     assert parts["discarded, recomputed in backward"].tolist() == [m["discarded_bytes"], 0, 0]
