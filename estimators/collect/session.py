@@ -19,8 +19,10 @@ from estimators.collect.pipeline import collect_pipeline_stages
 from planner import choose_pipeline_split
 from estimators.common import FsdpSetup, ParallelDims, PipelineSetup
 from planner import PLANNER_VERSION, Stats, StatsMetadata, baseline_peak_bytes
+from planner.stats.metadata import HostLink
 
-__all__ = ["CollectRequest", "CollectResult", "run_collection", "run_pipeline_collection", "target_spec", "COLLECTOR_VERSION"]
+__all__ = ["CollectRequest", "CollectResult", "run_collection", "run_pipeline_collection", "target_spec", "host_link_of",
+           "COLLECTOR_VERSION"]
 
 COLLECTOR_VERSION = f"sacplan-estimators {PLANNER_VERSION}"
 # The CUDA caching allocator hands out blocks in multiples of 512 bytes.
@@ -208,6 +210,15 @@ def target_spec(req: CollectRequest) -> DeviceSpec:
                        host_link_gbps=req.host_link_gbps)
 
 
+def host_link_of(target: DeviceSpec) -> HostLink | None:
+    """The stats' ``metadata.host_link_gbps`` for ``target``: its table figures (or ``--host-link-gbps``), or None
+    for a target without a host link (cpu, unless given)."""
+    if target.host_link_d2h_gbps is None or target.host_link_h2d_gbps is None:
+        return None
+    return HostLink(d2h=target.host_link_d2h_gbps, h2d=target.host_link_h2d_gbps,
+                    source=f"{target.name}: {target.host_link_source}")
+
+
 def _benchmark_refusal(req: CollectRequest, target: DeviceSpec) -> str | None:
     """Why ``--benchmark`` cannot cost ``target``, or None: it times this machine's kernels, nothing else's."""
     if req.target_device is None:
@@ -287,6 +298,7 @@ def _prepare(req: CollectRequest, progress: Any) -> tuple[BuiltModel, DeviceSpec
         collector_version=COLLECTOR_VERSION,
         tags={"cost_model": "benchmark" if req.benchmark else "roofline",
               "optimizer_step": "foreach" if target.kind == "cuda" else "for-loop", **built.notes},
+        host_link_gbps=host_link_of(target),
     )
     kwargs = dict(
         optimizer_kwargs=None if built.optimizer_fn is not None else optimizer_kwargs,

@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from estimators import DEVICES, RooflineCostModel, device_spec  # noqa: E402
-from estimators.collect import cuda_device_entry  # noqa: E402
+from estimators.collect import cuda_device_entry, host_link_of  # noqa: E402
 
 aten = torch.ops.aten
 
@@ -97,6 +97,11 @@ def test_host_link_override():
     spec = device_spec("cpu", host_link_gbps=12.5)
     assert (spec.host_link_d2h_gbps, spec.host_link_h2d_gbps) == (12.5, 12.5)
     assert "given by the user" in spec.host_link_source
+    # what the collector writes as metadata.host_link_gbps: none for a cpu target, the table's figures otherwise
+    assert host_link_of(device_spec("cpu")) is None
+    gh200 = host_link_of(device_spec("GH200"))
+    assert (gh200.d2h, gh200.h2d) == (290.0, 340.0) and gh200.source.startswith("GH200: NVLink-C2C")
+    assert host_link_of(spec).d2h == 12.5
     for bad in (0, -3, float("inf"), float("nan")):
         with pytest.raises(ValueError, match=f"host_link_gbps must be a positive number of GB/s, got {bad!r}"):
             device_spec("h100-sxm", host_link_gbps=bad)
