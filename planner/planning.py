@@ -104,9 +104,15 @@ def min_feasible_budget_gib(stats: StatsInput, *, options: PlanOptions | None = 
     """
     opts = plan_options(options, **option_values)
     with _cyclic_gc_paused():
-        prob = prepare(_as_stats(stats), world_size=opts.world_size, ac_units=opts.ac_units,
+        stats = _as_stats(stats)
+        if opts.offload == "on":
+            host_link(stats, opts.host_link_gbps)  # ValueError without a link figure, or for stats it cannot plan
+        prob = prepare(stats, world_size=opts.world_size, ac_units=opts.ac_units,
                        fsdp_units=opts.fsdp_units, first_step_only=opts.first_step_only,
                        reserve_bytes=opts.reserve_gib * GIB)
+        if opts.offload == "on":
+            least = _min_feasible_offloading(prob, opts)
+            return _min_feasible(prob) if least is None else least
         return _min_feasible(prob)
 
 
