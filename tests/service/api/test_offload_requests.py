@@ -82,7 +82,7 @@ def test_bad_offload_options_are_422_and_store_nothing(client, count_rows):
     doc = {**EXAMPLE_STATS, "metadata": {k: v for k, v in EXAMPLE_STATS["metadata"].items() if k != "host_link_gbps"}}
     r = client.post("/v1/plans", json={"stats": doc, "memory_budget_gib": 0.75, "offload": "on"})
     assert r.status_code == 422, r.text
-    assert "offload='on' needs host_link_gbps" in r.json()["detail"]
-    assert r.json()["errors"][0]["loc"][:2] == ["body", "offload"]
+    assert "host_link_gbps is needed with offload 'on': the stats carry no host link figure" in r.json()["detail"]
+    assert r.json()["errors"][0]["loc"] == ["body", "host_link_gbps"]
     assert count_rows()["plans"] == 0 and count_rows()["stats"] == 1
 
