@@ -76,10 +76,10 @@ def plan_chart(stats: Stats, plan: dict[str, Any], *, image_format: ImageFormat 
     axes[-1].set_xlabel("the step, in order: the module running at each moment" if step_phases
                         else "module (forward post-order; PyTorch's per-module model)")
     fig.suptitle(_title(stats, plan), fontsize=11)
-    handles, labels = _legend_entries(axes + ([strip] if strip is not None else []))
-    fig.legend(handles, labels, loc="outside right center", fontsize=8, frameon=False)
     if windows_ax is not None:
         draw_windows(windows_ax, plan, {f: k for k, f in enumerate(stats.fw_post_order)}, stats.root.fqn)
+    handles, labels = _legend_entries(axes + [ax for ax in (strip, windows_ax) if ax is not None])
+    fig.legend(handles, labels, loc="outside right center", fontsize=8, frameon=False)
     # What fits depends on the layout: lay out with provisional ticks, then name as many modules as fit.
     label_modules(axes[-1], memory.modules, stats.root.fqn, width_px=800)
     canvas = FigureCanvasAgg(fig)

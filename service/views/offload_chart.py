@@ -19,9 +19,10 @@ from service.views.chart_axes import short_name
 __all__ = ["OFFLOAD_COLORS", "HOST_LABEL", "draw_host_band", "draw_windows", "offload_words", "window_bytes"]
 
 # kept on the device, recomputed in backward, offloaded to host memory (the chart's kinds of a module's outputs)
-OFFLOAD_COLORS = {"kept on the device": "#55a868", "discarded, recomputed in backward": "#cccccc",
+OFFLOAD_COLORS = {"kept on the device": "#2f6b3a", "discarded, recomputed in backward": "#cccccc",
                   "offloaded to host memory": "#17becf"}
 HOST_LABEL = "offloaded: on the host, off the device"
+_WORDS_UP_TO = 12  # windows whose bars are wide enough for a few words each
 
 
 def _amount(nbytes: float, unit: tuple[str, float]) -> str:
@@ -71,23 +72,23 @@ def draw_windows(ax: Any, plan: dict[str, Any], post_pos: Mapping[str, int], roo
     for kind, values in parts.items():
         ax.bar(x, values / unit[1], 0.7, bottom=bottom / unit[1], color=OFFLOAD_COLORS[kind], label=kind)
         bottom += values
-    for k, w in enumerate(windows):
-        words = [f"{_amount(w['offloaded_bytes'], unit)} off"] if w["offloaded_bytes"] else []
+    few = len(windows) <= _WORDS_UP_TO
+    for k, w in enumerate(windows):  # with many windows only the stall, turned: the bars' heights say the bytes
+        words = [f"{_amount(w['offloaded_bytes'], unit)} off"] if w["offloaded_bytes"] and few else []
         if w["stall_ms"] > 0:
             words.append(f"stall {w['stall_ms']:.3g} ms")
         if words:
             ax.annotate("\n".join(words), (k, bottom[k] / unit[1]), xytext=(0, 2), textcoords="offset points",
-                        ha="center", va="bottom", fontsize=7)
+                        ha="center", va="bottom", fontsize=7 if few else 6, rotation=0 if few else 90)
     names = [short_name(w["end_module"], root) if w["end_module"] not in ("", root) else "rest" for w in windows]
-    ax.set_xticks(x, [f"{w['index']}: to {n}" for w, n in zip(windows, names)], rotation=90 if len(windows) > 8 else 0,
+    ax.set_xticks(x, [f"{w['index']}: to {n}" for w, n in zip(windows, names)], rotation=0 if few else 90,
                   fontsize=7)
     ax.set_xlim(-0.6, len(windows) - 0.4)
-    ax.set_ylim(0, top * 1.3 / unit[1])
+    ax.set_ylim(0, top * (1.3 if few else 1.6) / unit[1])
     ax.set_ylabel(f"per window: checkpointed\nmodules' outputs, {unit[0]}", fontsize=9)
-    ax.set_xlabel("offload window (its index in the plan, forward order; window j's copies hide in window j+1's "
-                  "compute)", fontsize=9)
+    ax.set_xlabel("offload window, as the plan numbers them: window j's copies overlap window j+1's compute",
+                  fontsize=9)
     ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=7, loc="upper right", frameon=False)
 
 
 def offload_words(plan: dict[str, Any]) -> str:
