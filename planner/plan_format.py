@@ -170,6 +170,8 @@ class Plan(BaseModel):
                  f"{len(self.modules)} modules checkpointed"]
         if self.min_feasible_budget_gib is not None:
             lines[0] += f", smallest budget with a plan {self.min_feasible_budget_gib:g} GiB"
+        if self.host_bytes is not None and self.offload_stall_ms is not None:
+            lines[0] += f", offloaded {_gib(self.host_bytes)} (stall {self.offload_stall_ms:.4g} ms)"
         shown = self.modules[:_SHOWN_MODULES]
         lines += [f"  {m!r}" for m in shown]
         if len(self.modules) > len(shown):

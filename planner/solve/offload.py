@@ -37,6 +37,7 @@ from planner.ops.groups import SAVE
 from planner.ops.knapsack import GroupClasses
 from planner.solve.problem import Problem
 from planner.stats.format import Stats
+from planner.stats.metadata import MIN_HOST_LINK_GBPS
 
 __all__ = ["GBPS_BYTES_PER_MS", "HostLinkFigures", "OffloadOptions", "OffloadPlan", "OffloadSetup", "OffloadWindows",
            "decisions", "host_link", "offload_options", "offload_plan", "offload_setup", "offload_windows",
@@ -73,8 +74,9 @@ def host_link(stats: Stats, host_link_gbps: float | None) -> HostLinkFigures:
         raise ValueError("offload 'on' needs stats with a timeline (sacplan collect writes one): offloading's windows "
                          "follow the step's own moments")
     if host_link_gbps is not None:
-        if not math.isfinite(host_link_gbps) or host_link_gbps <= 0:
-            raise ValueError(f"host_link_gbps must be a positive number of GB/s, got {host_link_gbps!r}")
+        if not math.isfinite(host_link_gbps) or host_link_gbps < MIN_HOST_LINK_GBPS:
+            raise ValueError(f"host_link_gbps must be a positive number of GB/s (at least {MIN_HOST_LINK_GBPS:g}), "
+                             f"got {host_link_gbps!r}")
         return HostLinkFigures(float(host_link_gbps), float(host_link_gbps), "host_link_gbps option")
     if meta.host_link_gbps is None:
         raise ValueError(f"host_link_gbps is needed with offload 'on': the stats carry no host link figure (target "

@@ -18,8 +18,9 @@ from offload_toy import toy_stats
 from planner import GIB, min_feasible_budget_gib, plan, sweep
 
 # link speeds, GB/s, on these tiny stacks (hundreds of bytes per op, ms of compute per block): copies that
-# always fit (1 GB/s: 1e6 bytes per ms), that always stall (1e-7: 0.1 byte per ms), and in between
-SPEEDS = (1.0, 1e-7, 3e-4, 1e-4)
+# always fit (1 GB/s: 1e6 bytes per ms), that always stall (1e-6, the slowest link taken: 1 byte per ms), and in
+# between
+SPEEDS = (1.0, 1e-6, 3e-4, 1e-4)
 
 
 def test_plans_equal_brute_force_over_every_save_recompute_offload_choice():

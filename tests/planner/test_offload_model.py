@@ -129,9 +129,10 @@ def test_offload_option_errors(value, match):
         plan(toy_stats(), 1.0, offload=value)
 
 
-@pytest.mark.parametrize("value", [0, -1.0, float("nan"), float("inf"), "24", True])
+@pytest.mark.parametrize("value", [0, -1.0, float("nan"), float("inf"), "24", True, 1e-7])
 def test_host_link_option_errors(value):
-    with pytest.raises(ValueError, match=f"host_link_gbps must be a positive number of GB/s, got {value!r}"):
+    with pytest.raises(ValueError, match=r"^host_link_gbps must be a positive number of GB/s \(at least 1e-06\), "
+                                         f"got {value!r}$"):
         plan(toy_stats(), 1.0, offload="on", host_link_gbps=value)
 
 
