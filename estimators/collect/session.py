@@ -18,8 +18,7 @@ from estimators.collect.moe import parse_moe_routing
 from estimators.collect.pipeline import collect_pipeline_stages
 from planner import choose_pipeline_split
 from estimators.common import FsdpSetup, ParallelDims, PipelineSetup
-from planner import PLANNER_VERSION, Stats, StatsMetadata, baseline_peak_bytes
-from planner.stats.metadata import HostLink
+from planner import PLANNER_VERSION, HostLink, Stats, StatsMetadata, baseline_peak_bytes
 
 __all__ = ["CollectRequest", "CollectResult", "run_collection", "run_pipeline_collection", "target_spec", "host_link_of",
            "COLLECTOR_VERSION"]
