@@ -104,6 +104,8 @@ import difflib
 import re
 from dataclasses import dataclass, replace
 
+from planner.stats.metadata import MIN_HOST_LINK_GBPS
+
 __all__ = ["DeviceSpec", "DEVICES", "device_spec", "device_names", "cuda_device_entry", "CPU_CHECKPOINT_OVERHEAD_US"]
 
 # The effective host-link figures (d2h, h2d GB/s) and their sources in one line each; the module docstring says why.
@@ -226,8 +228,9 @@ def device_spec(
     spec = DEVICES.get(name.strip().lower())
     if spec is None:
         raise ValueError(_unknown_device(name))
-    if host_link_gbps is not None and not 0 < host_link_gbps < float("inf"):
-        raise ValueError(f"host_link_gbps must be a positive number of GB/s, got {host_link_gbps!r}")
+    if host_link_gbps is not None and not MIN_HOST_LINK_GBPS <= host_link_gbps < float("inf"):
+        raise ValueError(f"host_link_gbps must be a positive number of GB/s (at least {MIN_HOST_LINK_GBPS:g}), "
+                         f"got {host_link_gbps!r}")
     for field, value in (("peak_tflops", peak_tflops), ("mem_bandwidth_gbps", mem_bandwidth_gbps)):
         if value is not None and not value > 0:
             raise ValueError(f"{field} must be positive, got {value!r}")

@@ -102,8 +102,9 @@ def test_host_link_override():
     gh200 = host_link_of(device_spec("GH200"))
     assert (gh200.d2h, gh200.h2d) == (290.0, 340.0) and gh200.source.startswith("GH200: NVLink-C2C")
     assert host_link_of(spec).d2h == 12.5
-    for bad in (0, -3, float("inf"), float("nan")):
-        with pytest.raises(ValueError, match=f"host_link_gbps must be a positive number of GB/s, got {bad!r}"):
+    for bad in (0, -3, 1e-9, float("inf"), float("nan")):  # the stats' HostLink takes 1e-6 GB/s and up
+        with pytest.raises(ValueError, match=re.escape(f"host_link_gbps must be a positive number of GB/s (at least "
+                                                       f"1e-06), got {bad!r}")):
             device_spec("h100-sxm", host_link_gbps=bad)
 
 
