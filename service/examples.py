@@ -15,8 +15,8 @@ import json
 from importlib.resources import files
 from typing import Any
 
-__all__ = ["EXAMPLE_STATS", "EXAMPLE_PLAN_REQUEST", "EXAMPLE_SWEEP_REQUEST", "EXAMPLE_PIPELINE_STATS",
-           "EXAMPLE_PIPELINE_BUDGET_GIB"]
+__all__ = ["EXAMPLE_STATS", "EXAMPLE_PLAN_REQUEST", "EXAMPLE_SWEEP_REQUEST", "EXAMPLE_OFFLOAD_PLAN_REQUEST",
+           "EXAMPLE_OFFLOAD_SWEEP_REQUEST", "EXAMPLE_PIPELINE_STATS", "EXAMPLE_PIPELINE_BUDGET_GIB"]
 
 EXAMPLE_STATS: dict[str, Any] = json.loads((files("service") / "example_stats.json").read_text())
 
@@ -36,6 +36,13 @@ EXAMPLE_SWEEP_REQUEST: dict[str, Any] = {
     "world_size": 1,
     "time_limit_s": 10.0,
 }
+
+# Offloading (docs/memory-model.md, "Offloading"): keep, recompute or offload to host memory. The stats carry the
+# A100-80GB's host link (24 GB/s per direction, the device table's); host_link_gbps overrides it, as for a board
+# whose GPUs share a PCIe switch. With two layers nothing pays to offload (the first layer's offload would leave
+# the device only after the last layer's forward, past the peak), so these answer as the requests above do.
+EXAMPLE_OFFLOAD_PLAN_REQUEST: dict[str, Any] = {**EXAMPLE_PLAN_REQUEST, "offload": "on", "host_link_gbps": 16.0}
+EXAMPLE_OFFLOAD_SWEEP_REQUEST: dict[str, Any] = {**EXAMPLE_SWEEP_REQUEST, "offload": "on", "host_link_gbps": 16.0}
 
 # ``example_pipeline_stats.json``: the two stages of a two-layer Llama under 1F1B, four microbatches, as
 # ``sacplan collect --pp-stages 2`` writes them (``tests/service/docs/make_example_pipeline_stats.py``). Stage 0

@@ -8,7 +8,8 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, fiel
 
 import planner
 from planner import PipelinePlan, Plan
-from service.examples import EXAMPLE_PIPELINE_BUDGET_GIB, EXAMPLE_PLAN_REQUEST, EXAMPLE_SWEEP_REQUEST
+from service.examples import (EXAMPLE_OFFLOAD_PLAN_REQUEST, EXAMPLE_OFFLOAD_SWEEP_REQUEST, EXAMPLE_PIPELINE_BUDGET_GIB,
+                              EXAMPLE_PLAN_REQUEST, EXAMPLE_SWEEP_REQUEST)
 from service.times import UtcTime
 
 __all__ = [
@@ -185,7 +186,8 @@ class StatsSource(PlanOptions):
 class PlanRequest(StatsSource):
     """Plan one set of stats for one memory budget."""
 
-    model_config = ConfigDict(json_schema_extra=_schema_says(one_of=_ONE_SOURCE, examples=[EXAMPLE_PLAN_REQUEST]))
+    model_config = ConfigDict(json_schema_extra=_schema_says(
+        one_of=_ONE_SOURCE, examples=[EXAMPLE_PLAN_REQUEST, EXAMPLE_OFFLOAD_PLAN_REQUEST]))
 
     memory_budget_gib: Gib = Field(description="Peak memory allowed per rank, GiB.")
 
@@ -237,7 +239,7 @@ class SweepRequest(StatsSource):
         one_of=[{"allOf": [s, b]} for s in _ONE_SOURCE
                 for b in (_only(["budgets_gib"], ["from_gib", "to_gib", "points"]),
                           _only(["from_gib", "to_gib", "points"], ["budgets_gib"]))],
-        examples=[EXAMPLE_SWEEP_REQUEST]))
+        examples=[EXAMPLE_SWEEP_REQUEST, EXAMPLE_OFFLOAD_SWEEP_REQUEST]))
 
     budgets_gib: list[Gib] = Field(None, min_length=1, max_length=MAX_SWEEP_POINTS)
     from_gib: Gib = None
@@ -272,6 +274,12 @@ class SweepPoint(BaseModel):
     recompute_ms: float | None
     min_feasible_budget_gib: float | None
     cached: bool
+    step_overhead_ms: float | None = Field(None, exclude_if=lambda v: v is None, description="With offload='on': "
+                                           "recompute_ms + offload_stall_ms, what the plan minimises.")
+    offload_stall_ms: float | None = Field(None, exclude_if=lambda v: v is None, description="With offload='on': "
+                                           "what the plan's copies to and from host memory add to the step.")
+    host_bytes: int | None = Field(None, exclude_if=lambda v: v is None, description="With offload='on': the "
+                                   "pinned host memory the plan's offloaded outputs take per rank.")
 
 
 class SweepOut(BaseModel):

@@ -63,13 +63,16 @@ def register(subparsers: Any) -> None:
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="device the fake tensors live on (default cpu; no real memory is used)")
     p.add_argument("--target-device", metavar="NAME",
-                   help="device to cost and emulate: A100-40GB, A100-80GB, H100-SXM, H100-PCIe, H200, L40S, "
+                   help="device to cost and emulate: A100-40GB, A100-80GB, H100-SXM, H100-PCIe, H200, GH200, L40S, "
                    "MI300X or cpu, exactly (case-insensitive; h100 is refused, not guessed; default: the CUDA device with "
                    "--device cuda, else cpu)")
     p.add_argument("--peak-tflops", type=float, help="override the target's peak TFLOP/s (every dtype)")
     p.add_argument("--mem-bandwidth-gbps", type=float, help="override the target's memory bandwidth in GB/s")
     p.add_argument("--compute-efficiency", type=float, help="fraction of peak FLOP/s reached (default 1.0)")
     p.add_argument("--memory-efficiency", type=float, help="fraction of peak bandwidth reached (default 1.0)")
+    p.add_argument("--host-link-gbps", type=_positive_float, metavar="GBPS",
+                   help="the target's host link in GB/s per direction, both directions (default: the device "
+                   "table's effective figure; none for cpu): what plans that offload activations copy over")
     p.add_argument("--allow-tf32", action="store_true", help="cost fp32 matmuls at the TF32 rate")
     p.add_argument("--benchmark", action="store_true",
                    help="time real kernels on the collection device (--device, CPU or CUDA) instead of the roofline, "

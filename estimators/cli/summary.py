@@ -35,6 +35,7 @@ def collect_summary(result: Any, out: str, guidance: Guidance | None) -> str:
           if "compile_backend" in s.metadata.model_settings else []),
         ("emulated kernels", s.metadata.tags.get("attention_kernels", "none")),
         ("checkpoint overhead", s.metadata.tags.get("checkpoint_overhead", "not known")),
+        ("host link", _host_link_text(s.metadata.host_link_gbps)),
         ("left out", f"{left_out}; never checkpointed on their own, their ops count in the modules they ran "
          f"inside" if left_out else "none"),
         ("written to", out),
@@ -43,6 +44,14 @@ def collect_summary(result: Any, out: str, guidance: Guidance | None) -> str:
         rows += [("", "")] + guidance_rows(guidance)
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}".rstrip() for k, v in rows)
+
+
+def _host_link_text(link: Any) -> str:
+    """What offloading activations would copy over (plan with --offload on), or how to give it."""
+    if link is None:
+        return "none for this target: plan with --offload on --host-link-gbps X to offload activations"
+    where = link.source.split(" (")[0]  # the entry and the link; the sources are in the stats
+    return f"{link.d2h:g} GB/s to host, {link.h2d:g} back ({where}); plan with --offload on to use it"
 
 
 def _compiled_text(backend: str) -> str:

@@ -23,8 +23,8 @@ from estimators.collect.models import (ATTENTION_MASKS, DTYPES, BuiltModel, atte
 from estimators.collect.moe import MoeRouting, TopKRecorder, parse_moe_routing
 from estimators.collect.overhead import measure_checkpoint_overhead
 from estimators.collect.pipeline import collect_pipeline_stages, pipeline_loss
-from estimators.collect.session import (COLLECTOR_VERSION, CollectRequest, CollectResult, run_collection,
-                                       run_pipeline_collection, target_spec)
+from estimators.collect.session import (COLLECTOR_VERSION, CollectRequest, CollectResult, host_link_of,
+                                       run_collection, run_pipeline_collection, target_spec)
 from estimators.collect.step_errors import explain_step_error
 from estimators.collect.timeline import BACKWARD, FORWARD, OPTIMIZER, TimelineRecorder
 
@@ -36,4 +36,5 @@ __all__ = [
     "device_names", "device_spec", "elapsed_ms", "explain_step_error", "load_factory", "measure_checkpoint_overhead",
     "parse_attention_mask", "parse_moe_routing", "pipeline_loss", "run_collection", "run_pipeline_collection",
     "target_spec",
+    "host_link_of",
 ]

@@ -18,9 +18,10 @@ from estimators.collect.moe import parse_moe_routing
 from estimators.collect.pipeline import collect_pipeline_stages
 from planner import choose_pipeline_split
 from estimators.common import FsdpSetup, ParallelDims, PipelineSetup
-from planner import PLANNER_VERSION, Stats, StatsMetadata, baseline_peak_bytes
+from planner import PLANNER_VERSION, HostLink, Stats, StatsMetadata, baseline_peak_bytes
 
-__all__ = ["CollectRequest", "CollectResult", "run_collection", "run_pipeline_collection", "target_spec", "COLLECTOR_VERSION"]
+__all__ = ["CollectRequest", "CollectResult", "run_collection", "run_pipeline_collection", "target_spec", "host_link_of",
+           "COLLECTOR_VERSION"]
 
 COLLECTOR_VERSION = f"sacplan-estimators {PLANNER_VERSION}"
 # The CUDA caching allocator hands out blocks in multiples of 512 bytes.
@@ -49,6 +50,7 @@ class CollectRequest:
     allow_tf32: bool = False
     benchmark: bool = False
     checkpoint_overhead_us_per_op: float | None = None
+    host_link_gbps: float | None = None  # both directions; None: the device table's figure
     moe_routing: str = "balanced"
     attention_mask: str = "none"  # --hf-config only: none, ones or padded:F
     name: str | None = None
@@ -203,7 +205,17 @@ def target_spec(req: CollectRequest) -> DeviceSpec:
         name = cuda_device_entry(torch.cuda.get_device_name()) if req.device == "cuda" else "cpu"
     return device_spec(name, peak_tflops=req.peak_tflops, mem_bandwidth_gbps=req.mem_bandwidth_gbps,
                        compute_efficiency=req.compute_efficiency, memory_efficiency=req.memory_efficiency,
-                       checkpoint_overhead_us_per_op=req.checkpoint_overhead_us_per_op)
+                       checkpoint_overhead_us_per_op=req.checkpoint_overhead_us_per_op,
+                       host_link_gbps=req.host_link_gbps)
+
+
+def host_link_of(target: DeviceSpec) -> HostLink | None:
+    """The stats' ``metadata.host_link_gbps`` for ``target``: its table figures (or ``--host-link-gbps``), or None
+    for a target without a host link (cpu, unless given)."""
+    if target.host_link_d2h_gbps is None or target.host_link_h2d_gbps is None:
+        return None
+    return HostLink(d2h=target.host_link_d2h_gbps, h2d=target.host_link_h2d_gbps,
+                    source=f"{target.name}: {target.host_link_source}")
 
 
 def _benchmark_refusal(req: CollectRequest, target: DeviceSpec) -> str | None:
@@ -285,6 +297,7 @@ def _prepare(req: CollectRequest, progress: Any) -> tuple[BuiltModel, DeviceSpec
         collector_version=COLLECTOR_VERSION,
         tags={"cost_model": "benchmark" if req.benchmark else "roofline",
               "optimizer_step": "foreach" if target.kind == "cuda" else "for-loop", **built.notes},
+        host_link_gbps=host_link_of(target),
     )
     kwargs = dict(
         optimizer_kwargs=None if built.optimizer_fn is not None else optimizer_kwargs,

@@ -66,7 +66,9 @@ def sweep_point(p: CachedPlan) -> SweepPoint:
     plan = p.plan()
     return SweepPoint(plan_id=p.id, memory_budget_gib=plan["memory_budget_gib"], status=plan["status"],
                       peak_bytes=plan.get("peak_bytes"), recompute_ms=plan.get("recompute_ms"),
-                      min_feasible_budget_gib=plan.get("min_feasible_budget_gib"), cached=p.cached)
+                      min_feasible_budget_gib=plan.get("min_feasible_budget_gib"), cached=p.cached,
+                      step_overhead_ms=plan.get("step_overhead_ms"), offload_stall_ms=plan.get("offload_stall_ms"),
+                      host_bytes=plan.get("host_bytes"))
 
 
 def sweep_out(row: SweepRecord, stats: StatsRecord, points: list[SweepPoint], cached: bool) -> SweepOut:

@@ -24,6 +24,7 @@ from matplotlib.figure import Figure
 from planner import GIB, Stats
 from service.views.chart_axes import draw_phase_strip, label_modules, label_phase_strip, short_name
 from service.views.memory_kinds import StepMemory, step_memory
+from service.views.offload_chart import HOST_LABEL, draw_host_band, draw_windows, offload_words
 
 __all__ = ["ImageFormat", "plan_chart", "sweep_chart", "pipeline_chart"]
 
@@ -36,18 +37,29 @@ _MIN_BUDGET = "#b8860b"
 
 
 def plan_chart(stats: Stats, plan: dict[str, Any], *, image_format: ImageFormat = "png") -> bytes:
-    """The step's memory by kind, without and with ``plan``, against its budget; PNG or SVG bytes."""
+    """The step's memory by kind, without and with ``plan``, against its budget; PNG or SVG bytes.
+
+    A plan that offloads adds what is on the host at each moment (hatched, above the device's memory) and a
+    panel of its windows: per window what its checkpointed modules keep, recompute and offload.
+    """
     memory = step_memory(stats, plan)
     step_phases = memory.phases[0] != "module"
     panels = 2 if memory.planned is not None else 1
-    fig = Figure(figsize=(11, 3.1 + 2.6 * panels), dpi=100, layout="constrained")
-    ratios = ([0.09] if step_phases else []) + [1.0] * panels
-    axes = fig.subplots(len(ratios), 1, sharex=True, gridspec_kw={"height_ratios": ratios})
-    axes = list(np.atleast_1d(axes))
+    offloads = memory.planned is not None and bool(plan.get("offload_windows"))
+    fig = Figure(figsize=(11, 3.1 + 2.6 * panels + 2.6 * offloads), dpi=100, layout="constrained")
+    ratios = ([0.09] if step_phases else []) + [1.0] * panels + ([0.8] if offloads else [])
+    grid = fig.add_gridspec(len(ratios), 1, height_ratios=ratios)
+    first = fig.add_subplot(grid[0])
+    axes = [first] + [fig.add_subplot(grid[k], sharex=first) for k in range(1, len(ratios) - offloads)]
+    windows_ax = fig.add_subplot(grid[-1]) if offloads else None
+    for ax in axes[:-1]:
+        ax.tick_params(labelbottom=False)
     strip = axes.pop(0) if step_phases else None
     if strip is not None:
         draw_phase_strip(strip, memory.phases, memory.micro_batches)
-    top = max(float(memory.total(memory.baseline).max()), plan["memory_budget_gib"] * GIB,
+    planned_top = 0.0 if memory.planned is None else float(
+        (memory.total(memory.planned) + (0.0 if memory.host is None else memory.host)).max())
+    top = max(float(memory.total(memory.baseline).max()), planned_top, plan["memory_budget_gib"] * GIB,
               (plan.get("min_feasible_budget_gib") or 0.0) * GIB) * 1.08
     unit = _unit(top)
     _stacked(axes[0], memory.baseline, "without checkpointing", top, unit)
@@ -55,6 +67,8 @@ def plan_chart(stats: Stats, plan: dict[str, Any], *, image_format: ImageFormat 
         _stacked(axes[1], memory.planned, "with the plan", top, unit)
         axes[1].plot(np.arange(len(memory.phases)), memory.total(memory.baseline) / unit[1], color="0.35",
                      linestyle=":", linewidth=1.2, drawstyle="steps-mid", label="without checkpointing (total)")
+        if memory.host is not None and memory.host.max() > 0:
+            draw_host_band(axes[1], memory.total(memory.planned), memory.host, unit)
     for ax in axes:
         _budget_lines(ax, plan, unit)
         _micro_batch_marks(ax, memory.micro_batches)
@@ -62,7 +76,9 @@ def plan_chart(stats: Stats, plan: dict[str, Any], *, image_format: ImageFormat 
     axes[-1].set_xlabel("the step, in order: the module running at each moment" if step_phases
                         else "module (forward post-order; PyTorch's per-module model)")
     fig.suptitle(_title(stats, plan), fontsize=11)
-    handles, labels = _legend_entries(axes + ([strip] if strip is not None else []))
+    if windows_ax is not None:
+        draw_windows(windows_ax, plan, {f: k for k, f in enumerate(stats.fw_post_order)}, stats.root.fqn)
+    handles, labels = _legend_entries(axes + [ax for ax in (strip, windows_ax) if ax is not None])
     fig.legend(handles, labels, loc="outside right center", fontsize=8, frameon=False)
     # What fits depends on the layout: lay out with provisional ticks, then name as many modules as fit.
     label_modules(axes[-1], memory.modules, stats.root.fqn, width_px=800)
@@ -134,7 +150,9 @@ def _legend_entries(axes: list[Any]) -> tuple[list[Any], list[str]]:
     for ax in axes:
         for handle, label in zip(*ax.get_legend_handles_labels()):
             seen.setdefault(label, handle)
-    order = [k for k in reversed(KIND_COLORS) if k in seen] + [k for k in seen if k not in KIND_COLORS]
+    host = [k for k in seen if k.startswith(HOST_LABEL)]  # above the kinds of device memory, as drawn
+    order = host + [k for k in reversed(KIND_COLORS) if k in seen] + [k for k in seen if k not in KIND_COLORS
+                                                                      and k not in host]
     return [seen[k] for k in order], order
 
 
@@ -146,7 +164,7 @@ def _title(stats: Stats, plan: dict[str, Any]) -> str:
         rec = plan.get("recompute_ms") or 0.0
         what = f"{modules} module{'s' * (modules != 1)} checkpointed, recompute {rec:.3g} ms" if modules else \
             "fits without checkpointing"
-        return f"{head}: {what}" + ("" if status == "optimal" else " (best found in time)")
+        return f"{head}: {what}{offload_words(plan)}" + ("" if status == "optimal" else " (best found in time)")
     if status == "infeasible":
         return f"{head}: no plan fits"
     return f"{head}: no plan ({status})"
@@ -165,14 +183,22 @@ def _image(fig: Figure, image_format: ImageFormat) -> bytes:
 
 
 def sweep_chart(model_name: str, plans: Sequence[dict[str, Any]], baseline_peak_bytes: int, *,
-                image_format: ImageFormat = "png") -> bytes:
-    """Recompute time against memory budget (the Pareto curve); budgets without a plan marked on the axis."""
+                image_format: ImageFormat = "png", without_offload: Sequence[dict[str, Any]] = ()) -> bytes:
+    """Recompute time against memory budget (the Pareto curve); budgets without a plan marked on the axis.
+
+    Plans made with ``offload='on'`` draw their step-time overhead (recompute plus copy stall) and, from
+    ``without_offload`` (the same budgets planned with ``offload='off'``, those there are), the recompute of the
+    best plan that does not offload: the two curves of the same sweep.
+    """
     plans = sorted(plans, key=lambda p: p["memory_budget_gib"])
     ok = [p for p in plans if p["status"] in ("optimal", "feasible") and p.get("recompute_ms") is not None]
     bad = [p for p in plans if p not in ok]
+    offload = any(p.get("offload") == "on" for p in plans)
     fig = Figure(figsize=(9, 4.8), dpi=100, layout="constrained")
     ax = fig.add_subplot()
-    if ok:
+    if ok and offload:
+        _offload_curves(ax, ok, without_offload)
+    elif ok:
         ax.plot([p["memory_budget_gib"] for p in ok], [p["recompute_ms"] for p in ok],
                 marker="o", color="tab:blue", label="recompute time of the plan")
     if bad:
@@ -185,11 +211,31 @@ def sweep_chart(model_name: str, plans: Sequence[dict[str, Any]], baseline_peak_
     ax.axvline(baseline_peak_bytes / GIB, color="tab:gray", linestyle="--",
                label=f"peak without checkpointing: {baseline_peak_bytes / GIB:.4g} GiB")
     ax.set_xlabel("memory budget, GiB")
-    ax.set_ylabel("recompute time, ms")
-    ax.set_title(f"{model_name}: recompute time against memory budget", fontsize=11)
+    what = "step-time overhead" if offload else "recompute time"
+    ax.set_ylabel(f"{what}, ms")
+    ax.set_title(f"{model_name}: {what} against memory budget" + (", with and without offloading" if offload else ""),
+                 fontsize=11)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
     return _image(fig, image_format)
+
+
+def _offload_curves(ax: Any, ok: list[dict[str, Any]], without_offload: Sequence[dict[str, Any]]) -> None:
+    """With offloading: recompute + stall (and the recompute alone); without: the recompute-only plans' recompute."""
+    budgets = [p["memory_budget_gib"] for p in ok]
+    ax.plot(budgets, [p.get("step_overhead_ms", p["recompute_ms"]) for p in ok], marker="o", color="tab:blue",
+            label="with offloading: recompute + copy stall")
+    ax.plot(budgets, [p["recompute_ms"] for p in ok], marker=".", linestyle=":", color="tab:blue", alpha=0.7,
+            label="with offloading: of which recompute")
+    off = sorted((p for p in without_offload if p["status"] in ("optimal", "feasible")
+                  and p.get("recompute_ms") is not None), key=lambda p: p["memory_budget_gib"])
+    if off:
+        ax.plot([p["memory_budget_gib"] for p in off], [p["recompute_ms"] for p in off], marker="s",
+                color="tab:orange", label="without offloading: recompute")
+    missing = [p for p in without_offload if p not in off]
+    if missing:
+        ax.plot([p["memory_budget_gib"] for p in missing], [0.0] * len(missing), linestyle="none", marker="x",
+                color="tab:orange", markersize=8, label="without offloading: no plan at this budget")
 
 
 def pipeline_chart(model_name: str, pipeline: dict[str, Any], *, image_format: ImageFormat = "png") -> bytes:

@@ -244,10 +244,12 @@ def plan_chart_job(stats_id: Any, document: str, plan: str) -> bytes | dict[str,
     return plan_chart(stats, json.loads(plan))
 
 
-def sweep_chart_job(model_name: str, plans: list[str], baseline_peak_bytes: int) -> bytes:
+def sweep_chart_job(model_name: str, plans: list[str], baseline_peak_bytes: int,
+                    without_offload: list[str] = ()) -> bytes:
     from service.views.charts import sweep_chart
 
-    return sweep_chart(model_name, [json.loads(p) for p in plans], baseline_peak_bytes)
+    return sweep_chart(model_name, [json.loads(p) for p in plans], baseline_peak_bytes,
+                       without_offload=[json.loads(p) for p in without_offload])
 
 
 def pipeline_chart_job(model_name: str, pipeline_json: str) -> bytes:

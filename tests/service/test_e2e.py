@@ -86,3 +86,27 @@ def test_stale_stats_and_stopping_leave_a_clean_log(server, example_doc, store_a
     assert "Exception in ASGI application" not in log and "Traceback" not in log, log[-3000:]
     assert "leaked semaphore" not in log, log[-3000:]
     assert "Application shutdown complete" in log
+
+
+def test_serve_plans_with_offloading(server, assert_png):
+    """A real server plans with offload='on' (six layers for an A100-80GB, at 16 GB/s: it offloads and stalls),
+    draws the plan's chart in its render process, and refuses a bad link figure, storing nothing."""
+    server.start()
+    doc = json.loads((REPO / "tests" / "data" / "mlp6_a100.json").read_text())
+    with httpx.Client(base_url=server.url, timeout=120) as c:
+        stats_id = c.post("/v1/stats", json=doc).json()["id"]
+        ask = {"stats_id": stats_id, "memory_budget_gib": 1.5, "offload": "on", "time_limit_s": 60}
+        r = c.post("/v1/plans", json={**ask, "host_link_gbps": 16})
+        assert r.status_code == 201, r.text
+        plan = r.json()
+        assert plan["status"] == "optimal" and plan["host_bytes"] > 0 and plan["offload_stall_ms"] > 0
+        assert plan["peak_bytes"] <= 1.5 * 2**30
+        assert any(m.get("offload") and 1 in m["offload"] for m in plan["modules"])
+        chart = c.get(f"/v1/plans/{plan['id']}/chart.png")
+        assert chart.status_code == 200 and chart.headers["content-type"] == "image/png"
+        assert_png(chart.content)
+        bad = c.post("/v1/plans", json={**ask, "host_link_gbps": -1})
+        assert bad.status_code == 422 and bad.json()["errors"][0]["loc"] == ["body", "host_link_gbps"]
+        assert "host_link_gbps must be a positive number of GB/s" in bad.json()["detail"]
+        assert bad.json()["errors"][0]["input"] == -1
+        assert c.get(f"/v1/stats/{stats_id}/plans").json()["total"] == 1

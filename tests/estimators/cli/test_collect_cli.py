@@ -46,11 +46,14 @@ def _free_port() -> int:
 
 def test_collect_hf_config_writes_valid_stats(tmp_path, hf_config, capsys):
     out = tmp_path / "stats.json"
-    rc = main(["collect", "--hf-config", str(hf_config), "--batch", "2", "--seq", "32", "--out", str(out), "--quiet"])
+    rc = main(["collect", "--hf-config", str(hf_config), "--batch", "2", "--seq", "32", "--out", str(out), "--quiet",
+               "--host-link-gbps", "12.5"])
     assert rc == 0
     stats = load_stats(out)
     assert stats.metadata.batch_size == 2 and stats.metadata.seq_len == 32
     assert stats.metadata.target_device == "cpu"
+    link = stats.metadata.host_link_gbps  # a cpu target has none of its own: the flag gives both directions
+    assert (link.d2h, link.h2d, link.source) == (12.5, 12.5, "cpu: given by the user (--host-link-gbps)")
     assert "LlamaForCausalLM.model.layers.1" in stats.fw_post_order
     # The rotary embedding's backward hooks never fire (its outputs need no grad): it is still there.
     rotary = stats.module("LlamaForCausalLM.model.rotary_emb")
@@ -67,6 +70,8 @@ def test_collect_factory_for_gpu_target_emulates_flash(tmp_path, capsys):
     assert rc == 0
     stats = load_stats(out)
     assert stats.metadata.target_device == "H100-SXM"
+    link = stats.metadata.host_link_gbps  # the device table's PCIe Gen5 x16 figure (estimators/collect/devices.py)
+    assert (link.d2h, link.h2d) == (50.0, 50.0) and link.source.startswith("H100-SXM: PCIe Gen5 x16, effective")
     names = {op.name for op in stats.module("Transformer.layers.0").ops}
     assert "aten._scaled_dot_product_flash_attention" in names
     assert "aten.native_dropout" in names

@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from estimators import DEVICES, RooflineCostModel, device_spec  # noqa: E402
-from estimators.collect import cuda_device_entry  # noqa: E402
+from estimators.collect import cuda_device_entry, host_link_of  # noqa: E402
 
 aten = torch.ops.aten
 
@@ -65,6 +65,47 @@ def test_overrides_and_bad_values():
         device_spec("h200", compute_efficiency=1.5)
     with pytest.raises(ValueError, match="mem_bandwidth_gbps must be positive, got -1"):
         device_spec("h200", mem_bandwidth_gbps=-1)
+
+
+def test_host_link_figures_per_target():
+    """Effective host-link figures, per direction (estimators/collect/devices.py's docstring gives the sources):
+    PCIe Gen4 x16 24/24 (A100, L40S), PCIe Gen5 x16 50/50 (H100, H200), NVLink-C2C 290 D2H / 340 H2D (GH200,
+    nvbandwidth#23: H2D 346 GB/s measured, D2H about 15% slower); a cpu target has no host link."""
+    expected = {"A100-40GB": (24, 24), "A100-80GB": (24, 24), "L40S": (24, 24), "H100-SXM": (50, 50),
+                "H100-PCIe": (50, 50), "H200": (50, 50), "MI300X": (50, 50), "GH200": (290, 340)}
+    for name, (d2h, h2d) in expected.items():
+        spec = device_spec(name)
+        assert (spec.host_link_d2h_gbps, spec.host_link_h2d_gbps) == (d2h, h2d), name
+        assert spec.host_link_source and ("PCIe" in spec.host_link_source or "NVLink" in spec.host_link_source)
+    assert "assumed" in device_spec("MI300X").host_link_source  # not measured: said so
+    cpu = device_spec("cpu")
+    assert (cpu.host_link_d2h_gbps, cpu.host_link_h2d_gbps, cpu.host_link_source) == (None, None, None)
+
+
+def test_gh200_entry_and_its_cuda_name():
+    # DataCrunch's GH200 memcpy analysis and JSC's JUPITER page: 96 GB HBM3 at 4 TB/s (the 480 GB LPDDR5X part).
+    gh200 = device_spec("gh200")
+    assert gh200.memory_bytes == 96 * 10**9 and gh200.mem_bandwidth_gbps == 4000.0
+    assert "assumed" in gh200.source  # its compute figures are H100-SXM's, not its datasheet's
+    assert cuda_device_entry("NVIDIA GH200 480GB") == "GH200"
+    assert cuda_device_entry("NVIDIA H200") == "H200"  # the H200 pattern does not take a GH200
+    with pytest.raises(ValueError, match="'NVIDIA GH200 144G HBM3e' is not in the device table"):
+        cuda_device_entry("NVIDIA GH200 144G HBM3e")  # another memory: refused, not costed as the 96 GB part
+
+
+def test_host_link_override():
+    spec = device_spec("cpu", host_link_gbps=12.5)
+    assert (spec.host_link_d2h_gbps, spec.host_link_h2d_gbps) == (12.5, 12.5)
+    assert "given by the user" in spec.host_link_source
+    # what the collector writes as metadata.host_link_gbps: none for a cpu target, the table's figures otherwise
+    assert host_link_of(device_spec("cpu")) is None
+    gh200 = host_link_of(device_spec("GH200"))
+    assert (gh200.d2h, gh200.h2d) == (290.0, 340.0) and gh200.source.startswith("GH200: NVLink-C2C")
+    assert host_link_of(spec).d2h == 12.5
+    for bad in (0, -3, 1e-9, float("inf"), float("nan")):  # the stats' HostLink takes 1e-6 GB/s and up
+        with pytest.raises(ValueError, match=re.escape(f"host_link_gbps must be a positive number of GB/s (at least "
+                                                       f"1e-06), got {bad!r}")):
+            device_spec("h100-sxm", host_link_gbps=bad)
 
 
 def test_roofline_times():

@@ -25,6 +25,18 @@ def test_the_example_is_valid_stats_with_a_timeline():
     assert "before planner" not in planner.plan(stats, 0.7).memory_model_note  # not "collected before planner 0.5"
 
 
+def test_the_host_link_field_leaves_the_rest_of_the_example_as_it_was():
+    """The collector writes metadata.host_link_gbps for a GPU target (A100-80GB: the device table's PCIe Gen4 x16
+    figure); without it the document is the one made before the field existed, hash and all."""
+    link = EXAMPLE_STATS["metadata"]["host_link_gbps"]
+    assert (link["d2h"], link["h2d"]) == (24.0, 24.0) and link["source"].startswith("A100-80GB: PCIe Gen4 x16")
+    before = {**EXAMPLE_STATS, "metadata": {k: v for k, v in EXAMPLE_STATS["metadata"].items()
+                                            if k != "host_link_gbps"}}
+    # service/example_stats.json as made at main 625d5f7 (before the field), hashed there
+    assert planner.stats_hash(planner.parse_stats(before)) == (
+        "ace5d6cd225edab5914d36def3778727c65f27823a3a55b518faa1900604e7d6")
+
+
 @pytest.mark.slow
 def test_the_example_is_what_the_collector_writes_today():
     pytest.importorskip("torch")

@@ -69,13 +69,21 @@ def _request_examples(spec: dict) -> list[tuple[str, dict]]:
 
 def test_every_request_example_succeeds_as_is_on_a_fresh_database(client, make_client, settings, tmp_path):
     examples = _request_examples(client.get("/openapi.json").json())
-    assert sorted(path for path, _ in examples) == ["/v1/plans", "/v1/stats", "/v1/sweeps"]
+    # plans and sweeps: without and with offloading (service.examples)
+    assert sorted(path for path, _ in examples) == ["/v1/plans", "/v1/plans", "/v1/stats", "/v1/sweeps",
+                                                    "/v1/sweeps"]
+    assert sorted(body.get("offload", "off") for path, body in examples if path != "/v1/stats") == [
+        "off", "off", "on", "on"]
     for k, (path, body) in enumerate(examples):
         r = _fresh_client(make_client, settings, tmp_path, f"fresh{k}").post(path, json=body)
         assert r.status_code == 201, (path, r.text)
         answer = r.json()  # a plan, a sweep's points (every budget fits), or an upload (no status)
         statuses = [p["status"] for p in answer.get("points", [])] + [answer.get("status", "optimal")]
         assert set(statuses) == {"optimal"}, r.text
+        if body.get("offload") == "on":  # the plan states what offloading costs, in every point of a sweep
+            figures = answer.get("points") or [answer]
+            assert all("step_overhead_ms" in p and "host_bytes" in p for p in figures), r.text
+            assert path != "/v1/plans" or answer["host_link_gbps"] == {"d2h": 16.0, "h2d": 16.0}
 
 
 def test_the_example_stats_target_a_device_of_the_table():
