@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ class StatsError(ValueError):
 
     def __init__(self, message: str, errors: list[dict[str, Any]] | None = None):
         super().__init__(message)
-        self.errors = errors or [{"loc": [], "msg": message}]
+        self.errors = errors or [{"loc": _loc_of(message), "msg": message}]
 
 
 def parse_stats(doc: Any) -> Stats:
@@ -84,8 +85,21 @@ def _is_plan(doc: Any) -> bool:
 def _errors(exc: ValidationError) -> list[dict[str, Any]]:
     out = []
     for e in exc.errors(include_url=False):
-        out.append({"loc": [str(x) for x in e["loc"]], "msg": e["msg"], "input": short_value(e.get("input"))})
+        loc = [str(x) for x in e["loc"]] or _loc_of(e["msg"].removeprefix("Value error, "))
+        out.append({"loc": loc, "msg": e["msg"], "input": short_value(e.get("input"))})
     return out
+
+
+_LEADING_PATH = re.compile(r"([A-Za-z_]\w*(?:\[\d+\])*)(?:\.([A-Za-z_]\w*(?:\[\d+\])*))*")
+
+
+def _loc_of(msg: str) -> list[str]:
+    """The field a whole-document check names first ('modules[4].held_inputs ...' -> modules, 4, held_inputs),
+    so every error has a location; the document as a whole ("body" of the upload) when it names none."""
+    m = _LEADING_PATH.match(msg)
+    if m is None or not re.match(r"\w+\[\d+\]", msg) and "." not in m.group(0):
+        return ["body"]
+    return [x for part in m.group(0).split(".") for x in re.findall(r"[A-Za-z_]\w*|\d+", part)]
 
 
 def _describe(exc: ValidationError) -> str:
