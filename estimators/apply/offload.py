@@ -111,7 +111,7 @@ class HostStore:
             raise PlanMismatchError(f"{label} is offloaded in the last offload window (it ends with the model's "
                                     f"forward, '{self.end_modules[-1]}'): no later window drops it, so it frees "
                                     f"nothing; the plan must save it")
-        host, copied = self._to_host(t)
+        host, copied = self.to_host(t)
         h = Handle(label, t.device, host, t, _version(t), weakref.ref(t), weakref.ref(t.untyped_storage()),
                    t.untyped_storage().nbytes(), copied, users=1)
         p.windows[p.window].append(h)
@@ -126,7 +126,8 @@ class HostStore:
             self.streams[device] = torch.cuda.Stream(device)
         return self.streams[device]
 
-    def _to_host(self, t: torch.Tensor) -> tuple[torch.Tensor, Any]:
+    def to_host(self, t: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        """A host copy of ``t`` in a storage of its own, and the CUDA event after the copy (None on the CPU)."""
         with torch.no_grad(), host_side():
             if t.device.type != "cuda":  # the CPU stand-in: a fresh storage, a synchronous copy
                 host = torch.empty_like(t, device="cpu")
@@ -262,7 +263,7 @@ def offload_decisions(i: int, pm: Any, fqn: str, save: tuple[int, ...],
         if o and view is not None and view[k]:
             raise PlanMismatchError(f"module {fqn!r}: {what} is a view and has offload=1: views are recomputed, "
                                     f"offload the op that made its base (plan modules[{i}])")
-    return tuple(int(o) for o in offload) if any(offload) else None
+    return tuple(int(o) for o in offload)
 
 
 def window_ends(doc: Any, root: str, planned: list[str], by_fqn: dict[str, nn.Module]) -> list[str]:

@@ -95,7 +95,7 @@ def apply_plan(model: nn.Module, plan: Any, *, stats: Any = None, example_inputs
 def _set_up_offload(model: nn.Module, doc: Mapping, plans: list[ModulePlan], by_fqn: dict[str, nn.Module],
                     compile_backend: str | None) -> None:
     """A plan that offloads gets one host store for the model and the window hooks its protocol needs."""
-    if not any(mp.offload for mp in plans):
+    if all(mp.offload is None for mp in plans):
         return
     if compile_backend is not None:
         raise ValueError(f"compile_backend={compile_backend!r}: a plan that offloads is applied in eager mode only "
