@@ -100,6 +100,8 @@ def _argument(name: str) -> dict[str, Any]:
     if field.annotation is int:
         return {"type": int, "default": field.default, "metavar": "N", "help": f"{help_text} (default {field.default})"}
     unit = name.rsplit("_", 1)[-1].upper()  # time_limit_s -> S, reserve_gib -> GIB
+    if field.default is None:  # an optional number (host_link_gbps): absent means "from the stats"
+        return {"type": float, "default": None, "metavar": unit, "help": f"{help_text} (default: the stats' figure)"}
     return {"type": float, "default": field.default, "metavar": unit, "help": f"{help_text} (default {field.default:g})"}
 
 

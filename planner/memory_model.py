@@ -98,8 +98,12 @@ class MemoryModel:
         return np.array([p == "backward" for p in self.phases], dtype=bool)
 
     def profile_bytes(self, discarded: Mapping[str, float] | None = None, *, held: bool = True,
-                      shared_once: bool = True, saves: Mapping[str, Sequence[int]] | None = None) -> np.ndarray:
+                      shared_once: bool = True, saves: Mapping[str, Sequence[int]] | None = None,
+                      offloaded: Mapping[int, float] | None = None) -> np.ndarray:
         """m_t per moment (in step order) with ``discarded[fqn]`` bytes freed by each checkpointed module.
+
+        ``offloaded``: credit key -> bytes offloaded to host memory, off the device at the moments whose key is
+        at least the credit key (an offload window's, :meth:`planner.solve.offload.OffloadWindows.credits`).
 
         A checkpointed module's discard counts from the end of its forward
         until its backward starts; its held inputs (step model) count on
@@ -130,6 +134,8 @@ class MemoryModel:
             for fqn, (op, nbytes) in self.chained.items():  # call k's saved op is call k+1's held input
                 if fqn in discarded and fqn in saves and saves[fqn][op]:
                     m -= nbytes * (self.repeats.get(fqn, 0.0) + self.repeats_held.get(fqn, 0.0))
+        for key, nbytes in (offloaded or {}).items():
+            m[self.keys >= key] -= nbytes
         return m
 
     def transient_bytes(self, fqn: str, save: Sequence[int] | None) -> np.ndarray:
@@ -177,9 +183,12 @@ class MemoryModel:
                              [spans.get(n, []) for n in shared])
 
     def peak_bytes(self, discarded: Mapping[str, float] | None = None, *, held: bool = True,
-                   shared_once: bool = True, saves: Mapping[str, Sequence[int]] | None = None) -> float:
-        """The step's peak with ``discarded[fqn]`` bytes freed by each checkpointed module."""
-        return float(self.profile_bytes(discarded, held=held, shared_once=shared_once, saves=saves).max())
+                   shared_once: bool = True, saves: Mapping[str, Sequence[int]] | None = None,
+                   offloaded: Mapping[int, float] | None = None) -> float:
+        """The step's peak with ``discarded[fqn]`` bytes freed by each checkpointed module (and ``offloaded``
+        as for :meth:`profile_bytes`)."""
+        return float(self.profile_bytes(discarded, held=held, shared_once=shared_once, saves=saves,
+                                        offloaded=offloaded).max())
 
     def describe(self, t: int) -> str:
         """Moment t in words: 'backward of Model.layers.3', 'optimizer step', 'forward'."""

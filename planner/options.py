@@ -23,9 +23,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from planner.memory_model import GIB
 from planner.stats.format import MAX_BYTES
 
-__all__ = ["MIN_REL_GAP", "PlanOptions", "Solver", "plan_options"]
+__all__ = ["MIN_REL_GAP", "Offload", "PlanOptions", "Solver", "plan_options"]
 
 Solver = Literal["auto", "milp", "dp"]
+Offload = Literal["off", "on"]
 # The smallest gap a plan claims: the DP treats costs within 1e-9 (relative, plus 1e-9 ms) as equal.
 MIN_REL_GAP = 1e-8
 
@@ -66,6 +67,13 @@ class PlanOptions(BaseModel):
                            "throughout).")
     reserve_gib: float = Field(
         0.0, ge=0.0, le=MAX_BYTES / GIB, description="Fixed reserve added at every point of the step, GiB.")
+    offload: Offload = Field(
+        "off", description="Offload activations to host memory as a third decision beside keep and recompute, inside "
+                           "checkpointed modules ('on'), or not ('off': plans exactly as without this option).")
+    host_link_gbps: float | None = Field(
+        None, gt=0.0, allow_inf_nan=False,
+        description="Host link bandwidth with offload='on', GB/s (1e9 bytes/s) per direction, both directions alike; "
+                    "overrides the stats' figure (metadata.host_link_gbps), needed when the stats carry none.")
 
     @field_validator("world_size", mode="before")
     @classmethod
@@ -121,14 +129,36 @@ class PlanOptions(BaseModel):
             raise ValueError(f"reserve_gib must be a number of GiB from 0 to {MAX_BYTES // GIB}, got {v!r}")
         return v
 
+    @field_validator("offload", mode="before")
+    @classmethod
+    def _offload(cls, v: Any) -> Any:
+        if v not in ("off", "on"):
+            raise ValueError(f"offload must be 'off' or 'on', got {v!r}")
+        return v
+
+    @field_validator("host_link_gbps", mode="before")
+    @classmethod
+    def _host_link(cls, v: Any) -> Any:
+        if v is not None and (not _number(v) or not math.isfinite(v) or v <= 0):
+            raise ValueError(f"host_link_gbps must be a positive number of GB/s, got {v!r}")
+        return v
+
     @property
     def effective_rel_gap(self) -> float:
         """The gap the engines work to: ``mip_rel_gap``, at least ``MIN_REL_GAP``."""
         return max(self.mip_rel_gap, MIN_REL_GAP)
 
     def cache_fields(self) -> dict[str, Any]:
-        """The options as a plan cache keys them: unit lists as sorted sets, numbers as floats where they are."""
+        """The options as a plan cache keys them: unit lists as sorted sets, numbers as floats where they are.
+
+        With offload off, neither offload nor host_link_gbps is in the key: they cannot change such a plan, and
+        keys made before the options existed stay valid.
+        """
         out = {name: getattr(self, name) for name in PlanOptions.model_fields}  # not a request body's other fields
+        if self.offload == "off":
+            del out["offload"], out["host_link_gbps"]
+        elif self.host_link_gbps is not None:
+            out["host_link_gbps"] = float(self.host_link_gbps)
         for name in ("ac_units", "fsdp_units"):
             if out[name] is not None:
                 out[name] = sorted(set(out[name]))

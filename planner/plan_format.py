@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["PlanStatus", "PlanMoment", "PlannedModule", "Plan"]
+__all__ = ["PlanStatus", "PlanMoment", "PlannedModule", "OffloadWindow", "Plan"]
 
 PlanStatus = Literal["optimal", "feasible", "infeasible", "time_limit", "error"]
 
@@ -34,6 +34,12 @@ class PlannedModule(BaseModel):
     op_names: list[str] | None = Field(
         None, description="The module's op names, aligned with save: lets apply_plan verify the model runs the same ops."
     )
+    offload: list[int] | None = Field(
+        None, exclude_if=lambda v: v is None, description="With offload: 1 = this saved op's output goes to host "
+        "memory in the forward and comes back before the module's backward (save is 1 there), one per op as save; "
+        "absent: nothing offloaded.")
+    offloaded_bytes: int | None = Field(None, exclude_if=lambda v: v is None, description="With offload: bytes of "
+                                        "the module's offloaded op outputs (part of saved_bytes).")
 
     def __repr__(self) -> str:  # one line, not the save and op_names lists
         return (f"PlannedModule({self.fqn}: discard {self.discard_ratio:.3f}, {_gib(self.discarded_bytes)} freed, "
@@ -54,6 +60,33 @@ class PlanMoment(BaseModel):
     micro_batch: int | None = Field(None, exclude_if=lambda v: v is None, description="With gradient "
                                     "accumulation: the micro-batch of this moment, from 1 (absent: the only one, "
                                     "or the optimizer step).")
+
+
+class OffloadWindow(BaseModel):
+    """One offload window: a stretch of the forward whose offloads wait for the next window's end.
+
+    Windows partition the forward post-order; window j ends when the forward of ``end_module`` ends. Its
+    offloaded outputs are copied to host memory as they are made and dropped from the device at the end of
+    window j+1's forward; in the backward they are fetched back when window j+1's backward starts.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    index: int = Field(description="The window's number in forward order, from 0.")
+    end_module: str = Field(description="The module whose forward ends the window ('' for the root: the last "
+                                        "window).")
+    offloaded_bytes: int = Field(description="Bytes the window's modules offload.")
+    d2h_ms: float = Field(description="Their copy to host memory at the link's device-to-host speed.")
+    forward_ms: float = Field(description="The next window's forward compute, which the copy overlaps.")
+    h2d_ms: float = Field(description="Their copy back at the link's host-to-device speed.")
+    backward_ms: float = Field(description="The next window's backward compute (without recompute), which the copy "
+                                           "back overlaps.")
+    stall_ms: float = Field(description="What the copies add to the step: max(0, d2h_ms - forward_ms) + "
+                                        "max(0, h2d_ms - backward_ms).")
+
+
+def _none(v) -> bool:
+    return v is None
 
 
 class Plan(BaseModel):
@@ -101,6 +134,21 @@ class Plan(BaseModel):
     peak_at: str | None = Field(None, description="Where the peak is: 'backward of Model.layers.3', 'optimizer "
                                                   "step', ... (with the plan, or without when there is none).")
     modules: list[PlannedModule] = Field(default_factory=list)
+    offload: Literal["on"] | None = Field(None, exclude_if=_none, description="'on': the plan may offload saved "
+                                          "op outputs of checkpointed modules to host memory (absent: it does not).")
+    host_link_gbps: dict[str, float] | None = Field(None, exclude_if=_none, description="With offload: the host "
+                                                    "link figures used, GB/s per direction ({'d2h': .., 'h2d': ..}).")
+    host_bytes: int | None = Field(None, exclude_if=_none, description="With offload: host memory the offloaded "
+                                   "outputs take per rank (per micro-batch): the sum over windows.")
+    offload_stall_ms: float | None = Field(None, exclude_if=_none, description="With offload: what the copies add "
+                                           "to the step where they outlast the compute they overlap.")
+    step_overhead_ms: float | None = Field(None, exclude_if=_none, description="With offload: recompute_ms + "
+                                           "offload_stall_ms, what the plan minimises.")
+    offload_windows: list[OffloadWindow] | None = Field(None, exclude_if=_none, description="With offload: the "
+                                                        "windows in forward order, what apply's waits and prefetches "
+                                                        "follow.")
+    prefetch_distance: int | None = Field(None, exclude_if=_none, description="With offload: how many windows "
+                                          "ahead the backward fetches offloaded outputs back (1).")
     timeline: list[PlanMoment] = Field(default_factory=list, description="The step's memory at every key moment, "
                                                                          "in step order, without and with the plan.")
 

@@ -10,10 +10,23 @@ from planner.stats.pipeline import PipelineStageInfo
 from planner.stats.sharding import Sharding
 from planner.stats.text import Text
 
-__all__ = ["StatsMetadata"]
+__all__ = ["HostLink", "StatsMetadata"]
 
 SettingValue = Annotated[str, Field(max_length=256)] | bool | int | float | None
 OptimizerArg = SettingValue | list[Annotated[str, Field(max_length=256)] | bool | int | float | None]
+
+
+class HostLink(BaseModel):
+    """The device's link to host memory, per direction (offloading's copies), GB/s = 1e9 bytes/s."""
+
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+    d2h: StrictFloat | StrictInt = Field(gt=0, allow_inf_nan=False,
+                                         description="Device to host, GB/s (offloads in the forward).")
+    h2d: StrictFloat | StrictInt = Field(gt=0, allow_inf_nan=False,
+                                         description="Host to device, GB/s (prefetches in the backward).")
+    source: Text = Field(max_length=512, description="Where the figures come from (a device table entry and its "
+                         "source, or 'sacplan collect --host-link-gbps').")
 
 
 class StatsMetadata(BaseModel):
@@ -59,3 +72,6 @@ class StatsMetadata(BaseModel):
         None, exclude_if=lambda v: v is None, description="Set when the stats are one pipeline stage's (sacplan "
         "collect --pp-stages S): which stage, the schedule, its microbatches and per-microbatch buffers. Absent: no "
         "pipeline.")
+    host_link_gbps: HostLink | None = Field(
+        None, exclude_if=lambda v: v is None, description="The target device's host link, per direction (for "
+        "offloading activations to host memory). Absent: not known (plan with host_link_gbps then).")

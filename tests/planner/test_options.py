@@ -52,7 +52,9 @@ def test_cache_fields_treat_unit_lists_as_sets():
     b = PlanOptions(ac_units=["a", "b"], time_limit_s=30.0)
     assert a.cache_fields() == b.cache_fields()
     assert a.cache_fields()["ac_units"] == ["a", "b"]
-    assert set(a.cache_fields()) == set(PlanOptions.model_fields)  # every option changes the key
+    # every option changes the key; offload's options only when offload is on (an off plan ignores them)
+    assert set(a.cache_fields()) == set(PlanOptions.model_fields) - {"offload", "host_link_gbps"}
+    assert set(PlanOptions(offload="on").cache_fields()) == set(PlanOptions.model_fields)
 
 
 def test_every_option_is_a_cli_flag():
@@ -62,7 +64,8 @@ def test_every_option_is_a_cli_flag():
     assert r.returncode == 0, r.stderr
     flags = {"world_size": "--world-size", "ac_units": "--ac-unit", "fsdp_units": "--fsdp-unit",
              "time_limit_s": "--time-limit", "mip_rel_gap": "--mip-rel-gap", "solver": "--solver",
-             "first_step_only": "--first-step-only", "reserve_gib": "--reserve-gib"}
+             "first_step_only": "--first-step-only", "reserve_gib": "--reserve-gib", "offload": "--offload",
+             "host_link_gbps": "--host-link-gbps"}
     assert set(flags) == set(PlanOptions.model_fields)
     for flag in flags.values():
         assert flag in r.stdout
