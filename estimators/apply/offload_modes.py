@@ -47,6 +47,23 @@ class _Offloaded:
     view: bool
 
 
+@dataclass(frozen=True)
+class _Alias:
+    """One cache entry's tensor over an offloaded storage: the handle and the tensor's own geometry (an op and the
+    in-place ops or ``_unsafe_view`` after it share one storage, one host copy, with shapes of their own)."""
+
+    handle: Handle
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
+
+    def on(self, dev: torch.Tensor) -> torch.Tensor:
+        """This entry's tensor over the fetched storage."""
+        if (tuple(dev.shape), dev.stride(), dev.storage_offset()) == (self.shape, self.stride, self.offset):
+            return _detached(dev)
+        return _detached(dev.as_strided(self.shape, self.stride, self.offset))
+
+
 def _detached(x: Any) -> Any:
     """An alias without autograd history that still shares the version counter of a view's base, as the cache
     of torch's pair keeps it (detach with the ADInplaceOrView key included)."""
@@ -123,7 +140,7 @@ class _Forward(TorchDispatchMode):
             raise PlanMismatchError(f"{e.label} cannot be offloaded: {why}; the plan must save or recompute it")
 
     def _offload_entries(self) -> None:
-        offloaded: dict[int, torch.Tensor] = {}
+        offloaded: set[int] = set()
         for slot in self.cache.values():
             for e in slot:
                 if isinstance(e, _Offloaded):
@@ -135,14 +152,14 @@ class _Forward(TorchDispatchMode):
             return
         for slot in self.cache.values():  # a saved output over an offloaded storage (an in-place op's) goes too
             for i, e in enumerate(slot):
-                if isinstance(e, torch.Tensor) and _storage_key(e) in offloaded and _same_view(e, offloaded):
-                    slot[i] = _Offloaded(self.store.offload(e, "(saved alias)"), "(saved alias)", False)
+                if isinstance(e, torch.Tensor) and _storage_key(e) in offloaded:
+                    slot[i] = _Offloaded(self._to_store(e, "(a saved alias)", offloaded), "(a saved alias)", False)
 
-    def _to_store(self, x: Any, label: str, offloaded: dict[int, torch.Tensor]) -> Any:
+    def _to_store(self, x: Any, label: str, offloaded: set[int]) -> Any:
         if not isinstance(x, torch.Tensor):
             return x
-        offloaded.setdefault(_storage_key(x), x)
-        return self.store.offload(x, label)
+        offloaded.add(_storage_key(x))
+        return _Alias(self.store.offload(x, label), tuple(x.shape), x.stride(), x.storage_offset())
 
 
 def _dense(t: torch.Tensor) -> bool:
@@ -153,11 +170,6 @@ def _dense(t: torch.Tensor) -> bool:
             return False
         expected *= size
     return True
-
-
-def _same_view(t: torch.Tensor, offloaded: dict[int, torch.Tensor]) -> bool:
-    o = offloaded[_storage_key(t)]
-    return (t.shape, t.stride(), t.storage_offset(), t.dtype) == (o.shape, o.stride(), o.storage_offset(), o.dtype)
 
 
 class _Recompute(TorchDispatchMode):
@@ -194,16 +206,16 @@ class _Recompute(TorchDispatchMode):
             return func(*args, **kwargs)
         slot[idx] = _CONSUMED
         if isinstance(e, _Offloaded):
-            return tree_map(lambda h: _detached(self.store.take(h)) if isinstance(h, Handle) else h, e.value)
+            return tree_map(lambda a: a.on(self.store.take(a.handle)) if isinstance(a, _Alias) else a, e.value)
         return e
 
     def __exit__(self, *exc: Any) -> Any:
         for slot in self.cache.values():  # early stop: the offloaded entries not reached let go of their copies
             for i, e in enumerate(slot):
                 if isinstance(e, _Offloaded):
-                    for h in tree_leaves(e.value):
-                        if isinstance(h, Handle):
-                            self.store.release(h)
+                    for a in tree_leaves(e.value):
+                        if isinstance(a, _Alias):
+                            self.store.release(a.handle)
                     slot[i] = _CONSUMED
         return super().__exit__(*exc)
 
