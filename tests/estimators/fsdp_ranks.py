@@ -47,3 +47,22 @@ def run_rank(rank: int, world_size: int, plan: dict, stats: dict) -> dict[str, A
     result["max_grad_diff"] = max(float((a - b).abs().max()) for a, b in zip(grads["plain"], grads["planned"]))
     result["grads_equal"] = all(torch.equal(a, b) for a, b in zip(grads["plain"], grads["planned"]))
     return result
+
+
+def run_offload_rank(rank: int, world_size: int, plan: dict, stats: dict) -> dict[str, Any]:
+    """One rank with a plan that offloads: gradients against the unplanned sharded model, then two steps of the
+    planned one measured (``measure_fsdp_steps``: host bytes booked apart)."""
+    from estimators import call_model, make_optimizer
+    from estimators.measure import measure_fsdp_steps
+
+    grads = {}
+    for name, p in (("plain", None), ("planned", plan)):
+        built = sharded_tiny_llama(world_size, p, stats if p else None)
+        torch.manual_seed(0)
+        call_model(built.model, built.inputs).loss.backward()
+        grads[name] = [q.grad.to_local().clone() for q in built.model.parameters()]
+    built.model.zero_grad(set_to_none=True)
+    opt = make_optimizer("adamw", list(built.model.parameters()))
+    steps = measure_fsdp_steps(built.model, built.inputs, None, opt, steps=2)
+    return {"rank": rank, "planned": [(m.peak_bytes, m.host_peak_bytes) for m in steps],
+            "grads_equal": all(torch.equal(a, b) for a, b in zip(grads["plain"], grads["planned"]))}
