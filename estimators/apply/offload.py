@@ -52,6 +52,7 @@ class Handle:
     """One offloaded storage: its host copy, the device tensor while it is stashed, the fetched copy."""
 
     label: str  # "module 'm': op k (aten.x)", for messages
+    key: int  # the device storage's address while it is stashed (one handle per storage and pass)
     device: torch.device
     host: torch.Tensor | None
     stashed: torch.Tensor | None  # the device tensor, until the window protocol drops it
@@ -112,7 +113,7 @@ class HostStore:
                                     f"forward, '{self.end_modules[-1]}'): no later window drops it, so it frees "
                                     f"nothing; the plan must save it")
         host, copied = self.to_host(t)
-        h = Handle(label, t.device, host, t, _version(t), weakref.ref(t), weakref.ref(t.untyped_storage()),
+        h = Handle(label, key, t.device, host, t, _version(t), weakref.ref(t), weakref.ref(t.untyped_storage()),
                    t.untyped_storage().nbytes(), copied, users=1)
         p.windows[p.window].append(h)
         p.by_storage[key] = h
@@ -168,7 +169,7 @@ class HostStore:
             if h.copied is not None:
                 torch.cuda.current_stream(h.device).wait_event(h.copied)  # the copy has read it: free on compute
             h.stashed = None
-            p.by_storage.pop(next((k for k, v in p.by_storage.items() if v is h), None), None)
+            p.by_storage.pop(h.key, None)
         del t
         alive = [h for h in p.windows[j] if h.storage() is not None]
         if alive:

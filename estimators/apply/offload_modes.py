@@ -156,8 +156,8 @@ class _Forward(TorchDispatchMode):
                     slot[i] = _Offloaded(self._to_store(e, "(a saved alias)", offloaded), "(a saved alias)", False)
 
     def _to_store(self, x: Any, label: str, offloaded: set[int]) -> Any:
-        if not isinstance(x, torch.Tensor):
-            return x
+        if not isinstance(x, torch.Tensor) or x.untyped_storage().nbytes() == 0:
+            return x  # an empty tensor frees nothing (and has no address to tell it apart): kept as saved
         offloaded.add(_storage_key(x))
         return _Alias(self.store.offload(x, label), tuple(x.shape), x.stride(), x.storage_offset())
 

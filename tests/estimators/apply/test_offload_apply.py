@@ -187,3 +187,24 @@ def test_offloading_a_buffer_alias_is_refused():
     with pytest.raises(PlanMismatchError, match=r"module 'Sequential\.0': op 0 \(aten\.add_\) cannot be offloaded: "
                                                 r"it shares its storage with a parameter or buffer"):
         model(torch.randn(4, D, requires_grad=True))
+
+
+def test_gradient_accumulation_gets_windows_per_forward_and_remove_plan_takes_the_hooks_off(net):
+    from estimators import TrainingLoop, remove_plan
+
+    model, x = net
+
+    def step(m: nn.Module) -> object:
+        return measure_steps(m, x, lambda out: out.square().mean(), torch.optim.SGD(m.parameters(), lr=0.0),
+                             steps=1, loop=TrainingLoop(grad_accumulation=2))[0]
+
+    kept = step(apply_plan(copy.deepcopy(model), _plan(SAVE, [0] * 6)))
+    planned = apply_plan(copy.deepcopy(model), _plan(SAVE, [0, 1, 1, 0, 0, 0]))
+    off = step(planned)
+    # each micro-batch's forward starts its own windows: the same drop at the same moment as one micro-batch
+    assert kept.peak_bytes - off.peak_bytes == 2 * UP_BYTES and off.host_peak_bytes == N * 2 * UP_BYTES
+    remove_plan(planned)
+    assert not planned._forward_hooks and not planned.blocks[0]._forward_hooks
+    with track_live_storages(planned) as tracker:
+        planned(x)
+        assert tracker.host_figures() == (None, None)
