@@ -35,7 +35,7 @@ __all__ = ["Verified", "refusal", "model_refusal", "run_device", "training_loop"
 KNOWN_METADATA = frozenset({"model_name", "batch_size", "seq_len", "input_shape", "dtype", "device", "target_device",
                             "optimizer", "optimizer_kwargs", "grad_accumulation", "max_grad_norm", "grad_scaler",
                             "torch_version", "collector_version", "tags", "model_settings", "sharding",
-                            "pipeline"})
+                            "pipeline", "host_link_gbps"})  # the host link: a planning figure, no step setting
 
 
 @dataclass(frozen=True)
