@@ -271,26 +271,53 @@ def plan_table(stats: Stats, p: Plan) -> str:
     split = recompute_split(stats, p)
     if split is not None and split.overhead_dominates:
         lines.insert(-1, f"host overhead    {HOST_OVERHEAD_NOTE}")
+    if p.offload == "on":
+        lines[-1:-1] = _offload_lines(p)
     if p.min_feasible_budget_gib is not None:
         lines.append(f"min budget       {p.min_feasible_budget_gib:g} GiB")
     if p.message and p.status != "optimal":
         lines.append(f"note             {_cli_words(p.message)}")
     if p.modules:
         width = max(len(m.fqn) for m in p.modules)
-        lines += ["", f"{'module':<{width}}  discard  freed GiB  recompute ms  ops saved"]
+        off = p.offload == "on"
+        lines += ["", f"{'module':<{width}}  discard  freed GiB  recompute ms  ops saved"
+                  + ("  offloaded GiB" if off else "")]
         for m in p.modules:
             lines.append(f"{m.fqn:<{width}}  {m.discard_ratio:7.3f}  {m.discarded_bytes / GIB:9.3f}  "
-                         f"{m.recompute_ms:12.4f}  {sum(m.save)}/{len(m.save)}")
+                         f"{m.recompute_ms:12.4f}  {sum(m.save)}/{len(m.save)}"
+                         + (f"  {(m.offloaded_bytes or 0) / GIB:13.3f}" if off else ""))
     return "\n".join(lines)
+
+
+def _offload_columns(p: Plan) -> str:
+    stall = "-" if p.offload_stall_ms is None else f"{p.offload_stall_ms:.3f}"
+    over = "-" if p.step_overhead_ms is None else f"{p.step_overhead_ms:.3f}"
+    return f"  {stall:>8}  {over:>11}  {_gib(p.host_bytes):>8}"
+
+
+def _offload_lines(p: Plan) -> list[str]:
+    """With offload on: the link, host memory, the copies' stall and the step overhead the plan minimises."""
+    link = p.host_link_gbps or {}
+    out = [f"offload          on: host link {link.get('d2h', 0):g} GB/s to host, {link.get('h2d', 0):g} GB/s back"]
+    if p.host_bytes is not None:
+        busy = sum(1 for w in p.offload_windows or () if w.offloaded_bytes)
+        out.append(f"host memory      {_gib_text(p.host_bytes)} offloaded, in {busy} of "
+                   f"{len(p.offload_windows or ())} windows (prefetch {p.prefetch_distance} window ahead)")
+        out.append(f"offload stall    {p.offload_stall_ms:.3f} ms: the copies past the compute they overlap")
+        out.append(f"step overhead    {p.step_overhead_ms:.3f} ms = recompute + offload stall (what the plan "
+                   f"minimises)")
+    return out
 
 
 def sweep_table(plans: list[Plan]) -> str:
     width = max([10] + [len(_status_text(p)) for p in plans])
-    lines = [f"{'budget GiB':>10}  {'status':<{width}}  {'peak GiB':>9}  {'recompute ms':>12}  {'modules':>7}  {'solve s':>7}"]
+    off = any(p.offload == "on" for p in plans)  # offloading: the stall, the overhead minimised, host memory
+    lines = [f"{'budget GiB':>10}  {'status':<{width}}  {'peak GiB':>9}  {'recompute ms':>12}  {'modules':>7}  {'solve s':>7}"
+             + (f"  {'stall ms':>8}  {'overhead ms':>11}  {'host GiB':>8}" if off else "")]
     for p in plans:
         rc = "-" if p.recompute_ms is None else f"{p.recompute_ms:.3f}"
         lines.append(f"{p.memory_budget_gib:>10g}  {_status_text(p):<{width}}  {_gib(p.peak_bytes):>9}  {rc:>12}  "
-                     f"{len(p.modules):>7}  {p.solve_seconds:>7.3f}")
+                     f"{len(p.modules):>7}  {p.solve_seconds:>7.3f}" + (_offload_columns(p) if off else ""))
     mins = {p.min_feasible_budget_gib for p in plans if p.min_feasible_budget_gib is not None}
     if mins:
         lines.append(f"smallest budget with a plan: {min(mins):g} GiB")

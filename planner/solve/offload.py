@@ -37,10 +37,10 @@ from planner.ops.groups import SAVE
 from planner.ops.knapsack import GroupClasses
 from planner.solve.problem import Problem
 from planner.stats.format import Stats
+from planner.stats.metadata import MIN_HOST_LINK_GBPS
 
 __all__ = ["GBPS_BYTES_PER_MS", "HostLinkFigures", "OffloadOptions", "OffloadPlan", "OffloadSetup", "OffloadWindows",
-           "decisions", "host_link", "offload_options", "offload_plan", "offload_setup", "offload_windows",
-           "window_bytes"]
+           "check_offloads", "decisions", "host_link", "offload_options", "offload_plan", "offload_setup", "offload_windows"]
 
 GBPS_BYTES_PER_MS = 1e6  # 1 GB/s = 1e9 bytes/s = 1e6 bytes/ms
 
@@ -67,17 +67,18 @@ def host_link(stats: Stats, host_link_gbps: float | None) -> HostLinkFigures:
     either, or for stats offloading's model does not cover (a pipeline stage's, or without a timeline)."""
     meta = stats.metadata
     if meta.pipeline is not None:
-        raise ValueError("offload='on' is not supported for a pipeline stage's stats (metadata.pipeline): the "
+        raise ValueError("offload 'on' is not supported for a pipeline stage's stats (metadata.pipeline): the "
                          "schedule interleaves micro-batches, which breaks the offload windows")
     if not stats.timeline:
-        raise ValueError("offload='on' needs stats with a timeline (sacplan collect writes one): offloading's windows "
+        raise ValueError("offload 'on' needs stats with a timeline (sacplan collect writes one): offloading's windows "
                          "follow the step's own moments")
     if host_link_gbps is not None:
-        if not math.isfinite(host_link_gbps) or host_link_gbps <= 0:
-            raise ValueError(f"host_link_gbps must be a positive number of GB/s, got {host_link_gbps!r}")
+        if not math.isfinite(host_link_gbps) or host_link_gbps < MIN_HOST_LINK_GBPS:
+            raise ValueError(f"host_link_gbps must be a positive number of GB/s (at least {MIN_HOST_LINK_GBPS:g}), "
+                             f"got {host_link_gbps!r}")
         return HostLinkFigures(float(host_link_gbps), float(host_link_gbps), "host_link_gbps option")
     if meta.host_link_gbps is None:
-        raise ValueError(f"offload='on' needs host_link_gbps: the stats carry no host link figure (target "
+        raise ValueError(f"host_link_gbps is needed with offload 'on': the stats carry no host link figure (target "
                          f"{meta.target_device or meta.device or 'not stated'})")
     link = meta.host_link_gbps
     return HostLinkFigures(float(link.d2h), float(link.h2d), link.source)
@@ -132,7 +133,8 @@ class OffloadWindows:
 
 def offload_windows(prob: Problem, link: HostLinkFigures) -> OffloadWindows:
     """The windows of ``prob``: one per child of the module with the most children that are, or hold,
-    candidates (a decoder's layer list), plus the last window (the rest, ending with the root)."""
+    candidates (a decoder's layer list: every child, whether it holds a candidate or not), plus the last window
+    (the rest, ending with the root)."""
     stats = prob.stats
     post = prob.model.post_pos
     root = stats.fw_pre_order[0]
@@ -159,20 +161,23 @@ def offload_windows(prob: Problem, link: HostLinkFigures) -> OffloadWindows:
 
 
 def _blocks(stats: Stats, candidates: set[str]) -> list[str]:
-    """The children (in forward post-order) of the module with the most children that are or hold candidates."""
+    """The children (in forward post-order) of the module with the most children that are or hold candidates:
+    all of them, candidates or not (each one's forward is compute the previous window's copies hide behind)."""
     holding: set[str] = set()
     for f in candidates:  # every ancestor of a candidate holds one
         p: str | None = f
         while p is not None and p not in holding:
             holding.add(p)
             p = stats.module(p).parent
+    holders: dict[str, int] = {}
     children: dict[str, list[str]] = {}
     for f in stats.fw_post_order:
         parent = stats.module(f).parent
-        if parent is not None and f in holding:
+        if parent is not None:
             children.setdefault(parent, []).append(f)
-    best = max(stats.fw_pre_order, key=lambda f: len(children.get(f, ())))  # the first of the widest, pre-order
-    return children.get(best, [])
+            holders[parent] = holders.get(parent, 0) + (f in holding)
+    best = max(stats.fw_pre_order, key=lambda f: holders.get(f, 0))  # the widest; the first of equals, pre-order
+    return children.get(best, []) if holders.get(best, 0) else []
 
 
 def _outermost(stats: Stats, fqns: list[str]) -> list[str]:
@@ -246,14 +251,6 @@ def decisions(classes: GroupClasses, options: OffloadOptions | None, recomputed:
     return g.op_decisions(group_save), g.op_decisions(group_off)
 
 
-def window_bytes(windows: OffloadWindows, cand_window: Mapping[int, float]) -> np.ndarray:
-    """Per window, the bytes its candidates offload, from candidate index -> offloaded bytes."""
-    out = np.zeros(len(windows))
-    for i, nbytes in cand_window.items():
-        out[int(windows.candidate_window[i])] += nbytes
-    return out
-
-
 @dataclass(frozen=True)
 class OffloadSetup:
     """What every engine needs to plan with offload, for one problem and one link: built once per request."""
@@ -313,3 +310,29 @@ def offload_plan(prob: Problem, windows: OffloadWindows, offloads: Mapping[str, 
         per_window[j] += nbytes[fqn]
     stall = np.array([windows.stall_ms(j, b) for j, b in enumerate(per_window.tolist())])
     return OffloadPlan(windows, lists, nbytes, per_window, stall)
+
+
+def check_offloads(prob: Problem, setup: OffloadSetup, saves: Mapping[str, Sequence[int]],
+                   offloads: Mapping[str, Sequence[int]]) -> None:
+    """ValueError naming the first offload the model does not allow: of a module not checkpointed (no save list)
+    or without offloadable groups, of an op not saved, or of a group not offloadable or offloaded in part.
+    An engine's plan passes this before :func:`offload_plan` prices it."""
+    index = {c.fqn: i for i, c in enumerate(prob.candidates)}
+    for fqn, offload in offloads.items():
+        if not any(offload):
+            continue
+        i = index.get(fqn)
+        if fqn not in saves or i is None or i not in setup.options:
+            raise ValueError(f"{fqn!r} offloads, but it is not a checkpointed module that may offload")
+        save, opts = saves[fqn], setup.options[i]
+        for k, (o, s) in enumerate(zip(offload, save)):
+            if o and not s:
+                raise ValueError(f"{fqn!r} offloads op {k}, which it does not save")
+        groups = prob.candidates[i].classes.groups.members
+        allowed = {g for able in opts.groups for g in able}
+        for g, members in enumerate(groups):
+            flags = {int(offload[k]) for k in members}
+            if flags == {1} and g not in allowed:
+                raise ValueError(f"{fqn!r} offloads op group {g} (ops {list(members)}), which may not be offloaded")
+            if len(flags) > 1:
+                raise ValueError(f"{fqn!r} offloads part of op group {g} (ops {list(members)}): one decision")
