@@ -9,7 +9,7 @@ import torch
 from est_helpers import TINY_LLAMA
 
 
-def sharded_tiny_llama(world_size: int, plan: dict | None, stats: dict | None) -> Any:
+def sharded_tiny_llama(world_size: int, plan: dict | None, stats: dict | None, batch: int = 2, seq: int = 32) -> Any:
     """The tiny Llama (seed 0), the plan applied first, then fully_shard over its decoder layers and root.
 
     The order torchtitan uses: activation checkpointing wraps the blocks
@@ -21,7 +21,7 @@ def sharded_tiny_llama(world_size: int, plan: dict | None, stats: dict | None) -
     from estimators import apply_plan, build_from_hf_config, shard
 
     torch.manual_seed(0)
-    built = build_from_hf_config(TINY_LLAMA, batch_size=2, seq_len=32, dtype=torch.float32,
+    built = build_from_hf_config(TINY_LLAMA, batch_size=batch, seq_len=seq, dtype=torch.float32,
                                  device=torch.device("cpu"))
     if plan is not None:
         apply_plan(built.model, plan, stats=stats)
@@ -49,7 +49,7 @@ def run_rank(rank: int, world_size: int, plan: dict, stats: dict) -> dict[str, A
     return result
 
 
-def run_offload_rank(rank: int, world_size: int, plan: dict, stats: dict) -> dict[str, Any]:
+def run_offload_rank(rank: int, world_size: int, plan: dict, stats: dict, batch: int, seq: int) -> dict[str, Any]:
     """One rank with a plan that offloads: gradients against the unplanned sharded model, then two steps of the
     planned one measured (``measure_fsdp_steps``: host bytes booked apart)."""
     from estimators import call_model, make_optimizer
@@ -57,7 +57,7 @@ def run_offload_rank(rank: int, world_size: int, plan: dict, stats: dict) -> dic
 
     grads = {}
     for name, p in (("plain", None), ("planned", plan)):
-        built = sharded_tiny_llama(world_size, p, stats if p else None)
+        built = sharded_tiny_llama(world_size, p, stats if p else None, batch, seq)
         torch.manual_seed(0)
         call_model(built.model, built.inputs).loss.backward()
         grads[name] = [q.grad.to_local().clone() for q in built.model.parameters()]
