@@ -114,7 +114,8 @@ def _applied_line(model: nn.Module, doc: Mapping, fqns: list[str]) -> str:
     budget, peak, recompute = doc.get("memory_budget_gib"), doc.get("peak_bytes"), doc.get("recompute_ms")
     figures = [f"recompute {recompute:.3g} ms" if isinstance(recompute, (int, float)) else "",
                f"budget {budget:.4g} GiB" if isinstance(budget, (int, float)) else "",
-               f"planned peak {peak / 2**30:.4g} GiB" if isinstance(peak, (int, float)) else ""]
+               f"planned peak {peak / 2**30:.4g} GiB" if isinstance(peak, (int, float)) else "",
+               f"offloading {doc['host_bytes'] / 2**30:.4g} GiB to host" if doc.get("host_bytes") else ""]
     what = (f"checkpointed {len(fqns)} modules ({', '.join(fqns[:8])}{', ...' if len(fqns) > 8 else ''})" if fqns
             else "the plan checkpoints nothing (no-op)")
     return "; ".join([f"apply_plan: {type(model).__name__}: {what}", ", ".join(f for f in figures if f)]).rstrip("; ")
