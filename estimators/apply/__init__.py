@@ -7,10 +7,10 @@ example batch, proves the plan maps on one dry step (``dry_check``). Imports
 only ``estimators.common`` of its siblings.
 """
 
-from estimators.apply.alignment import AmbiguousAlignment, StatsOps, align
+from estimators.apply.alignment import TOLERATED_OPS, AmbiguousAlignment, StatsOps, align
 from estimators.apply.dry_check import COMPILE_BACKENDS, check_plan
 from estimators.apply.policy import PlanMismatchError, planned_modules
 from estimators.apply.wrap import apply_plan, remove_plan
 
-__all__ = ["COMPILE_BACKENDS", "AmbiguousAlignment", "PlanMismatchError", "StatsOps", "align", "apply_plan",
+__all__ = ["COMPILE_BACKENDS", "TOLERATED_OPS", "AmbiguousAlignment", "PlanMismatchError", "StatsOps", "align", "apply_plan",
            "check_plan", "planned_modules", "remove_plan"]

@@ -56,6 +56,8 @@ def check_plan(model: nn.Module, example_inputs: Any, *, loss_fn: Callable[[Any]
     plans = planned_modules(model)
     if not plans:
         raise ValueError(f"check_plan: {type(model).__name__} has no planned module: call apply_plan first")
+    if compile_backend is not None and any(mp.offload is not None for mp in plans):
+        raise ValueError(f"compile_backend={compile_backend!r}: a plan that offloads is applied in eager mode only")
     if not model.training:
         raise ValueError(f"check_plan runs a training step but {type(model).__name__} is in eval mode: call "
                          f"model.train() first (in eval mode planned modules are not checkpointed)")

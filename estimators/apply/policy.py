@@ -76,6 +76,9 @@ class ModulePlan:
     # stats of a compiled TP step: under AOT tracing every seeded op counts as random (saved; see
     # estimators.collect.tensor_parallel.is_seeded_op), as the stats count it
     seeded_random: bool = False
+    # the plan's offload decisions, parallel to save (1: the saved output goes to host memory), or None
+    offload: tuple[int, ...] | None = None
+    host_store: Any = None  # the estimators.apply.offload.HostStore of the model, when the plan offloads
 
     def new_call(self, compiled: bool) -> CallPolicy:
         call = CallPolicy(self, compiled)
@@ -149,6 +152,7 @@ class CallPolicy:
         self.mode: str | None = None
         self.count = 0  # ops seen
         self.pos = 0  # eager rule: the next stats op
+        self.planned_at: int | None = None  # the plan position the current op took its decision from
         self.random_decision: int | None = None
         self.saved_storages: set[int] = set()
         self.candidates: list[Alignment] | None = None
@@ -167,6 +171,7 @@ class CallPolicy:
         if self.mode is None:
             self._start()
         k, name = self.count, op_name(func)
+        self.planned_at = None
         if name == _EAGER_WAIT and self.plan.traced_stats:
             name = _TRACED_WAIT  # an eager run of a plan made for the compiled step (its wait: the traced one)
         self.count += 1
@@ -186,7 +191,14 @@ class CallPolicy:
             decision = 1
         if self.mode != TRACED:
             decision = self._inplace(func, args, decision, getattr(ctx, "op_output", None))
+        if decision and self._offloaded():
+            return CheckpointPolicy.MUST_CPU_OFFLOAD
         return CheckpointPolicy.MUST_SAVE if decision else CheckpointPolicy.PREFER_RECOMPUTE
+
+    def _offloaded(self) -> bool:
+        """Whether the plan offloads the op just decided (only where the eager rule matched it to a plan op)."""
+        offload, at = self.plan.offload, self.planned_at
+        return offload is not None and at is not None and self.mode == EAGER and bool(offload[at])
 
     def _from_table(self, k: int, name: str) -> int:
         left = [a for a in self.candidates if k < len(a.names) and a.names[k] == name]
@@ -205,6 +217,7 @@ class CallPolicy:
         if stats is None:  # no names: position k takes decision k
             if k >= len(save):
                 raise self.plan.mismatch(k, name, self.mode, None)
+            self.planned_at = k
             return save[k]
         n = len(stats.names)
         if not substantive(name, view):
@@ -218,6 +231,7 @@ class CallPolicy:
         if stats.names[self.pos] != name:
             raise self.plan.mismatch(k, name, self.mode, stats.names[self.pos])
         self.pos += 1
+        self.planned_at = self.pos - 1
         return save[self.pos - 1]
 
     def missing_op(self) -> str | None:

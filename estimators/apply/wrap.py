@@ -29,6 +29,8 @@ from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_conte
 from estimators.apply.alignment import StatsOps
 from estimators.apply.buffer_guard import guarded_recompute
 from estimators.apply.dry_check import check_plan
+from estimators.apply.offload import HostStore, install_windows, offload_decisions, remove_windows, window_ends
+from estimators.apply.offload_modes import offload_contexts
 from estimators.apply.policy import PLAN_MARK, ModulePlan, PlanMismatchError, RngReplay, aot_tracing
 from estimators.apply.settings_match import match_compile_backend, match_model_settings
 from estimators.common import autocast_name, module_fqns
@@ -77,6 +79,7 @@ def apply_plan(model: nn.Module, plan: Any, *, stats: Any = None, example_inputs
     fqns = [str(pm.get("fqn")) for pm in planned]
     _check_fqns(model, fqns, by_fqn)
     plans = [_module_plan(i, pm, fqns[i], ops, hint) for i, pm in enumerate(planned)]
+    _set_up_offload(model, doc, plans, by_fqn, compile_backend)
     for mp in plans:
         if sdoc is not None:
             mp.autocast = (recorded.get("autocast"),)
@@ -89,12 +92,30 @@ def apply_plan(model: nn.Module, plan: Any, *, stats: Any = None, example_inputs
     return model
 
 
+def _set_up_offload(model: nn.Module, doc: Mapping, plans: list[ModulePlan], by_fqn: dict[str, nn.Module],
+                    compile_backend: str | None) -> None:
+    """A plan that offloads gets one host store for the model and the window hooks its protocol needs."""
+    if all(mp.offload is None for mp in plans):
+        return
+    if compile_backend is not None:
+        raise ValueError(f"compile_backend={compile_backend!r}: a plan that offloads is applied in eager mode only "
+                         f"(under torch.compile, torch 2.13 ignores the offload tag unless a joint pass and "
+                         f"functorch's activation offloading are set up, and on the CPU its copy is an alias); "
+                         f"train this model without torch.compile or plan it with offload off")
+    root = next(fqn for fqn, mod in by_fqn.items() if mod is model)
+    store = HostStore(window_ends(doc, root, [mp.fqn for mp in plans], by_fqn))
+    install_windows(model, store, by_fqn)
+    for mp in plans:
+        mp.host_store = store
+
+
 def _applied_line(model: nn.Module, doc: Mapping, fqns: list[str]) -> str:
     """What ``apply_plan`` wrapped, in one line: the modules, the recompute, the budget and the planned peak."""
     budget, peak, recompute = doc.get("memory_budget_gib"), doc.get("peak_bytes"), doc.get("recompute_ms")
     figures = [f"recompute {recompute:.3g} ms" if isinstance(recompute, (int, float)) else "",
                f"budget {budget:.4g} GiB" if isinstance(budget, (int, float)) else "",
-               f"planned peak {peak / 2**30:.4g} GiB" if isinstance(peak, (int, float)) else ""]
+               f"planned peak {peak / 2**30:.4g} GiB" if isinstance(peak, (int, float)) else "",
+               f"offloading {doc['host_bytes'] / 2**30:.4g} GiB to host" if doc.get("host_bytes") else ""]
     what = (f"checkpointed {len(fqns)} modules ({', '.join(fqns[:8])}{', ...' if len(fqns) > 8 else ''})" if fqns
             else "the plan checkpoints nothing (no-op)")
     return "; ".join([f"apply_plan: {type(model).__name__}: {what}", ", ".join(f for f in figures if f)]).rstrip("; ")
@@ -102,6 +123,7 @@ def _applied_line(model: nn.Module, doc: Mapping, fqns: list[str]) -> str:
 
 def remove_plan(model: nn.Module) -> nn.Module:
     """Undo :func:`apply_plan`: every wrapped module gets its own forward back; returns ``model``."""
+    remove_windows(model)
     for mod in model.modules():
         inner = mod.__dict__.pop("_sacplan_forward", None)
         mod.__dict__.pop(PLAN_MARK, None)
@@ -153,7 +175,7 @@ def _module_plan(i: int, pm: Mapping, fqn: str, ops: dict[str, list[dict]] | Non
         names = list(pm["op_names"])
         view, random = [_looks_view(n) for n in names], [False] * len(names)
     else:
-        return ModulePlan(fqn, None, save, hint)
+        return ModulePlan(fqn, None, save, hint, offload=offload_decisions(i, pm, fqn, save, None, None))
     if len(names) != len(save):
         raise PlanMismatchError(f"module {fqn!r}: the plan has {len(save)} save decisions but the stats list "
                                 f"{len(names)} ops")
@@ -164,7 +186,8 @@ def _module_plan(i: int, pm: Mapping, fqn: str, ops: dict[str, list[dict]] | Non
         raise PlanMismatchError(f"module {fqn!r}: random op {other} ({names[other]}) has save={save[other]} but "
                                 f"random op {first} has save={save[first]}: random ops must all be saved or all "
                                 f"recomputed")
-    return ModulePlan(fqn, StatsOps(tuple(names), save, tuple(view), tuple(random)), save, hint)
+    return ModulePlan(fqn, StatsOps(tuple(names), save, tuple(view), tuple(random)), save, hint,
+                      offload=offload_decisions(i, pm, fqn, save, names, view))
 
 
 def _looks_view(name: str) -> bool:
@@ -189,6 +212,12 @@ def _check_autocast(mp: ModulePlan) -> None:
 
 
 def _contexts(mp: ModulePlan, compiled: bool, module: nn.Module) -> Any:
+    if mp.offload is not None:  # our own pair (torch's eager one recomputes what is tagged for offload)
+        if compiled:
+            raise PlanMismatchError(f"module {mp.fqn!r}: the plan offloads, which runs in eager mode only; train "
+                                    f"without torch.compile or plan with offload off")
+        forward_ctx, recompute_ctx = offload_contexts(mp.new_call(compiled), mp.host_store, mp.fqn, module)
+        return forward_ctx, guarded_recompute(module, recompute_ctx)
     pair = create_selective_checkpoint_contexts(mp.new_call(compiled), allow_cache_entry_mutation=True)
     if compiled and not aot_tracing():  # compile's eager backend runs checkpoint without preserve_rng_state
         return RngReplay(*pair).contexts()

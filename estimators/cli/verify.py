@@ -135,6 +135,9 @@ def verify_lines(stats: Stats, results: list[Any], skipped: list[Plan]) -> list[
         if r.plan is not None:
             text += (f"; recompute {r.predicted_recompute_ms:.3g} ms predicted, {r.measured_recompute_ms:.3g} ms "
                      f"measured +- {r.noise_ms:.2g} ({_ratio(r.measured_recompute_ms, r.predicted_recompute_ms)})")
+            if getattr(r.plan, "host_bytes", None):  # a plan that offloads: its host memory, booked apart
+                text += (f"; host {size_text(r.plan.host_bytes)} predicted, {size_text(r.measured_host_bytes or 0)} "
+                         f"measured ({_ratio(r.measured_host_bytes, r.plan.host_bytes)})")
         rows.append((label, text))
     for p in skipped:
         why = (f"{p.status}, not applied" if p.status not in ("optimal", "feasible") else

@@ -35,7 +35,7 @@ __all__ = ["Verified", "refusal", "model_refusal", "run_device", "training_loop"
 KNOWN_METADATA = frozenset({"model_name", "batch_size", "seq_len", "input_shape", "dtype", "device", "target_device",
                             "optimizer", "optimizer_kwargs", "grad_accumulation", "max_grad_norm", "grad_scaler",
                             "torch_version", "collector_version", "tags", "model_settings", "sharding",
-                            "pipeline"})
+                            "pipeline", "host_link_gbps"})  # the host link: a planning figure, no step setting
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,7 @@ class Verified:
     predicted_recompute_ms: float | None  # None for the run without a plan
     measured_recompute_ms: float | None  # the median step with the plan less the median step without
     noise_ms: float  # the median distance of a step without a plan from their median: how far to trust a difference
+    measured_host_bytes: int | None = None  # a plan that offloads: the most host bytes live at once (None: none)
 
 
 def run_device(stats: Stats) -> str:
@@ -124,20 +125,22 @@ def verify_plans(stats: Stats, plans: list[Plan], built: BuiltModel, *, rounds: 
         runs.append((plan, model))
     optimizers = [_optimizer(stats, model) for _, model in runs]
     loop = training_loop(stats)
-    peaks = []
+    peaks, hosts = [], []
     for (plan, model), opt in zip(runs, optimizers):
         if progress:
             progress(f"  memory: {'no checkpointing' if plan is None else f'{plan.memory_budget_gib:g} GiB plan'}")
         steps = measure_steps(model, built.inputs, built.loss_fn, opt, steps=2, track_memory=True, loop=loop)
-        peaks.append(steps[0 if plan is not None and plan.first_step_only else -1].peak_bytes)
+        held = steps[0 if plan is not None and plan.first_step_only else -1]
+        peaks.append(held.peak_bytes)
+        hosts.append(held.host_peak_bytes)
     seconds = _timed_rounds(runs, optimizers, built, device, rounds, progress, loop)
     base_s = statistics.median(seconds[0])
     noise_ms = statistics.median(abs(s - base_s) for s in seconds[0]) * 1e3
     out = [Verified(None, baseline_peak_bytes(stats), peaks[0], None, None, noise_ms)]
-    for (plan, _), peak, secs in zip(runs[1:], peaks[1:], seconds[1:]):
+    for (plan, _), peak, secs, host in zip(runs[1:], peaks[1:], seconds[1:], hosts[1:]):
         predicted = plan.recompute_ms_per_optimizer_step or plan.recompute_ms  # every micro-batch recomputes
         out.append(Verified(plan, plan.peak_bytes, peak, predicted, (statistics.median(secs) - base_s) * 1e3,
-                            noise_ms))
+                            noise_ms, host))
     return out
 
 

@@ -5,7 +5,7 @@ in-place and random ops); ``storage_book``: live bytes per category, by weak
 reference; ``training_step``: calling the model, its default loss, the
 optimizer; ``training_loop``: the loop around the model (micro-batches,
 autocast, a GradScaler, clipping); ``module_names``: the stats' module
-names; ``model_settings``: the op-deciding settings of a model; ``fsdp_units``: how a model is sharded by
+names; ``host_store``: the flag under which storages are host memory (offloading); ``model_settings``: the op-deciding settings of a model; ``fsdp_units``: how a model is sharded by
 FSDP2; ``parallel_dims``: the one description of a job's parallelism (FSDP2, tensor parallel, the pipeline);
 ``tensor_parallel``: tensor parallel applied to a model (the user's function or the HF plan, sequence parallel too);
 ``pipeline_setup`` and ``pipeline_stages``: a pipeline's layout and a decoder cut into its stages. Nothing here
@@ -18,6 +18,7 @@ from estimators.common.fsdp_units import MIXED_PRECISION, FsdpSetup, default_uni
 from estimators.common.model_settings import (BATCH_VALUES_TAG, CONFIG_SETTINGS, DTYPE_NAMES, UNKNOWN_VALUES_TAG,
                                               experts_implementation, model_config, model_configs, model_dtype_name,
                                               model_settings_of, switch_off_kv_cache)
+from estimators.common.host_store import HostBook, host_side, is_host_side
 from estimators.common.module_names import module_fqns
 from estimators.common.pipeline_setup import PP_SCHEDULES, PipelineSetup
 from estimators.common.pipeline_stages import DecoderStage, RankChunks, build_stages, decoder_parts, stage_layer_ids
@@ -30,7 +31,7 @@ from estimators.common.training_step import OPTIMIZER_NAMES, call_model, default
 
 __all__ = [
     "ACT", "AUTOCAST_DTYPES", "BATCH_VALUES_TAG", "BUFFER", "CATEGORIES", "COMM", "CONFIG_SETTINGS", "DTYPE_NAMES",
-    "GRAD", "HF_TP_STYLES", "INPUT", "MESH_DIM_NAMES", "MIXED_PRECISION", "ParallelDims", "hf_tp_plan",
+    "GRAD", "HF_TP_STYLES", "HostBook", "host_side", "is_host_side", "INPUT", "MESH_DIM_NAMES", "MIXED_PRECISION", "ParallelDims", "hf_tp_plan",
     "load_function", "local_shards", "parallelize_tp", "OPT", "OPTIMIZER_NAMES", "PARAM", "PP_SCHEDULES",
     "SAC_IGNORED_OPS", "TEMP", "UNKNOWN_VALUES_TAG", "DecoderStage", "FsdpSetup", "PipelineSetup", "RankChunks", "StorageBook",
     "TrainingLoop", "autocast_name", "build_stages", "call_model", "decoder_parts", "default_loss",

@@ -47,9 +47,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from estimators.common import (ACT, BUFFER, GRAD, INPUT, OPT, PARAM, TEMP, FsdpSetup, StorageBook, call_model,
-                               default_loss, default_units, follow_storage_resizes, is_view_op, module_fqns,
-                               TrainingLoop, shard_model, storages_of, unit_fqns)
+from estimators.common import (ACT, BUFFER, GRAD, INPUT, OPT, PARAM, TEMP, FsdpSetup, HostBook, StorageBook,
+                               call_model, default_loss, default_units, follow_storage_resizes, is_host_side,
+                               is_view_op, module_fqns, TrainingLoop, shard_model, storages_of, unit_fqns)
 from estimators.measure.gloo_comms import settle_gloo_collectives
 from estimators.measure.real_step import BACKWARD, FORWARD, OPTIMIZER, StepMeasure
 
@@ -84,7 +84,8 @@ class _LiveLocalStorages(TorchDispatchMode):
 
     Storages made inside FSDP2's all-gather or gradient reduction are booked as
     such; when a reduction ends, the sharded gradients (``on_reduced``) become
-    gradients.
+    gradients. Storages made under :func:`estimators.common.host_side` (offloaded activations' host copies) go to
+    ``host_book``, as in :class:`estimators.measure.LiveStorages`.
     """
 
     def __init__(self, book: StorageBook, on_reduced: Callable[[], None]):
@@ -95,6 +96,8 @@ class _LiveLocalStorages(TorchDispatchMode):
         self.phase = FORWARD
         self.peak_bytes, self.peak_phase, self.peak_live = 0, FORWARD, {}
         self.peak_with_backend_bytes = 0
+        self.host_book = HostBook()
+        self.host_at_peak: int | None = None
         book.on_alloc.append(self._on_alloc)
 
     def live_bytes(self) -> int:
@@ -104,12 +107,21 @@ class _LiveLocalStorages(TorchDispatchMode):
     def restart_peak(self) -> None:
         self.peak_bytes, self.peak_phase, self.peak_live = self.live_bytes(), self.phase, dict(self.book.live)
         self.peak_with_backend_bytes = sum(self.book.live.values())
+        self.host_book.restart()
+        self.host_at_peak = self.host_book.peak_bytes
+
+    def host_figures(self) -> tuple[int | None, int | None]:
+        """(host peak, host bytes at the device peak); (None, None) if no host storage was made."""
+        if self.host_book.peak_bytes is None:
+            return None, None
+        return self.host_book.peak_bytes, self.host_at_peak or 0
 
     def _on_alloc(self, category: str, live: dict[str, int]) -> None:
         everything = sum(live.values())
         self.peak_with_backend_bytes = max(self.peak_with_backend_bytes, everything)
         if everything - live[BACKEND] > self.peak_bytes:
             self.peak_bytes, self.peak_phase, self.peak_live = everything - live[BACKEND], self.phase, dict(live)
+            self.host_at_peak = self.host_book.live_bytes()
 
     def _category(self) -> str:
         for name in reversed(self.regions):
@@ -120,6 +132,9 @@ class _LiveLocalStorages(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        if is_host_side():
+            self.host_book.add(out)
+            return out
         if func is torch.ops.profiler._record_function_enter_new.default:
             self.regions.append(str(args[0]))
         elif func.overloadpacket is torch.ops.profiler._record_function_exit and self.regions:
@@ -198,8 +213,10 @@ def measure_fsdp_steps(model: nn.Module, inputs: Any, loss_fn: Callable[[Any], t
             loop.optimizer_step(optimizer, params)
             optimizer.zero_grad(set_to_none=True)
             seconds[OPTIMIZER] = time.process_time() - t
+        host_peak, host_live = tracker.host_figures()
         out.append(FsdpStepMeasure(k + 1, value, sum(seconds.values()), seconds, tracker.peak_bytes,
-                                   tracker.peak_phase, tracker.peak_live, start, tracker.peak_with_backend_bytes))
+                                   tracker.peak_phase, tracker.peak_live, start, host_peak_bytes=host_peak,
+                                   host_live_bytes=host_live, peak_with_backend_bytes=tracker.peak_with_backend_bytes))
     return out
 
 

@@ -18,8 +18,8 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from estimators.common import (ACT, BUFFER, GRAD, INPUT, OPT, PARAM, TEMP, StorageBook, TrainingLoop, call_model,
-                               default_loss, follow_storage_resizes, storages_of, tensors_in)
+from estimators.common import (ACT, BUFFER, GRAD, INPUT, OPT, PARAM, TEMP, HostBook, StorageBook, TrainingLoop,
+                               call_model, default_loss, follow_storage_resizes, is_host_side, storages_of, tensors_in)
 
 __all__ = ["StepMeasure", "measure_steps", "track_live_storages", "LiveStorages", "PHASES", "FORWARD", "BACKWARD",
            "OPTIMIZER"]
@@ -44,6 +44,10 @@ class StepMeasure:
     ``phase_cpu_seconds`` the same per phase (summed over micro-batches).
     ``peak_micro_batch``: with gradient accumulation, the micro-batch (from
     1) the peak happened in; None in the optimizer step or with one.
+    ``host_peak_bytes``: the most host bytes live at once (activations a plan
+    offloads, made under :func:`estimators.common.host_side`, never counted in
+    ``peak_bytes``); ``host_live_bytes``: the host bytes live at the device
+    peak. Both None when the step made no host storage (nothing offloaded).
     """
 
     step: int
@@ -55,6 +59,8 @@ class StepMeasure:
     peak_live_bytes: dict[str, int] | None = field(default=None, repr=False)
     start_bytes: int | None = None
     peak_micro_batch: int | None = None
+    host_peak_bytes: int | None = None
+    host_live_bytes: int | None = None
 
 
 class LiveStorages(TorchDispatchMode):
@@ -65,6 +71,9 @@ class LiveStorages(TorchDispatchMode):
     would be the eager one. The compiled graph's ops then reach the mode at run time (``aot_eager``: every ATen
     op); a higher-order operator of the graph (checkpointing's ``run_and_save_rng_state``) runs as one op whose
     outputs are booked.
+
+    Storages made under :func:`estimators.common.host_side` (an offloading store's host copies) go to
+    ``host_book`` instead, never into the device book and its peak.
     """
 
     supports_higher_order_operators = True
@@ -82,6 +91,8 @@ class LiveStorages(TorchDispatchMode):
         self.peak_phase = FORWARD
         self.peak_micro_batch: int | None = None
         self.peak_live: dict[str, int] = {}
+        self.host_book = HostBook()
+        self.host_at_peak: int | None = None
         book.on_alloc.append(self._on_alloc)
 
     def live_bytes(self) -> int:
@@ -92,15 +103,28 @@ class LiveStorages(TorchDispatchMode):
         """Start a new peak from what is live now (a step's start)."""
         self.peak_bytes, self.peak_phase, self.peak_live = self.live_bytes(), self.phase, dict(self.book.live)
         self.peak_micro_batch = self.micro_batch
+        self.host_book.restart()
+        self.host_at_peak = self.host_book.peak_bytes
+
+    def host_figures(self) -> tuple[int | None, int | None]:
+        """(host peak, host bytes at the device peak) since the last :meth:`restart_peak`; (None, None) if no
+        host storage was made."""
+        if self.host_book.peak_bytes is None:
+            return None, None
+        return self.host_book.peak_bytes, self.host_at_peak or 0
 
     def _on_alloc(self, category: str, live: dict[str, int]) -> None:
         total = sum(live.values())
         if total > self.peak_bytes:
             self.peak_bytes, self.peak_phase, self.peak_live = total, self.phase, dict(live)
             self.peak_micro_batch = self.micro_batch if self.phase != OPTIMIZER else None
+            self.host_at_peak = self.host_book.live_bytes()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        if is_host_side():
+            self.host_book.add(out)
+            return out
         category = _PHASE_CATEGORY[self.phase]
         for st in storages_of(out):
             self.book.add(st, category)
@@ -211,7 +235,8 @@ def measure_steps(model: nn.Module, inputs: Any, loss_fn: Callable[[Any], torch.
             with tracker, follow_storage_resizes(book, lambda: _PHASE_CATEGORY[tracker.phase]):
                 loss, seconds = _one_step(model, inputs, loss_fn, optimizer, tracker, loop, scaler)
             out.append(StepMeasure(k + 1, loss, sum(seconds.values()), seconds, tracker.peak_bytes,
-                                   tracker.peak_phase, tracker.peak_live, start, tracker.peak_micro_batch))
+                                   tracker.peak_phase, tracker.peak_live, start, tracker.peak_micro_batch,
+                                   *tracker.host_figures()))
     finally:
         for h in handles:
             h.remove()

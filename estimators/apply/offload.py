@@ -1,0 +1,293 @@
+"""The host store: offloaded activations, window by window, on the plan's protocol.
+
+A plan with offloading (``Plan.offload_windows``) cuts the forward into
+windows; window ``j`` ends when the forward of ``offload_windows[j].end_module``
+ends ("" is the root, whose forward ends the last window). What a checkpointed
+call in window ``j`` offloads is:
+
+* copied to host memory when the call's forward ends (all its offloaded
+  outputs at once, after every write the region makes to them), while the
+  device tensor stays in window ``j``'s stash;
+* dropped from the device when the forward of window ``j+1``'s end module ends
+  (on CUDA the compute stream first waits for window ``j``'s copies): from
+  then on its storage must be dead, else the offload freed nothing and
+  :class:`PlanMismatchError` says so, naming the op;
+* fetched back to a fresh device tensor when the backward of window ``j+1``'s
+  end module starts (a prefetch one window ahead), and given to the
+  recomputation of its call, which holds it like a saved output until its last
+  use.
+
+So window ``j``'s bytes are off the device exactly from the forward end of
+window ``j+1``'s end module to the backward start of the same module, which is
+what the planner's memory model counts (docs/memory-model.md).
+
+Two ways to copy: on CUDA pinned host buffers, one copy stream per device and
+events, the device tensor kept in the stash until its copy is waited for
+(deterministic free points, no ``record_stream``); on the CPU (this machine's
+stand-in) a synchronous copy into a fresh storage made under
+:func:`estimators.common.host_side`, so the step trackers book it as host
+memory and the device storage really dies. Never ``.cpu()``: on a CPU tensor
+that returns the same storage, a relabel and no free.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from estimators.apply.policy import PlanMismatchError
+from estimators.common import host_side, tensors_in
+
+__all__ = ["Handle", "HostStore", "install_windows", "offload_decisions", "remove_windows", "window_ends"]
+
+_WINDOW_HOOKS = "_sacplan_offload_hooks"  # the window hooks' handles, on the root module
+
+
+@dataclass(eq=False)
+class Handle:
+    """One offloaded storage: its host copy, the device tensor while it is stashed, the fetched copy."""
+
+    label: str  # "module 'm': op k (aten.x)", for messages
+    key: int  # the device storage's address while it is stashed (one handle per storage and pass)
+    device: torch.device
+    host: torch.Tensor | None
+    stashed: torch.Tensor | None  # the device tensor, until the window protocol drops it
+    version: int  # the device tensor's version when copied: a later write would make the host copy stale
+    source: weakref.ref = field(repr=False)  # the device tensor (its version, while it lives)
+    storage: weakref.ref = field(repr=False)  # its storage: dead once dropped, or the offload freed nothing
+    nbytes: int
+    copied: Any = None  # CUDA: the event after the device-to-host copy
+    fetched: torch.Tensor | None = None
+    arrived: Any = None  # CUDA: the event after the host-to-device copy
+    users: int = 0  # cache entries still to take it in the recomputation
+
+
+@dataclass(eq=False)
+class _Pass:
+    """One forward of the model: the handles of each window, and the window running now."""
+
+    windows: list[list[Handle]]
+    window: int = 0
+    by_storage: dict[int, Handle] = field(default_factory=dict)  # stashed handles, by their storage's address
+
+
+def _version(t: torch.Tensor) -> int:
+    """The tensor's version counter (bumped by every in-place write)."""
+    return t._version  # layout: allow-private (a tensor's version counter has no public accessor)
+
+
+class HostStore:
+    """Host copies of offloaded activations, kept and brought back by window (see the module doc)."""
+
+    def __init__(self, end_modules: list[str]):
+        self.end_modules = list(end_modules)
+        self.current: _Pass | None = None
+        self.host_bytes = 0  # live host bytes now
+        self.host_peak_bytes = 0
+        self.offloaded_bytes = 0  # copied in the last forward
+        self.streams: dict[torch.device, Any] = {}
+
+    # ---- forward ----
+    def start_pass(self) -> None:
+        """A forward of the model starts: new windows (the previous forward's handles stay with its graph)."""
+        self.current = _Pass([[] for _ in self.end_modules])
+        self.offloaded_bytes = 0
+
+    def offload(self, t: torch.Tensor, label: str) -> Handle:
+        """Copy ``t`` to the host (once per storage per window) and stash it in the window running now."""
+        p = self.current
+        if p is None:
+            self.start_pass()
+            p = self.current
+        key = t.untyped_storage().data_ptr()
+        same = p.by_storage.get(key)
+        if same is not None:
+            same.users += 1
+            return same
+        if p.window >= len(p.windows) - 1:
+            raise PlanMismatchError(f"{label} is offloaded in the last offload window (it ends with the model's "
+                                    f"forward, '{self.end_modules[-1]}'): no later window drops it, so it frees "
+                                    f"nothing; the plan must save it")
+        host, copied = self.to_host(t)
+        h = Handle(label, key, t.device, host, t, _version(t), weakref.ref(t), weakref.ref(t.untyped_storage()),
+                   t.untyped_storage().nbytes(), copied, users=1)
+        p.windows[p.window].append(h)
+        p.by_storage[key] = h
+        self.offloaded_bytes += h.nbytes
+        self.host_bytes += h.nbytes
+        self.host_peak_bytes = max(self.host_peak_bytes, self.host_bytes)
+        return h
+
+    def _stream(self, device: torch.device) -> Any:
+        if device not in self.streams:
+            self.streams[device] = torch.cuda.Stream(device)
+        return self.streams[device]
+
+    def to_host(self, t: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        """A host copy of ``t`` in a storage of its own, and the CUDA event after the copy (None on the CPU)."""
+        with torch.no_grad(), host_side():
+            if t.device.type != "cuda":  # the CPU stand-in: a fresh storage, a synchronous copy
+                host = torch.empty_like(t, device="cpu")
+                host.copy_(t)
+                return host, None
+            compute, copy = torch.cuda.current_stream(t.device), self._stream(t.device)
+            copy.wait_stream(compute)  # t is complete on the compute stream
+            host = torch.empty_like(t, device="cpu", pin_memory=True)
+            with torch.cuda.stream(copy):
+                host.copy_(t, non_blocking=True)
+                copied = torch.cuda.Event()
+                copied.record(copy)
+            return host, copied
+
+    def window_ended(self, index: int, outputs: Any) -> None:
+        """The forward of end module ``index`` ended: the window after it starts; window ``index - 1`` leaves the
+        device, and the backward of this module's call will bring it back first."""
+        p = self.current
+        if p is None or p.window != index:  # a repeated call of the end module, or a forward with no pass
+            return
+        p.window += 1
+        if index == 0:
+            return
+        self._drop(p, index - 1)
+        wanting = [t for t in tensors_in(outputs) if t.requires_grad]
+        if wanting and p.windows[index - 1]:
+            torch.autograd.graph.register_multi_grad_hook(
+                wanting, lambda grads, p=p, j=index - 1: self._fetch_window(p, j), mode="any")
+
+    def _drop(self, p: _Pass, j: int) -> None:
+        t = None
+        for h in p.windows[j]:
+            t = h.stashed
+            if t is not None and _version(t) != h.version:
+                raise PlanMismatchError(f"{h.label} is written in place after its copy to the host (version "
+                                        f"{h.version} -> {_version(t)}): the host copy would be stale; the plan "
+                                        f"must save it instead of offloading it")
+            if h.copied is not None:
+                torch.cuda.current_stream(h.device).wait_event(h.copied)  # the copy has read it: free on compute
+            h.stashed = None
+            p.by_storage.pop(h.key, None)
+        del t
+        alive = [h for h in p.windows[j] if h.storage() is not None]
+        if alive:
+            raise PlanMismatchError(
+                f"{alive[0].label}: offloading it frees nothing, its device storage is still referenced after "
+                f"the window protocol dropped it ({len(alive)} such storage(s) in window {j}). Likely cause: it "
+                f"is the module's output or aliases a region input, which the next module or autograd outside "
+                f"the checkpoint still holds; the plan must save it instead")
+
+    # ---- backward ----
+    def _fetch_window(self, p: _Pass, j: int) -> None:
+        for h in p.windows[j]:
+            self.fetch(h)
+
+    def fetch(self, h: Handle) -> None:
+        """Bring ``h`` back to a fresh device tensor (a no-op if it is back or taken)."""
+        if h.fetched is not None or h.host is None:
+            return
+        src = h.source()
+        if src is not None and _version(src) != h.version:
+            raise PlanMismatchError(f"{h.label} was written in place after its copy to the host: the host copy "
+                                    f"is stale; the plan must save it instead of offloading it")
+        with torch.no_grad():
+            dev = torch.empty_like(h.host, device=h.device)  # device memory again: no host_side here
+            if h.device.type == "cuda":
+                compute, copy = torch.cuda.current_stream(h.device), self._stream(h.device)
+                copy.wait_stream(compute)  # dev's block may have been in use on the compute stream
+                with torch.cuda.stream(copy):
+                    dev.copy_(h.host, non_blocking=True)  # the pinned allocator records this use of h.host
+                    h.arrived = torch.cuda.Event()
+                    h.arrived.record(copy)
+            else:
+                dev.copy_(h.host)
+        h.fetched, h.host = dev, None
+        self.host_bytes -= h.nbytes
+
+    def take(self, h: Handle) -> torch.Tensor:
+        """The fetched device tensor for one cache entry of ``h`` (fetched now if no prefetch did: a stall)."""
+        self.fetch(h)
+        dev = h.fetched
+        if dev is None:
+            raise RuntimeError(f"{h.label}: its offloaded copy was already taken (a second backward through a "
+                               f"selectively checkpointed region is not allowed)")
+        if h.arrived is not None:
+            torch.cuda.current_stream(h.device).wait_event(h.arrived)
+        self.release(h)
+        return dev
+
+    def release(self, h: Handle) -> None:
+        """One cache entry of ``h`` is done with it (taken, or left by an early-stopped recomputation)."""
+        h.users -= 1
+        if h.users <= 0 and h.fetched is not None:
+            if h.arrived is not None:  # an unused copy still in flight: its block is freed on the compute stream
+                torch.cuda.current_stream(h.device).wait_event(h.arrived)
+            h.fetched = None
+        if h.users <= 0 and h.host is not None:
+            h.host = None
+            self.host_bytes -= h.nbytes
+
+
+def install_windows(model: nn.Module, store: HostStore, by_fqn: dict[str, nn.Module]) -> None:
+    """Hooks for the window protocol: a new pass at the model's forward start, each end module's forward end."""
+    hooks = [model.register_forward_pre_hook(lambda mod, args: store.start_pass())]
+    for index, fqn in enumerate(store.end_modules):
+        end = model if fqn == "" else by_fqn[fqn]
+        hooks.append(end.register_forward_hook(
+            lambda mod, args, out, index=index: store.window_ended(index, out)))
+    model.__dict__[_WINDOW_HOOKS] = hooks
+
+
+def remove_windows(model: nn.Module) -> None:
+    """Undo :func:`install_windows`."""
+    for h in model.__dict__.pop(_WINDOW_HOOKS, []):
+        h.remove()
+
+
+def offload_decisions(i: int, pm: Any, fqn: str, save: tuple[int, ...],
+                      names: list[str] | None, view: list[bool] | None) -> tuple[int, ...] | None:
+    """The plan's ``modules[i].offload`` list, checked against ``save`` and the ops' view flags; None if absent."""
+    offload = pm.get("offload")
+    if offload is None:
+        return None
+    if not isinstance(offload, (list, tuple)) or any(o not in (0, 1) for o in offload):
+        raise ValueError(f"plan modules[{i}].offload must be a list of 0/1, got {offload!r}")
+    if len(offload) != len(save):
+        raise ValueError(f"plan modules[{i}].offload has {len(offload)} decisions but save has {len(save)}")
+    for k, (o, s) in enumerate(zip(offload, save)):
+        what = f"op {k}" + (f" ({names[k]})" if names is not None else "")
+        if o and not s:
+            raise PlanMismatchError(f"module {fqn!r}: {what} has offload=1 but save=0: only a saved output can be "
+                                    f"offloaded (plan modules[{i}])")
+        if o and view is not None and view[k]:
+            raise PlanMismatchError(f"module {fqn!r}: {what} is a view and has offload=1: views are recomputed, "
+                                    f"offload the op that made its base (plan modules[{i}])")
+    return tuple(int(o) for o in offload)
+
+
+def window_ends(doc: Any, root: str, planned: list[str], by_fqn: dict[str, nn.Module]) -> list[str]:
+    """The end modules of the plan's offload windows (the model's root as ""), checked: each a module of the
+    model, none strictly inside a planned module (its forward would end again in the recomputation), the last
+    the root."""
+    windows = doc.get("offload_windows")
+    if not windows:
+        raise ValueError("the plan offloads (modules[*].offload) but has no offload_windows: a plan from "
+                         "`sacplan plan --offload on` lists them")
+    distance = doc.get("prefetch_distance", 1)
+    if distance not in (None, 1):
+        raise ValueError(f"plan prefetch_distance {distance!r} is not supported: apply prefetches one window ahead "
+                         f"(1)")
+    ends = ["" if str(w.get("end_module", "")) in ("", root) else str(w.get("end_module")) for w in windows]
+    for j, fqn in enumerate(ends):
+        if fqn and fqn not in by_fqn:
+            raise ValueError(f"plan offload_windows[{j}].end_module {fqn!r} is not a module of the model")
+        inside = next((p for p in planned if (fqn or root).startswith(p + ".")), None)
+        if inside is not None:
+            raise ValueError(f"plan offload_windows[{j}].end_module {fqn!r} lies inside planned module {inside!r}: "
+                             f"a window must end outside every checkpointed region")
+    if ends[-1] != "":
+        raise ValueError(f"plan offload_windows[-1].end_module is {ends[-1]!r}: the last window ends with the "
+                         f"model's forward (\"\" or {root!r})")
+    return ends
