@@ -53,6 +53,7 @@ class RankResult:
     losses: list[float] = field(default_factory=list)
     units: list[str] = field(default_factory=list)
     error: str | None = None
+    host_peaks: list[int | None] = field(default_factory=list)  # offloaded activations' host copies, per step
 
 
 def _one(spec: RunSpec, mesh: Any) -> RankResult:
@@ -70,7 +71,8 @@ def _one(spec: RunSpec, mesh: Any) -> RankResult:
     steps = measure_fsdp_steps(built.model, built.inputs, built.loss_fn, opt, steps=spec.steps, seed=STEP_SEED)
     return RankResult(spec.label, spec.mixed_precision, [m.peak_bytes for m in steps],
                       [m.peak_with_backend_bytes for m in steps], [m.peak_phase for m in steps],
-                      [dict(m.peak_live_bytes) for m in steps], [m.loss for m in steps], units)
+                      [dict(m.peak_live_bytes) for m in steps], [m.loss for m in steps], units,
+                      host_peaks=[m.host_peak_bytes for m in steps])
 
 
 def run_specs(rank: int, world_size: int, specs: list[RunSpec]) -> list[RankResult]:
