@@ -1,0 +1,183 @@
+"""Offload on deep stacks: the count-space relaxation on modules whose offload counts as an early discard.
+
+With ``offload='on'`` a checkpointed module's free op groups are saved,
+recomputed or offloaded; an offload of window j is off the device only from
+the end of window j+1 on (:mod:`planner.solve.offload`), and the window pays
+``stall(O_j)`` for all of it. Relax both, for every module that may offload:
+
+* its offloaded bytes count as discarded at its own end, like its recompute's
+  (earlier than window j+1's end: more memory freed at every moment);
+* it pays its own offload's stall, ``stall_j(o_c)``, as if it had the window's
+  link to itself (the stall is convex and 0 at 0, so the modules' stalls add
+  up to at most the window's: ``sum stall(o_c) <= stall(sum o_c)``).
+
+Each module is then a list of (bytes freed, recompute + stall) points
+(:func:`planner.solve.stack.offload_items.offload_points`): today's problem,
+which the stack relaxation (:func:`planner.solve.stack.relaxation.solve_stack`)
+bounds exactly. Its bound is a lower bound on every offloading plan. Its plan,
+with the offloads back in their windows, is checked against the full model
+(the memory model with the window credits, the windows' stalls): when it fits
+the budget and costs what the bound says, it is optimal. That is the common
+case: an optimum rarely offloads past a window's copy capacity, and the peak
+sits where every offload but the last windows' is credited anyway. Otherwise the
+caller falls back to the MILP, with the bound.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.memory_model import NEED_TOL_BYTES
+from planner.solve.giants import for_budget
+from planner.solve.offload import OffloadOptions, OffloadWindows, decisions
+from planner.solve.problem import Frontiers, Problem, held_needs, key_needs
+from planner.solve.stack.multiset import CountWorkLimit
+from planner.solve.stack.offload_items import OffloadPoints, Stall, offload_points
+from planner.solve.stack.relaxation import Stack, find_stack, solve_stack
+
+__all__ = ["OffloadPlan", "OffloadStack", "offload_stack", "solve_offload_stack"]
+
+_WORK = 2e7  # as the DP's stack pass (planner.solve.dp): about a second at most
+
+
+@dataclass
+class OffloadStack:
+    """Budget-independent: the relaxed points of every module, and the stack they form (or None)."""
+
+    windows: OffloadWindows
+    options: dict[int, OffloadOptions]
+    points: dict[int, OffloadPoints]  # candidate -> its offload points (those freeing bytes); none where no moment
+    # credits its window's offload
+    frontiers: Frontiers  # every candidate's points; an offloading one's index its row in ``points``
+    stack: Stack | None
+
+
+@dataclass(frozen=True)
+class OffloadPlan:
+    """A plan from the relaxation, evaluated on the full model."""
+
+    lower: float  # no plan costs less (recompute + stall, ms)
+    cost: float | None = None  # the plan's recompute + stall on the full model
+    recompute_ms: float | None = None
+    stall_ms: float | None = None
+    peak_bytes: float | None = None
+    fits: bool = False  # the plan meets the budget on the full model
+    # fqn -> (save list, offload list or None, early-discarded bytes) of each checkpointed module
+    modules: dict[str, tuple[list[int], list[int] | None, int]] | None = None
+    window_bytes: np.ndarray | None = None
+
+
+def offload_stack(prob: Problem, windows: OffloadWindows, options: dict[int, OffloadOptions]) -> OffloadStack:
+    """The relaxed points of every candidate (an offloading one's from its op classes and its window's stall)."""
+    base = prob.frontiers()
+    d, rc, point, fid, max_d = list(base.d), list(base.rc), list(base.point), list(base.fid), list(base.max_d)
+    points: dict[int, OffloadPoints] = {}
+    memo: dict[tuple, tuple] = {}
+    ids: dict[tuple, int] = {}
+    last_key = int(np.max(prob.model.keys))
+    for i, opt in options.items():
+        if windows.credit_key[int(windows.candidate_window[i])] > last_key:
+            continue  # no moment credits its window's offload (the last block's, credited after the root ends)
+        cand = prob.candidates[i]
+        fw, bw = windows.hidden_ms(int(windows.candidate_window[i]))
+        key = (base.fid[i], tuple(opt.counts.tolist()), fw, bw)
+        if key not in memo:
+            cl = cand.classes
+            stall = Stall(1.0 / windows.link.d2h_bytes_per_ms, fw, 1.0 / windows.link.h2d_bytes_per_ms, bw)
+            pts = offload_points(cl.class_bytes, cl.class_ms, cl.multiplicity, opt.counts, stall)
+            freed = cand.y_bytes + pts.v
+            keep = freed > 0  # a point that frees nothing is never part of a plan
+            pts = OffloadPoints(*(a[keep] for a in (pts.v, pts.o, pts.ms, pts.cost, pts.k, pts.f)))
+            cost = cand.cost(cl.always_recomputed_ms + pts.ms) + (pts.cost - pts.ms)
+            memo[key] = (pts, freed[keep].astype(np.int64), cost)
+        points[i], d[i], rc[i] = memo[key]
+        point[i] = np.arange(len(d[i]))
+        fid[i] = -1 - ids.setdefault(key, len(ids))  # apart from every recompute-only frontier
+        max_d[i] = int(d[i][-1]) if len(d[i]) else 0
+    fr = Frontiers(d, rc, point, base.starts, base.hulls, fid, max_d, base.giants, {})
+    stack = find_stack(fr)
+    if stack is not None and any(fr.starts[stack.blocks[0]] <= i <= stack.blocks[-1] for i in fr.giants):
+        stack = None  # a block's points would change with the budget
+    return OffloadStack(windows, options, points, fr, stack)
+
+
+def solve_offload_stack(prob: Problem, model: OffloadStack, budget_bytes: float, *, mip_rel_gap: float = 1e-6,
+                        deadline: float = math.inf, retries: int = 6) -> OffloadPlan | None:
+    """The relaxation's bound at this budget, and the best plan found that meets the budget on the full model;
+    None when there is no stack, or the relaxation gave up (work limit, deadline).
+
+    The relaxation's own plan may miss the budget on the full model (an offload counts later there). Then it is
+    solved again under the budget lowered by what the plan missed it by, at most ``retries`` times: a plan that
+    fits, whose cost the bound may not reach (its gap then says how far it may be from the optimum).
+    """
+    if model.stack is None:
+        return None
+    held = held_needs(prob, budget_bytes)
+    first = _relaxed(prob, model, budget_bytes, held, mip_rel_gap, deadline)
+    if first is None:
+        return None
+    lower, fr, choices = first
+    if choices is None:
+        return OffloadPlan(lower)
+    plan = evaluate(prob, model, fr, choices, lower, budget_bytes)
+    target = budget_bytes
+    for _ in range(retries):
+        if plan.fits:
+            return plan
+        target -= plan.peak_bytes - budget_bytes + 1.0
+        again = _relaxed(prob, model, target, {i: v - (budget_bytes - target) for i, v in held.items()},
+                         mip_rel_gap, deadline)
+        if again is None or again[2] is None:
+            break
+        plan = evaluate(prob, model, again[1], again[2], lower, budget_bytes)
+    return plan if plan.fits else OffloadPlan(lower)
+
+
+def _relaxed(prob: Problem, model: OffloadStack, budget_bytes: float, held: dict[int, float], mip_rel_gap: float,
+             deadline: float) -> tuple[float, Frontiers, dict[int, int] | None] | None:
+    """(bound, the budget's points, the relaxation's plan or None) at ``budget_bytes``; None when it gave up."""
+    keyneed = key_needs(prob, budget_bytes)
+    fr = for_budget(prob, model.frontiers, keyneed)
+    if fr is None:
+        return None
+    try:
+        res = solve_stack(fr, model.stack, keyneed, math.inf, eps=0.0, work_limit=_WORK, deadline=deadline,
+                          rel_gap=0.4 * mip_rel_gap, held_need=held)
+    except CountWorkLimit:
+        return None
+    if res is None:
+        return None
+    return res.lower, fr, res.choices
+
+
+def evaluate(prob: Problem, model: OffloadStack, fr: Frontiers, choices: dict[int, int], lower: float,
+             budget_bytes: float) -> OffloadPlan:
+    """The plan of ``choices`` (candidate -> index into ``fr``'s points) on the full model: offloads credited at
+    their window's key, each window's stall on its total."""
+    modules: dict[str, tuple[list[int], list[int] | None, int]] = {}
+    recompute = []
+    window = np.zeros(len(model.windows))
+    for i, j in choices.items():
+        cand = prob.candidates[i]
+        if i in model.points:
+            pts, row = model.points[i], int(fr.point[i][j])
+            save, off = decisions(cand.classes, model.options[i], pts.k[row], pts.f[row])
+            o = int(pts.o[row])
+            early = int(fr.d[i][j]) - o
+            recompute.append(cand.cost(cand.classes.always_recomputed_ms + float(pts.ms[row])))
+            window[int(model.windows.candidate_window[i])] += o
+            modules[cand.fqn] = (save, off if o else None, early)
+        else:
+            f = fr.capped.get(i) or prob.frontier(cand.fqn)
+            modules[cand.fqn] = (f.save_list(int(fr.point[i][j])), None, int(fr.d[i][j]))
+            recompute.append(float(fr.rc[i][j]))
+    profile = prob.model.profile_bytes({f: float(e) for f, (_, _, e) in modules.items()},
+                                       saves={f: s for f, (s, _, _) in modules.items()},
+                                       offloaded=model.windows.credits(window))
+    stall = math.fsum(model.windows.stall_ms(j, float(b)) for j, b in enumerate(window) if b)
+    rec = math.fsum(recompute)
+    peak = float(profile.max())
+    return OffloadPlan(lower, rec + stall, rec, stall, peak, peak <= budget_bytes + NEED_TOL_BYTES, modules, window)
