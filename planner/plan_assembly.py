@@ -16,7 +16,8 @@ import numpy as np
 
 from planner.memory_model import compute_ms, discardable_bytes
 from planner.options import PlanOptions
-from planner.plan_format import Plan, PlannedModule
+from planner.plan_format import OffloadWindow, Plan, PlannedModule
+from planner.solve.offload import OffloadPlan, host_link, offload_plan, offload_setup
 from planner.solve.problem import Candidate, Problem
 from planner.solve.solution import Decision, Solution, discards, save_lists
 from planner.version import PLANNER_VERSION
@@ -27,7 +28,7 @@ __all__ = ["to_plan"]
 def to_plan(prob: Problem, sol: Solution, budget: float, opts: PlanOptions, baseline: int,
             seconds: float, min_budget: float | None) -> Plan:
     """One budget's :class:`planner.Plan` from the engine's answer: its modules, timeline and figures."""
-    modules = _planned_modules(prob, sol.decisions)
+    modules = _planned_modules(prob, sol.decisions, sol.offload)
     recompute_ms = sol.recompute_ms
     if recompute_ms is not None and modules:
         recompute_ms = math.fsum(pm.recompute_ms for pm in modules)
@@ -56,7 +57,32 @@ def to_plan(prob: Problem, sol: Solution, budget: float, opts: PlanOptions, base
         modules=modules,
         **_timeline(prob, sol),
         **_accumulation(prob, recompute_ms),
+        **(_offload_fields(prob, sol, opts, recompute_ms) if opts.offload == "on" else {}),
     )
+
+
+def _offload_fields(prob: Problem, sol: Solution, opts: PlanOptions, recompute_ms: float | None) -> dict:
+    """With offload on: the link, and for a plan its windows, host memory, stall and overall overhead."""
+    setup = offload_setup(prob, host_link(prob.stats, opts.host_link_gbps))
+    link = setup.windows.link
+    out: dict[str, Any] = {"offload": "on", "host_link_gbps": {"d2h": link.d2h_gbps, "h2d": link.h2d_gbps}}
+    if sol.decisions is None or recompute_ms is None:
+        return out
+    off = sol.offload if sol.offload is not None else offload_plan(prob, setup.windows, {})
+    return {**out, "host_bytes": off.host_bytes, "offload_stall_ms": off.stall_ms,
+            "step_overhead_ms": recompute_ms + off.stall_ms, "offload_windows": _windows(off),
+            "prefetch_distance": 1}
+
+
+def _windows(off: OffloadPlan) -> list[OffloadWindow]:
+    w = off.windows
+    out = []
+    for j, nbytes in enumerate(off.window_bytes.tolist()):
+        d2h, h2d = w.copy_ms(nbytes)
+        fw, bw = w.hidden_ms(j)
+        out.append(OffloadWindow(index=j, end_module=w.end_modules[j], offloaded_bytes=int(nbytes), d2h_ms=d2h,
+                                 forward_ms=fw, h2d_ms=h2d, backward_ms=bw, stall_ms=float(off.window_stall_ms[j])))
+    return out
 
 
 def _accumulation(prob: Problem, recompute_ms: float | None) -> dict:
@@ -75,7 +101,8 @@ def _timeline(prob: Problem, sol: Solution) -> dict:
     planned = None
     if sol.decisions is not None:
         planned = sol.profile if sol.profile is not None else \
-            model.profile_bytes(discards(prob, sol.decisions), saves=save_lists(sol.decisions))
+            model.profile_bytes(discards(prob, sol.decisions), saves=save_lists(sol.decisions),
+                                offloaded=None if sol.offload is None else sol.offload.credits)
     shown = planned if planned is not None else base
     # whole bytes as math.ceil gives them (every figure is far below 2**63); the moments as dicts, validated by the
     # plan in one go: a 405B timeline has 2657 of them
@@ -100,15 +127,21 @@ def _moments_without_plan(prob: Problem) -> tuple[np.ndarray, list[dict]]:
     return base, fixed
 
 
-def _planned_modules(prob: Problem, decisions: dict[str, Decision] | None) -> list[PlannedModule]:
+def _planned_modules(prob: Problem, decisions: dict[str, Decision] | None,
+                     offload: OffloadPlan | None = None) -> list[PlannedModule]:
     """The checkpointed modules in forward pre-order. Modules with the same ops (one op-classes object) share
     their op names, bytes and, for the same save list object, their recompute: worked out once."""
     if not decisions:
         return []
     cand_of = prob.derived("candidate_of", lambda p: {c.fqn: c for c in p.candidates})
     same: dict[tuple, Any] = {}
-    return [_planned_module(prob, fqn, decisions[fqn], cand_of.get(fqn), same) for fqn in prob.stats.fw_pre_order
-            if fqn in decisions]
+    out = [_planned_module(prob, fqn, decisions[fqn], cand_of.get(fqn), same) for fqn in prob.stats.fw_pre_order
+           if fqn in decisions]
+    if offload is not None:  # the modules that offload: their lists and bytes
+        out = [pm if pm.fqn not in offload.modules else
+               pm.model_copy(update={"offload": offload.modules[pm.fqn],
+                                     "offloaded_bytes": offload.module_bytes[pm.fqn]}) for pm in out]
+    return out
 
 
 def _planned_module(prob: Problem, fqn: str, decision: Decision, cand: Candidate | None,

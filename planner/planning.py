@@ -24,9 +24,10 @@ from planner.options import PlanOptions, plan_options
 from planner.plan_assembly import to_plan
 from planner.plan_format import Plan
 from planner.solve.dp import solve_dp
-from planner.solve.milp import solve_budget
+from planner.solve.milp import solve_budget, solve_min_peak
 from planner.solve.min_peak import innermost_peak_bytes, smallest_peak
-from planner.solve.offload import host_link
+from planner.solve.offload import host_link, offload_setup
+from planner.solve.offload_solve import solve_with_offload
 from planner.solve.problem import Problem, prepare
 from planner.solve.solution import Solution, discards, needs_peak_bytes
 from planner.stats.format import Stats
@@ -148,7 +149,9 @@ def _plans_gc_paused(stats: Stats, budgets: list[float], opts: PlanOptions,
     for i, budget in enumerate(budgets):
         started = time.perf_counter()
         sol = _solve(prob, budget * GIB, baseline_bytes, opts, started, deadline - started)
-        min_budget = _min_feasible(prob) if sol.status == "infeasible" else None
+        min_budget = None
+        if sol.status == "infeasible":
+            min_budget = _min_feasible(prob) if opts.offload == "off" else _min_feasible_offloading(prob, opts)
         p = to_plan(prob, sol, budget, opts, baseline, time.perf_counter() - started, min_budget)
         plans.append(p)
         if progress:
@@ -196,6 +199,8 @@ def _solve_once(prob: Problem, budget_bytes: float, baseline_bytes: float, opts:
     gap = opts.effective_rel_gap
     if baseline_bytes <= budget_bytes:  # nothing to plan: no checkpointing fits, and nothing costs less
         return Solution.unplanned(prob, "no checkpointing needed: the step's peak fits the budget as it is")
+    if opts.offload == "on":
+        return _solve_offloading(prob, budget_bytes, opts, started, time_left_s)
     # The least peak settles infeasible budgets, exactly; it is not needed where a plan found without a search
     # already fits the budget (then so does the least peak): one DP of 379 candidates, a tenth of a 405B plan.
     if opts.solver in ("auto", "dp") and not _least_fits(prob, budget_bytes) and _least_exceeds(prob, budget_bytes):
@@ -218,6 +223,33 @@ def _solve_once(prob: Problem, budget_bytes: float, baseline_bytes: float, opts:
     elif sol.status == "feasible" and opts.solver == "auto":
         sol = _with_milp(prob, sol, budget_bytes, gap, started, time_left_s)
     return sol
+
+
+def _solve_offloading(prob: Problem, budget_bytes: float, opts: PlanOptions, started: float,
+                      time_left_s: float) -> Solution:
+    """One budget with offload on: every engine choice goes through :func:`solve_with_offload`."""
+    if opts.solver == "dp":
+        raise ValueError("solver 'dp' does not plan with offload='on'; use 'auto' or 'milp'")
+    if time_left_s <= 0:
+        return Solution.without_plan("time_limit", "time_limit_s ran out before this budget was planned (one "
+                                                   "time limit covers the whole call, every budget of a sweep); "
+                                                   "raise time_limit_s")
+    link = host_link(prob.stats, opts.host_link_gbps)
+    left = max(time_left_s - (time.perf_counter() - started), 1e-3)
+    return solve_with_offload(prob, budget_bytes, link, time_limit_s=left, mip_rel_gap=opts.effective_rel_gap)
+
+
+def _min_feasible_offloading(prob: Problem, opts: PlanOptions) -> float | None:
+    """The smallest budget with a plan that may offload (by the MILP, proven), or None if not proven in time."""
+    setup = offload_setup(prob, host_link(prob.stats, opts.host_link_gbps))
+    sol = prob.derived(f"min_peak {id(setup)}", lambda p: solve_min_peak(p, time_limit_s=min(opts.time_limit_s, 30.0),
+                                                                         offload=setup))
+    if sol.status != "optimal" or sol.peak_bytes is None or sol.decisions is None:
+        return None
+    # as the engines count it: a held tensor several checkpointed modules take, once per module
+    least = max(sol.peak_bytes, prob.model.peak_bytes(discards(prob, sol.decisions), shared_once=False,
+                                                      offloaded=None if sol.offload is None else sol.offload.credits))
+    return _round_up(min(least, prob.model.peak_bytes()) / GIB)
 
 
 def _least_exceeds(prob: Problem, budget_bytes: float) -> bool:

@@ -36,6 +36,8 @@ from scipy.sparse import coo_array
 from planner.highs import quiet_milp
 from planner.ops.knapsack import best_saved_within
 from planner.plan_format import PlanStatus
+from planner.solve.milp_offload import OffloadColumns, add_offload_columns, credited_windows, decode_offload, need_pairs
+from planner.solve.offload import OffloadSetup
 from planner.solve.problem import Candidate, Problem, need_rows
 from planner.memory_model import NEED_TOL_BYTES
 from planner.solve.solution import Decision, Solution, discards
@@ -48,9 +50,10 @@ _TOLERANCES = {"primal_feasibility_tolerance": 1e-9, "mip_feasibility_tolerance"
 
 
 class _Matrix:
-    """The budget-independent part of the MILP: columns y, k, S (and optionally peak P)."""
+    """The budget-independent part of the MILP: columns y, k, S (and optionally peak P; with ``offload``, the
+    offload columns of :mod:`planner.solve.milp_offload` after them)."""
 
-    def __init__(self, prob: Problem, with_peak: bool):
+    def __init__(self, prob: Problem, with_peak: bool, offload: OffloadSetup | None = None):
         cands = prob.candidates
         n_c = len(cands)
         k_off = np.cumsum([0] + [len(c.classes.members) for c in cands])
@@ -103,6 +106,7 @@ class _Matrix:
         self.rows, self.cols, self.vals, self.lo, self.hi = rows, cols, vals, lo, hi
         self.n_var = n_var
         self.k_off = k_off
+        self.off: OffloadColumns | None = None if offload is None else add_offload_columns(self, prob, offload)
 
     def constraint(self, extra_rows=()):
         rows, cols, vals = list(self.rows), list(self.cols), list(self.vals)
@@ -116,17 +120,19 @@ class _Matrix:
         return LinearConstraint(a, np.array(lo), np.array(hi))
 
 
-def solve_budget(prob: Problem, budget_bytes: float, *, time_limit_s: float, mip_rel_gap: float) -> Solution:
-    """Least recompute with peak <= budget_bytes."""
+def solve_budget(prob: Problem, budget_bytes: float, *, time_limit_s: float, mip_rel_gap: float,
+                 offload: OffloadSetup | None = None) -> Solution:
+    """Least recompute with peak <= budget_bytes; with ``offload``, least recompute + offload stall, each free
+    op group of a checkpointed module saved, recomputed or offloaded (:mod:`planner.solve.milp_offload`)."""
     need = prob.model.base_bytes - budget_bytes
-    plain, multi = _need_rows(prob, need)
-    rows = [(k, v) for k, v in plain if v > 0]
-    multi = [(k, terms, v) for k, terms, v in multi if v + sum(terms["held"].values()) > 0]
-    if not rows and not any(v > 0 for _, _, v in multi):
+    plain, multi = _need_rows(prob, need, offload)
+    rows = [(k, j, v) for k, j, v in plain if v > 0]
+    multi = [(k, j, terms, v) for k, j, terms, v in multi if v + sum(terms["held"].values()) > 0]
+    if not rows and not any(v > 0 for _, _, _, v in multi):
         return Solution.unplanned(prob, "no checkpointing needed")
-    if rows and rows[0][0] == 0:
+    if rows and rows[0][:2] == (0, 0):
         return Solution.infeasible("modules before any checkpointable module already exceed the budget")
-    mat = _Matrix(prob, with_peak=False)
+    mat = _Matrix(prob, with_peak=False, offload=offload)
     # First the needs as they are, to the byte the DP holds them to (NEED_TOL_BYTES): its optimum bounds
     # every plan, and it is optimal when it meets them. HiGHS's tolerance may let it miss one by a hair;
     # then the needs are raised until a plan meets the budget, and the gap is against the first bound.
@@ -141,10 +147,13 @@ def solve_budget(prob: Problem, budget_bytes: float, *, time_limit_s: float, mip
             return Solution.without_plan("time_limit", "time limit reached before a plan met the budget to the "
                                                        "byte; raise time_limit_s or use solver='dp' (exact)")
         lb = np.zeros(mat.n_var)
-        for k, v in rows:
-            lb[mat.s0 + k - 1] = max(lb[mat.s0 + k - 1], (v + margin) / prob.unit)
-        extra = [(_discard_entries(mat, k, terms, prob.unit), (v + margin) / prob.unit, np.inf)
-                 for k, terms, v in multi]
+        extra = [(_discard_entries(mat, k, terms, prob.unit, j), (v + margin) / prob.unit, np.inf)
+                 for k, j, terms, v in multi]
+        for k, j, v in rows:
+            if j == 0:
+                lb[mat.s0 + k - 1] = max(lb[mat.s0 + k - 1], (v + margin) / prob.unit)
+            else:  # the running discard and the running offload of the windows credited then
+                extra.append((_discard_entries(mat, k, {"held": {}}, prob.unit, j), (v + margin) / prob.unit, np.inf))
         sol = _run(prob, mat, mat.cost, lb, mat.constraint(extra), max(left, 0.01), mip_rel_gap)
         if attempt == 0:
             bound = sol.lower_bound if sol.status in ("optimal", "feasible") else None
@@ -162,7 +171,8 @@ def solve_budget(prob: Problem, budget_bytes: float, *, time_limit_s: float, mip
 def _over_budget(prob: Problem, sol: Solution, budget_bytes: float) -> float:
     """How far the plan is over the budget: by its own peak, or by the needs the rows stand for (held inputs once
     per checkpointed module that holds them, as every engine counts them); <= 0 when it meets both."""
-    rows_peak = prob.model.peak_bytes(discards(prob, sol.decisions), shared_once=False)
+    rows_peak = prob.model.peak_bytes(discards(prob, sol.decisions), shared_once=False,
+                                      offloaded=None if sol.offload is None else sol.offload.credits)
     return max(sol.peak_bytes, rows_peak - NEED_TOL_BYTES) - budget_bytes
 
 
@@ -171,10 +181,11 @@ _MISSED = "no plan meets the budget to the byte within the MILP's tolerances; us
 
 def _against(sol: Solution, bound: float | None, mip_rel_gap: float) -> Solution:
     """A plan found only after tightening the needs: optimal only if it is within the gap of the first bound."""
-    if bound is None or sol.recompute_ms is None:
+    cost = sol.overhead_ms  # the objective: recompute (and offload stall)
+    if bound is None or cost is None:
         return sol.with_status("feasible", "plan meets the budget after tightening for solver tolerances; "
                                            "gap unknown", 1.0)
-    gap = max(sol.recompute_ms - bound, 0.0) / sol.recompute_ms if sol.recompute_ms > 0 else 0.0
+    gap = max(cost - bound, 0.0) / cost if cost > 0 else 0.0
     if gap <= mip_rel_gap:
         return sol.with_status("optimal", sol.message, gap)
     return sol.with_status("feasible", "plan meets the budget only with needs tightened for the solver's "
@@ -182,45 +193,56 @@ def _against(sol: Solution, bound: float | None, mip_rel_gap: float) -> Solution
                            gap)
 
 
-def solve_min_peak(prob: Problem, *, time_limit_s: float) -> Solution:
-    """The smallest peak any plan reaches (recompute ignored), by MILP.
+def solve_min_peak(prob: Problem, *, time_limit_s: float, offload: OffloadSetup | None = None) -> Solution:
+    """The smallest peak any plan reaches (recompute and stall ignored), by MILP; with ``offload``, plans that
+    may offload.
 
-    The planner uses the exact DP (:func:`planner.solve.min_peak.solve_min_peak_dp`); this
+    The planner uses the exact DP (:func:`planner.solve.min_peak.solve_min_peak_dp`) without offload; this
     is the independent cross-check the tests hold it to.
     """
-    mat = _Matrix(prob, with_peak=True)
+    mat = _Matrix(prob, with_peak=True, offload=offload)
     cost = np.zeros(mat.n_var)
     cost[mat.p] = 1.0
-    plain, multi = _need_rows(prob, prob.model.base_bytes)
-    extra = [([(mat.p, 1.0)] + _discard_entries(mat, k, reps, prob.unit), v / prob.unit, np.inf)
-             for k, reps, v in [(k, {}, v) for k, v in plain] + multi]
+    plain, multi = _need_rows(prob, prob.model.base_bytes, offload)
+    extra = [([(mat.p, 1.0)] + _discard_entries(mat, k, reps, prob.unit, j), v / prob.unit, np.inf)
+             for k, j, reps, v in [(k, j, {"held": {}}, v) for k, j, v in plain] + multi]
     lb = np.zeros(mat.n_var)
     lb[mat.p] = -np.inf
     return _run(prob, mat, cost, lb, mat.constraint(extra), time_limit_s, 1e-9)
 
 
-def _need_rows(prob: Problem, values: np.ndarray) -> tuple[list[tuple[int, float]], list[tuple[int, dict, float]]]:
-    """Rows for "discard at moment t >= values[t]": (key, value) bounds on the running sum where only the key
-    decides (:func:`need_rows`), and (key, terms, value) rows, one per moment, where later calls of a module
-    discard too (terms: candidate -> calls after its first discarding) or a checkpointed module holds its inputs
-    (terms["held"]: candidate -> bytes held then, if it is checkpointed)."""
+def _need_rows(prob: Problem, values: np.ndarray, offload: OffloadSetup | None = None
+               ) -> tuple[list[tuple[int, int, float]], list[tuple[int, int, dict, float]]]:
+    """Rows for "discard at moment t >= values[t]": (key, windows credited, value) bounds on the running sums
+    where only they decide (:func:`need_rows`; without ``offload`` no window is credited), and (key, windows
+    credited, terms, value) rows, one per moment, where later calls of a module discard too (terms: candidate ->
+    calls after its first discarding) or a checkpointed module holds its inputs (terms["held"]: candidate ->
+    bytes held then, if it is checkpointed)."""
     reps, extra = prob.repeat_counts(), prob.checkpointed_extra_bytes()
     multi_at = np.zeros(len(values), bool)
     for counts in (*reps.values(), *extra.values()):
         multi_at |= counts > 0
-    plain = need_rows(prob.node_key[~multi_at], values[~multi_at])
+    if offload is None:
+        credited = np.zeros(len(values), dtype=np.int64)
+        plain = [(k, 0, v) for k, v in need_rows(prob.node_key[~multi_at], values[~multi_at])]
+    else:
+        credited = credited_windows(offload, prob.model.keys)
+        plain = need_pairs(prob.node_key[~multi_at], credited[~multi_at], values[~multi_at])
     multi = []
     for t in np.flatnonzero(multi_at):
         terms: dict = {i: float(c[t]) for i, c in reps.items() if c[t] > 0}
         terms["held"] = {i: float(b[t]) for i, b in extra.items() if b[t] > 0}
-        multi.append((int(prob.node_key[t]), terms, float(values[t])))
+        multi.append((int(prob.node_key[t]), int(credited[t]), terms, float(values[t])))
     return plain, multi
 
 
-def _discard_entries(mat: _Matrix, key: int, terms: dict, unit: float) -> list[tuple[int, float]]:
+def _discard_entries(mat: _Matrix, key: int, terms: dict, unit: float, credited: int = 0) -> list[tuple[int, float]]:
     """The discard in effect at a moment, less the inputs held then: the running sum at ``key``, plus
-    ``terms[i]`` times candidate i's own discard (``S_i - S_{i-1}``), less ``terms["held"][i] * y_i``."""
+    ``terms[i]`` times candidate i's own discard (``S_i - S_{i-1}``), less ``terms["held"][i] * y_i``; plus the
+    running offload of the first ``credited`` windows (with offload)."""
     coef: dict[int, float] = {mat.s0 + key - 1: 1.0} if key > 0 else {}
+    if credited and mat.off is not None:
+        coef[mat.off.q(credited)] = 1.0
     for i, r in terms.items():
         if i == "held":
             continue
@@ -244,6 +266,9 @@ def _run(prob: Problem, mat: _Matrix, cost, lb, constraint, time_limit_s: float,
     if res.x is None or status not in ("optimal", "feasible"):
         return Solution.without_plan(status, message, lower_bound=bound)
     gap = float(res.mip_gap) if getattr(res, "mip_gap", None) is not None else 0.0
+    if mat.off is not None:
+        decisions, offload = decode_offload(prob, mat, mat.off, res.x)
+        return Solution.planned(prob, decisions, status, message, max(gap, 0.0), bound, offload)
     return Solution.planned(prob, _decode(prob, mat, res.x), status, message, max(gap, 0.0), bound)
 
 

@@ -38,8 +38,9 @@ from planner.ops.knapsack import GroupClasses
 from planner.solve.problem import Problem
 from planner.stats.format import Stats
 
-__all__ = ["GBPS_BYTES_PER_MS", "HostLinkFigures", "OffloadOptions", "OffloadWindows", "decisions",
-           "host_link", "offload_options", "offload_windows", "window_bytes"]
+__all__ = ["GBPS_BYTES_PER_MS", "HostLinkFigures", "OffloadOptions", "OffloadPlan", "OffloadSetup", "OffloadWindows",
+           "decisions", "host_link", "offload_options", "offload_plan", "offload_setup", "offload_windows",
+           "window_bytes"]
 
 GBPS_BYTES_PER_MS = 1e6  # 1 GB/s = 1e9 bytes/s = 1e6 bytes/ms
 
@@ -251,3 +252,64 @@ def window_bytes(windows: OffloadWindows, cand_window: Mapping[int, float]) -> n
     for i, nbytes in cand_window.items():
         out[int(windows.candidate_window[i])] += nbytes
     return out
+
+
+@dataclass(frozen=True)
+class OffloadSetup:
+    """What every engine needs to plan with offload, for one problem and one link: built once per request."""
+
+    windows: OffloadWindows
+    options: dict[int, OffloadOptions]  # candidate index -> its offloadable groups (candidates with any)
+
+
+def offload_setup(prob: Problem, link: HostLinkFigures) -> OffloadSetup:
+    """The windows and every candidate's offloadable groups of ``prob`` with ``link`` (shared by a sweep)."""
+    def build(p: Problem) -> OffloadSetup:
+        windows = offload_windows(p, link)
+        return OffloadSetup(windows, offload_options(p, windows))
+    return prob.derived(f"offload {link.d2h_gbps!r} {link.h2d_gbps!r}", build)
+
+
+@dataclass(frozen=True)
+class OffloadPlan:
+    """A plan's offloads: per module its offload list, per window its bytes and stall."""
+
+    windows: OffloadWindows
+    modules: dict[str, list[int]]  # fqn -> 1 per op offloaded (saved, and copied to host memory)
+    module_bytes: dict[str, int]  # fqn -> bytes it offloads
+    window_bytes: np.ndarray  # per window
+    window_stall_ms: np.ndarray  # per window
+
+    @property
+    def stall_ms(self) -> float:
+        return math.fsum(self.window_stall_ms.tolist())
+
+    @property
+    def host_bytes(self) -> int:
+        """Host memory the offloads take (per micro-batch): all of them are there at the forward's end."""
+        return int(sum(self.module_bytes.values()))
+
+    @property
+    def credits(self) -> dict[int, float]:
+        """The memory model's credits (``MemoryModel.profile_bytes(offloaded=)``)."""
+        return self.windows.credits(self.window_bytes)
+
+
+def offload_plan(prob: Problem, windows: OffloadWindows, offloads: Mapping[str, Sequence[int]]) -> OffloadPlan:
+    """The :class:`OffloadPlan` of per-module offload lists (fqn -> 1 per op offloaded); ValueError for a list
+    of the wrong length or a module in the last window."""
+    post = prob.model.post_pos
+    lists, nbytes = {}, {}
+    per_window = np.zeros(len(windows))
+    for fqn, offload in offloads.items():
+        ops = prob.stats.module(fqn).ops or []
+        if len(offload) != len(ops):
+            raise ValueError(f"offload list of {fqn!r} has {len(offload)} entries for its {len(ops)} ops")
+        lists[fqn] = [int(v) for v in offload]
+        nbytes[fqn] = sum(op.output_bytes for op, v in zip(ops, offload) if v)
+        j = int(np.searchsorted(windows.end_pos, post[fqn], side="left"))
+        if j >= len(windows) - 1 and nbytes[fqn]:
+            raise ValueError(f"{fqn!r} is in the last offload window: nothing it offloads leaves the device")
+        per_window[j] += nbytes[fqn]
+    stall = np.array([windows.stall_ms(j, b) for j, b in enumerate(per_window.tolist())])
+    return OffloadPlan(windows, lists, nbytes, per_window, stall)

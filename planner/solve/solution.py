@@ -14,6 +14,7 @@ import numpy as np
 
 from planner.memory_model import discardable_bytes
 from planner.plan_format import PlanStatus
+from planner.solve.offload import OffloadPlan
 from planner.solve.problem import Problem
 
 __all__ = ["Decision", "Solution", "discards", "needs_peak_bytes", "save_lists"]
@@ -34,14 +35,25 @@ class Solution:
     lower_bound: float | None = None  # the solver's proven bound on recompute, when it gives one
     # the plan's memory per moment (MemoryModel.profile_bytes), kept for the plan's timeline
     profile: np.ndarray | None = field(default=None, repr=False, compare=False)
+    # with offload: what the plan offloads (its decisions' save lists are 1 where it offloads), else None
+    offload: OffloadPlan | None = field(default=None, repr=False)
 
     @classmethod
     def planned(cls, prob: Problem, decisions: dict[str, Decision], status: PlanStatus, message: str,
-                gap: float, lower_bound: float | None = None) -> Solution:
-        """A plan (``optimal`` or ``feasible``): its peak and recompute derived from the decisions."""
-        profile = prob.model.profile_bytes(discards(prob, decisions), saves=save_lists(decisions))
+                gap: float, lower_bound: float | None = None, offload: OffloadPlan | None = None) -> Solution:
+        """A plan (``optimal`` or ``feasible``): its peak and recompute derived from the decisions (and the
+        offloads' window credits, when it offloads)."""
+        profile = prob.model.profile_bytes(discards(prob, decisions), saves=save_lists(decisions),
+                                           offloaded=None if offload is None else offload.credits)
         recompute = math.fsum(_module_recompute_ms(prob, f, saved_ms) for f, (_, _, saved_ms) in decisions.items())
-        return cls(status, message, float(profile.max()), recompute, gap, decisions, lower_bound, profile)
+        return cls(status, message, float(profile.max()), recompute, gap, decisions, lower_bound, profile, offload)
+
+    @property
+    def overhead_ms(self) -> float | None:
+        """What the plan minimises: its recompute, plus its offload stall when it offloads."""
+        if self.recompute_ms is None or self.offload is None:
+            return self.recompute_ms
+        return self.recompute_ms + self.offload.stall_ms
 
     @classmethod
     def unplanned(cls, prob: Problem, message: str) -> Solution:
@@ -60,7 +72,7 @@ class Solution:
     def with_status(self, status: PlanStatus, message: str, gap: float | None) -> Solution:
         """The same plan, re-labelled (a MILP plan judged against an earlier bound)."""
         return Solution(status, message, self.peak_bytes, self.recompute_ms, gap, self.decisions, self.lower_bound,
-                        self.profile)
+                        self.profile, self.offload)
 
 
 def discards(prob: Problem, decisions: dict[str, Decision]) -> dict[str, float]:
