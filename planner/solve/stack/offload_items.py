@@ -72,10 +72,13 @@ class OffloadPoints:
 
 
 def offload_points(w: np.ndarray, r: np.ndarray, mult: np.ndarray, offloadable: np.ndarray,
-                   stall: Stall) -> OffloadPoints:
+                   stall: Stall, least_early: int = 0) -> OffloadPoints:
     """Every option of one module no other beats on (more v, no more ms + stall(o)); see the module docstring.
 
     ``w`` (int bytes), ``r`` (ms), ``mult`` (groups), ``offloadable`` (groups that may be offloaded) per class.
+    ``least_early``: options must recompute at least this many bytes, ``v - o >= least_early`` (a checkpointed
+    module's early discard stays >= 0: its held inputs less its recompute's bytes). An option that may still
+    fall short of it is only dropped for one that has met it (or recomputes as much).
     """
     w = np.asarray(w, dtype=np.int64)
     r = np.asarray(r, dtype=np.float64)
@@ -86,10 +89,12 @@ def offload_points(w: np.ndarray, r: np.ndarray, mult: np.ndarray, offloadable: 
     able = np.asarray(offloadable, dtype=np.int64)
     o_max = a + float(np.sum((w * able)[~cheap])) + float(np.max(np.where(cheap & (able > 0), w, 0), initial=0))
     v, o, ms = np.zeros(1, np.int64), np.zeros(1, np.int64), np.zeros(1)
-    k, f = np.zeros((1, n), np.int64), np.zeros((1, n), np.int64)
     order = np.argsort(-(w * able), kind="stable")  # the most offloadable bytes first: what may follow shrinks fast
     rest = np.concatenate([np.cumsum((w * able)[order][::-1])[::-1][1:], [0]])
-    for q, later in zip(order.tolist(), rest.tolist()):
+    # the most the classes still to come can recompute: an option short of least_early by more never meets it
+    reach = np.concatenate([np.cumsum((w * mult)[order][::-1])[::-1][1:], [0]])
+    steps = []  # per class, in order: (parent option, recomputed, offloaded) of each option kept
+    for q, later, more in zip(order.tolist(), rest.tolist(), reach.tolist()):
         m, top = int(mult[q]), int(able[q])
         pk = np.array([x for x in range(m + 1) for y in range(min(m - x, top) + 1)], np.int64)
         pf = np.array([y for x in range(m + 1) for y in range(min(m - x, top) + 1)], np.int64)
@@ -98,21 +103,30 @@ def offload_points(w: np.ndarray, r: np.ndarray, mult: np.ndarray, offloadable: 
         v = v[rows] + w[q] * (pk[cols] + pf[cols])
         o = o[rows] + w[q] * pf[cols]
         ms = ms[rows] + r[q] * pk[cols]
-        k, f = k[rows], f[rows]
-        k[:, q], f[:, q] = pk[cols], pf[cols]
-        keep = _per_v_front(v, o, ms, o_max, slope_max)
-        v, o, ms, k, f = v[keep], o[keep], ms[keep], k[keep], f[keep]
-        keep = _beaten_whatever_follows(v, o, ms, stall, min(float(later), o_max))
-        v, o, ms, k, f = v[keep], o[keep], ms[keep], k[keep], f[keep]
-    cost = ms + stall(o)
-    keep = pareto(v, cost)
-    return OffloadPoints(v[keep], o[keep], ms[keep], cost[keep], k[keep], f[keep])
+        alive = np.flatnonzero(v - o + int(more) >= least_early)
+        keep = alive[_per_v_front(v[alive], o[alive], ms[alive], o_max, slope_max, v[alive] - o[alive] >= least_early)]
+        keep = keep[_beaten_whatever_follows(v[keep], o[keep], ms[keep], stall, min(float(later), o_max),
+                                             v[keep] - o[keep], least_early)]
+        v, o, ms = v[keep], o[keep], ms[keep]
+        steps.append((q, rows[keep], pk[cols[keep]], pf[cols[keep]]))
+    ok = np.flatnonzero(v - o >= least_early)
+    cost = ms[ok] + stall(o[ok])
+    keep = ok[pareto(v[ok], cost)]
+    k, f = np.zeros((len(keep), n), np.int64), np.zeros((len(keep), n), np.int64)
+    at = keep
+    for q, parent, pk, pf in reversed(steps):  # back through the classes to each kept option's counts
+        k[:, q], f[:, q] = pk[at], pf[at]
+        at = parent[at]
+    cost = ms[keep] + stall(o[keep])
+    return OffloadPoints(v[keep], o[keep], ms[keep], cost, k, f)
 
 
-def _per_v_front(v: np.ndarray, o: np.ndarray, ms: np.ndarray, o_max: float, slope: float) -> np.ndarray:
+def _per_v_front(v: np.ndarray, o: np.ndarray, ms: np.ndarray, o_max: float, slope: float,
+                 settled: np.ndarray) -> np.ndarray:
     """Indices of the options within ``o_max`` that no other of equal v beats, whatever follows: B goes when
     some A has ``o_A <= o_B`` and ``ms_A <= ms_B``, or ``o_A > o_B`` and ``ms_A + slope (o_A - o_B) <= ms_B``
-    (``slope``: the stall's largest, so A's extra offload costs at most that much more in any completion)."""
+    (``slope``: the stall's largest, so A's extra offload costs at most that much more in any completion) and A
+    is ``settled`` (recomputes enough already: with more o and equal v it recomputes less than B)."""
     ok = np.flatnonzero(o <= o_max + 0.5)
     order = ok[np.lexsort((ms[ok], o[ok], v[ok]))]  # by v, then least o, then cheapest
     sv, so, sms = v[order], o[order].astype(np.float64), ms[order]
@@ -127,24 +141,33 @@ def _per_v_front(v: np.ndarray, o: np.ndarray, ms: np.ndarray, o_max: float, slo
     first = new | (t < before - tol)
     order, sv, so, sms, group, tol = order[first], sv[first], so[first], sms[first], group[first], tol[first]
     # (the survivors' o rises strictly within a v) more o for enough less ms, in the same v: a running minimum
-    # from the end, restarting per group
-    u = (sms + slope * so) + group * shift
-    after = np.concatenate([np.minimum.accumulate(u[::-1])[::-1][1:], [np.inf]])
+    # from the end over the settled ones, restarting per group
+    u = sms + slope * so + group * shift
+    after = np.concatenate([np.minimum.accumulate(np.where(settled[order], u, np.inf)[::-1])[::-1][1:], [np.inf]])
     last = np.concatenate([sv[1:] != sv[:-1], [True]])
     keep = last | (u < after - tol)
     return order[keep]
 
 
-def _beaten_whatever_follows(v, o, ms, stall: Stall, later: float) -> np.ndarray:
+def _beaten_whatever_follows(v, o, ms, stall: Stall, later: float, early: np.ndarray, least: int,
+                             levels: int = 32) -> np.ndarray:
     """Indices of the options no other beats on v and on cost, the other's cost at its worst and this one's at
     its best: with at most ``later`` bytes offloaded by what follows, A beats B when ``v_A >= v_B`` and
-    ``ms_A + stall(o_A + later) <= ms_B + stall(o_B)`` (then A costs no more than B whatever follows)."""
+    ``ms_A + stall(o_A + later) <= ms_B + stall(o_B)`` (then A costs no more than B whatever follows), and A
+    is at least as far towards ``least`` early bytes (``early``) as B: it has reached it, or lies on a higher
+    one of ``levels`` steps up to it (then every completion B may take, A may take too)."""
     hi = ms + stall(o + later)
     lo = ms + stall(o)
+    step = np.full(len(v), levels) if least <= 0 else np.minimum(levels, (early * levels) // least)
     order = np.lexsort((lo, hi, -v))  # most v first; among equals the cheapest at worst first
-    before = np.concatenate([[np.inf], np.minimum.accumulate(hi[order])[:-1]])
-    keep = order[before > lo[order] + _TOL * (1.0 + np.abs(lo[order]))]
-    return np.sort(keep)
+    h, low, lev = hi[order], lo[order], step[order]
+    drop = np.zeros(len(order), bool)
+    tol = _TOL * (1.0 + np.abs(low))
+    for b in np.unique(lev).tolist():
+        beaters = (lev == levels) if b == levels else (lev > b)
+        before = np.concatenate([[np.inf], np.minimum.accumulate(np.where(beaters, h, np.inf))[:-1]])
+        drop |= (lev == b) & (before <= low + tol)
+    return np.sort(order[~drop])
 
 
 def pareto(x: np.ndarray, c: np.ndarray) -> np.ndarray:

@@ -32,13 +32,14 @@ import numpy as np
 
 from planner.memory_model import NEED_TOL_BYTES
 from planner.solve.giants import for_budget
-from planner.solve.offload import OffloadOptions, OffloadWindows, decisions
+from planner.solve.offload import OffloadOptions, OffloadWindows, decisions, offload_plan
 from planner.solve.problem import Frontiers, Problem, held_needs, key_needs
+from planner.solve.solution import Decision, Solution
 from planner.solve.stack.multiset import CountWorkLimit
 from planner.solve.stack.offload_items import OffloadPoints, Stall, offload_points
 from planner.solve.stack.relaxation import Stack, find_stack, solve_stack
 
-__all__ = ["OffloadPlan", "OffloadStack", "offload_stack", "solve_offload_stack"]
+__all__ = ["OffloadStack", "StackOffloadResult", "offload_stack", "solve_offload_stack"]
 
 _WORK = 2e7  # as the DP's stack pass (planner.solve.dp): about a second at most
 
@@ -56,18 +57,15 @@ class OffloadStack:
 
 
 @dataclass(frozen=True)
-class OffloadPlan:
-    """A plan from the relaxation, evaluated on the full model."""
+class StackOffloadResult:
+    """The relaxation's bound, and the best plan found that meets the budget on the full model (or None)."""
 
     lower: float  # no plan costs less (recompute + stall, ms)
-    cost: float | None = None  # the plan's recompute + stall on the full model
-    recompute_ms: float | None = None
-    stall_ms: float | None = None
-    peak_bytes: float | None = None
-    fits: bool = False  # the plan meets the budget on the full model
-    # fqn -> (save list, offload list or None, early-discarded bytes) of each checkpointed module
-    modules: dict[str, tuple[list[int], list[int] | None, int]] | None = None
-    window_bytes: np.ndarray | None = None
+    plan: Solution | None = None  # status "feasible": the caller judges it against the bound
+
+    @property
+    def cost(self) -> float | None:
+        return None if self.plan is None else self.plan.overhead_ms
 
 
 def offload_stack(prob: Problem, windows: OffloadWindows, options: dict[int, OffloadOptions]) -> OffloadStack:
@@ -87,7 +85,9 @@ def offload_stack(prob: Problem, windows: OffloadWindows, options: dict[int, Off
         if key not in memo:
             cl = cand.classes
             stall = Stall(1.0 / windows.link.d2h_bytes_per_ms, fw, 1.0 / windows.link.h2d_bytes_per_ms, bw)
-            pts = offload_points(cl.class_bytes, cl.class_ms, cl.multiplicity, opt.counts, stall)
+            # its early discard (y + what it recomputes) stays >= 0, as in every engine
+            pts = offload_points(cl.class_bytes, cl.class_ms, cl.multiplicity, opt.counts, stall,
+                                 least_early=max(0, -cand.y_bytes))
             freed = cand.y_bytes + pts.v
             keep = freed > 0  # a point that frees nothing is never part of a plan
             pts = OffloadPoints(*(a[keep] for a in (pts.v, pts.o, pts.ms, pts.cost, pts.k, pts.f)))
@@ -105,7 +105,7 @@ def offload_stack(prob: Problem, windows: OffloadWindows, options: dict[int, Off
 
 
 def solve_offload_stack(prob: Problem, model: OffloadStack, budget_bytes: float, *, mip_rel_gap: float = 1e-6,
-                        deadline: float = math.inf, retries: int = 6) -> OffloadPlan | None:
+                        deadline: float = math.inf, retries: int = 6) -> StackOffloadResult | None:
     """The relaxation's bound at this budget, and the best plan found that meets the budget on the full model;
     None when there is no stack, or the relaxation gave up (work limit, deadline).
 
@@ -121,19 +121,19 @@ def solve_offload_stack(prob: Problem, model: OffloadStack, budget_bytes: float,
         return None
     lower, fr, choices = first
     if choices is None:
-        return OffloadPlan(lower)
-    plan = evaluate(prob, model, fr, choices, lower, budget_bytes)
+        return StackOffloadResult(lower)
+    plan = evaluate(prob, model, fr, choices)
     target = budget_bytes
     for _ in range(retries):
-        if plan.fits:
-            return plan
+        if plan.peak_bytes <= budget_bytes + NEED_TOL_BYTES:
+            return StackOffloadResult(lower, plan)
         target -= plan.peak_bytes - budget_bytes + 1.0
         again = _relaxed(prob, model, target, {i: v - (budget_bytes - target) for i, v in held.items()},
                          mip_rel_gap, deadline)
         if again is None or again[2] is None:
             break
-        plan = evaluate(prob, model, again[1], again[2], lower, budget_bytes)
-    return plan if plan.fits else OffloadPlan(lower)
+        plan = evaluate(prob, model, again[1], again[2])
+    return StackOffloadResult(lower, plan if plan.peak_bytes <= budget_bytes + NEED_TOL_BYTES else None)
 
 
 def _relaxed(prob: Problem, model: OffloadStack, budget_bytes: float, held: dict[int, float], mip_rel_gap: float,
@@ -153,31 +153,25 @@ def _relaxed(prob: Problem, model: OffloadStack, budget_bytes: float, held: dict
     return res.lower, fr, res.choices
 
 
-def evaluate(prob: Problem, model: OffloadStack, fr: Frontiers, choices: dict[int, int], lower: float,
-             budget_bytes: float) -> OffloadPlan:
-    """The plan of ``choices`` (candidate -> index into ``fr``'s points) on the full model: offloads credited at
-    their window's key, each window's stall on its total."""
-    modules: dict[str, tuple[list[int], list[int] | None, int]] = {}
-    recompute = []
-    window = np.zeros(len(model.windows))
+def evaluate(prob: Problem, model: OffloadStack, fr: Frontiers, choices: dict[int, int]) -> Solution:
+    """The plan of ``choices`` (candidate -> index into ``fr``'s points) on the full model (``feasible``): its
+    offloads credited at their window's key, each window's stall on its total."""
+    decided: dict[str, Decision] = {}
+    offloads: dict[str, list[int]] = {}
     for i, j in choices.items():
         cand = prob.candidates[i]
+        m = prob.stats.module(cand.fqn)
         if i in model.points:
             pts, row = model.points[i], int(fr.point[i][j])
             save, off = decisions(cand.classes, model.options[i], pts.k[row], pts.f[row])
-            o = int(pts.o[row])
-            early = int(fr.d[i][j]) - o
-            recompute.append(cand.cost(cand.classes.always_recomputed_ms + float(pts.ms[row])))
-            window[int(model.windows.candidate_window[i])] += o
-            modules[cand.fqn] = (save, off if o else None, early)
+            early = int(fr.d[i][j]) - int(pts.o[row])  # the offloaded groups count as saved here
+            decided[cand.fqn] = (save, cand.act_saved_bytes - early,
+                                 m.op_ms - cand.classes.always_recomputed_ms - float(pts.ms[row]))
+            if pts.o[row]:
+                offloads[cand.fqn] = off
         else:
             f = fr.capped.get(i) or prob.frontier(cand.fqn)
-            modules[cand.fqn] = (f.save_list(int(fr.point[i][j])), None, int(fr.d[i][j]))
-            recompute.append(float(fr.rc[i][j]))
-    profile = prob.model.profile_bytes({f: float(e) for f, (_, _, e) in modules.items()},
-                                       saves={f: s for f, (s, _, _) in modules.items()},
-                                       offloaded=model.windows.credits(window))
-    stall = math.fsum(model.windows.stall_ms(j, float(b)) for j, b in enumerate(window) if b)
-    rec = math.fsum(recompute)
-    peak = float(profile.max())
-    return OffloadPlan(lower, rec + stall, rec, stall, peak, peak <= budget_bytes + NEED_TOL_BYTES, modules, window)
+            k = int(fr.point[i][j])
+            decided[cand.fqn] = (f.save_list(k), int(f.saved_bytes[k]), float(f.saved_ms[k]))
+    return Solution.planned(prob, decided, "feasible", "", 0.0,
+                            offload=offload_plan(prob, model.windows, offloads))
