@@ -75,10 +75,10 @@ def offload_stack(prob: Problem, windows: OffloadWindows, options: dict[int, Off
     points: dict[int, OffloadPoints] = {}
     memo: dict[tuple, tuple] = {}
     ids: dict[tuple, int] = {}
-    last_key = int(np.max(prob.model.keys))
+    useless = _useless_windows(prob, windows)
     for i, opt in options.items():
-        if windows.credit_key[int(windows.candidate_window[i])] > last_key:
-            continue  # no moment credits its window's offload (the last block's, credited after the root ends)
+        if int(windows.candidate_window[i]) in useless:
+            continue
         cand = prob.candidates[i]
         fw, bw = windows.hidden_ms(int(windows.candidate_window[i]))
         key = (base.fid[i], tuple(opt.counts.tolist()), fw, bw)
@@ -102,6 +102,24 @@ def offload_stack(prob: Problem, windows: OffloadWindows, options: dict[int, Off
     if stack is not None and any(fr.starts[stack.blocks[0]] <= i <= stack.blocks[-1] for i in fr.giants):
         stack = None  # a block's points would change with the budget
     return OffloadStack(windows, options, points, fr, stack)
+
+
+def _useless_windows(prob: Problem, windows: OffloadWindows) -> set[int]:
+    """Windows whose offload frees memory at no moment that matters: every moment crediting it (key at least its
+    credit key) comes after every candidate, and holds no more than some moment before its credit key. Such a
+    moment's need is met whenever that earlier one's is (nothing discarded or offloaded is ever taken back
+    between them), so the window's offload only adds stall: leaving it out loses no plan (the last block's, in a
+    decoder: credited at the forward's end only, below the loss's backward)."""
+    keys, base = prob.model.keys, prob.model.base_bytes
+    last = max((c.post_pos for c in prob.candidates), default=-1)
+    out = set()
+    for j, key in enumerate(windows.credit_key.tolist()):
+        if key < 0 or key <= last:
+            continue
+        late = keys >= key
+        if not late.any() or (~late).any() and float(base[~late].max()) >= float(base[late].max()):
+            out.add(j)
+    return out
 
 
 def solve_offload_stack(prob: Problem, model: OffloadStack, budget_bytes: float, *, mip_rel_gap: float = 1e-6,
