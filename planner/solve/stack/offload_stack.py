@@ -26,20 +26,21 @@ caller falls back to the MILP, with the bound.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from planner.memory_model import NEED_TOL_BYTES
 from planner.solve.giants import for_budget
-from planner.solve.offload import OffloadOptions, OffloadWindows, decisions, offload_plan
+from planner.solve.dp import STACK_FIRST_BLOCKS
+from planner.solve.offload import OffloadOptions, OffloadSetup, OffloadWindows, decisions, offload_plan
 from planner.solve.problem import Frontiers, Problem, held_needs, key_needs
-from planner.solve.solution import Decision, Solution
+from planner.solve.solution import Decision, Solution, discards
 from planner.solve.stack.multiset import CountWorkLimit
 from planner.solve.stack.offload_items import OffloadPoints, Stall, offload_points
 from planner.solve.stack.relaxation import Stack, find_stack, solve_stack
 
-__all__ = ["OffloadStack", "StackOffloadResult", "offload_stack", "solve_offload_stack"]
+__all__ = ["OffloadStack", "StackOffloadResult", "offload_stack", "solve_offload_stack", "stack_first", "with_milp"]
 
 _WORK = 2e7  # as the DP's stack pass (planner.solve.dp): about a second at most
 
@@ -61,7 +62,7 @@ class StackOffloadResult:
     """The relaxation's bound, and the best plan found that meets the budget on the full model (or None)."""
 
     lower: float  # no plan costs less (recompute + stall, ms)
-    plan: Solution | None = None  # status "feasible": the caller judges it against the bound
+    plan: Solution | None = None  # meets the budget on the full model; "optimal" when it meets the bound too
 
     @property
     def cost(self) -> float | None:
@@ -143,15 +144,64 @@ def solve_offload_stack(prob: Problem, model: OffloadStack, budget_bytes: float,
     plan = evaluate(prob, model, fr, choices)
     target = budget_bytes
     for _ in range(retries):
-        if plan.peak_bytes <= budget_bytes + NEED_TOL_BYTES:
-            return StackOffloadResult(lower, plan)
+        if _fits(prob, plan, budget_bytes):
+            return StackOffloadResult(lower, _judged(plan, lower, mip_rel_gap))
         target -= plan.peak_bytes - budget_bytes + 1.0
         again = _relaxed(prob, model, target, {i: v - (budget_bytes - target) for i, v in held.items()},
                          mip_rel_gap, deadline)
         if again is None or again[2] is None:
             break
         plan = evaluate(prob, model, again[1], again[2])
-    return StackOffloadResult(lower, plan if plan.peak_bytes <= budget_bytes + NEED_TOL_BYTES else None)
+    return StackOffloadResult(lower, _judged(plan, lower, mip_rel_gap) if _fits(prob, plan, budget_bytes) else None)
+
+
+def _fits(prob: Problem, plan: Solution, budget_bytes: float) -> bool:
+    """Whether the plan meets the budget as every engine counts it: by its peak, and with an input several
+    checkpointed modules hold counted once per holder (the MILP's check, planner.solve.milp)."""
+    rows = prob.model.peak_bytes(discards(prob, plan.decisions), shared_once=False,
+                                 offloaded=None if plan.offload is None else plan.offload.credits)
+    return max(plan.peak_bytes, rows) <= budget_bytes + NEED_TOL_BYTES
+
+
+def _judged(plan: Solution, lower: float, mip_rel_gap: float) -> Solution:
+    """The plan, "optimal" when its cost is within ``mip_rel_gap`` of the bound, else "feasible" with its gap."""
+    cost = plan.overhead_ms
+    gap = max(cost - lower, 0.0) / cost if cost > 0 else 0.0
+    if gap <= mip_rel_gap:
+        return replace(plan, lower_bound=lower).with_status("optimal", "optimal plan found (count-space relaxation of a stack of identical "
+                                           "blocks, offload counted at each module's end; its plan meets the bound "
+                                           "on the full model)", gap)
+    return replace(plan, lower_bound=lower).with_status("feasible", "best plan of the stack relaxation, with its "
+                                                                 "proven gap", gap)
+
+
+def stack_first(prob: Problem, setup: OffloadSetup, budget_bytes: float, *, mip_rel_gap: float,
+                deadline: float) -> StackOffloadResult | None:
+    """The stack relaxation's bound and plan, for stacks of at least ``STACK_FIRST_BLOCKS`` identical blocks
+    (as without offload: shorter ones are the MILP's); None when it does not apply or gave up."""
+    link = setup.windows.link
+    model = prob.derived(f"offload stack {link.d2h_gbps!r} {link.h2d_gbps!r}",
+                         lambda p: offload_stack(p, setup.windows, setup.options))
+    if model.stack is None or len(model.stack.blocks) < STACK_FIRST_BLOCKS:
+        return None
+    return solve_offload_stack(prob, model, budget_bytes, mip_rel_gap=mip_rel_gap, deadline=deadline)
+
+
+def with_milp(stacked: StackOffloadResult, sol: Solution, mip_rel_gap: float) -> Solution:
+    """The MILP's answer after the stack's: the cheaper plan, judged against the better of the two bounds."""
+    plans = [p for p in (stacked.plan, sol if sol.decisions is not None else None) if p is not None]
+    if not plans:
+        return sol
+    lower = max(stacked.lower, sol.lower_bound if sol.lower_bound is not None else -math.inf)
+    best = min(plans, key=lambda p: p.overhead_ms)
+    cost = best.overhead_ms
+    gap = min(1.0, max(cost - lower, 0.0) / cost) if cost > 0 else 0.0
+    if gap <= mip_rel_gap:
+        return replace(best, lower_bound=lower).with_status("optimal", f"{best.message}; optimal within the "
+                                                                        "better of the stack's and the MILP's bounds",
+                                                            gap)
+    return replace(best, lower_bound=lower).with_status("feasible", f"{best.message}; gap against the better of the "
+                                                                     "stack's and the MILP's bounds", gap)
 
 
 def _relaxed(prob: Problem, model: OffloadStack, budget_bytes: float, held: dict[int, float], mip_rel_gap: float,
