@@ -271,17 +271,36 @@ def plan_table(stats: Stats, p: Plan) -> str:
     split = recompute_split(stats, p)
     if split is not None and split.overhead_dominates:
         lines.insert(-1, f"host overhead    {HOST_OVERHEAD_NOTE}")
+    if p.offload == "on":
+        lines[-1:-1] = _offload_lines(p)
     if p.min_feasible_budget_gib is not None:
         lines.append(f"min budget       {p.min_feasible_budget_gib:g} GiB")
     if p.message and p.status != "optimal":
         lines.append(f"note             {_cli_words(p.message)}")
     if p.modules:
         width = max(len(m.fqn) for m in p.modules)
-        lines += ["", f"{'module':<{width}}  discard  freed GiB  recompute ms  ops saved"]
+        off = p.offload == "on"
+        lines += ["", f"{'module':<{width}}  discard  freed GiB  recompute ms  ops saved"
+                  + ("  offloaded GiB" if off else "")]
         for m in p.modules:
             lines.append(f"{m.fqn:<{width}}  {m.discard_ratio:7.3f}  {m.discarded_bytes / GIB:9.3f}  "
-                         f"{m.recompute_ms:12.4f}  {sum(m.save)}/{len(m.save)}")
+                         f"{m.recompute_ms:12.4f}  {sum(m.save)}/{len(m.save)}"
+                         + (f"  {(m.offloaded_bytes or 0) / GIB:13.3f}" if off else ""))
     return "\n".join(lines)
+
+
+def _offload_lines(p: Plan) -> list[str]:
+    """With offload on: the link, host memory, the copies' stall and the step overhead the plan minimises."""
+    link = p.host_link_gbps or {}
+    out = [f"offload          on: host link {link.get('d2h', 0):g} GB/s to host, {link.get('h2d', 0):g} GB/s back"]
+    if p.host_bytes is not None:
+        busy = sum(1 for w in p.offload_windows or () if w.offloaded_bytes)
+        out.append(f"host memory      {_gib_text(p.host_bytes)} offloaded, in {busy} of "
+                   f"{len(p.offload_windows or ())} windows (prefetch {p.prefetch_distance} window ahead)")
+        out.append(f"offload stall    {p.offload_stall_ms:.3f} ms: the copies past the compute they overlap")
+        out.append(f"step overhead    {p.step_overhead_ms:.3f} ms = recompute + offload stall (what the plan "
+                   f"minimises)")
+    return out
 
 
 def sweep_table(plans: list[Plan]) -> str:

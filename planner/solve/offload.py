@@ -67,17 +67,17 @@ def host_link(stats: Stats, host_link_gbps: float | None) -> HostLinkFigures:
     either, or for stats offloading's model does not cover (a pipeline stage's, or without a timeline)."""
     meta = stats.metadata
     if meta.pipeline is not None:
-        raise ValueError("offload='on' is not supported for a pipeline stage's stats (metadata.pipeline): the "
+        raise ValueError("offload 'on' is not supported for a pipeline stage's stats (metadata.pipeline): the "
                          "schedule interleaves micro-batches, which breaks the offload windows")
     if not stats.timeline:
-        raise ValueError("offload='on' needs stats with a timeline (sacplan collect writes one): offloading's windows "
+        raise ValueError("offload 'on' needs stats with a timeline (sacplan collect writes one): offloading's windows "
                          "follow the step's own moments")
     if host_link_gbps is not None:
         if not math.isfinite(host_link_gbps) or host_link_gbps <= 0:
             raise ValueError(f"host_link_gbps must be a positive number of GB/s, got {host_link_gbps!r}")
         return HostLinkFigures(float(host_link_gbps), float(host_link_gbps), "host_link_gbps option")
     if meta.host_link_gbps is None:
-        raise ValueError(f"offload='on' needs host_link_gbps: the stats carry no host link figure (target "
+        raise ValueError(f"host_link_gbps is needed with offload 'on': the stats carry no host link figure (target "
                          f"{meta.target_device or meta.device or 'not stated'})")
     link = meta.host_link_gbps
     return HostLinkFigures(float(link.d2h), float(link.h2d), link.source)
@@ -132,7 +132,8 @@ class OffloadWindows:
 
 def offload_windows(prob: Problem, link: HostLinkFigures) -> OffloadWindows:
     """The windows of ``prob``: one per child of the module with the most children that are, or hold,
-    candidates (a decoder's layer list), plus the last window (the rest, ending with the root)."""
+    candidates (a decoder's layer list: every child, whether it holds a candidate or not), plus the last window
+    (the rest, ending with the root)."""
     stats = prob.stats
     post = prob.model.post_pos
     root = stats.fw_pre_order[0]
@@ -159,20 +160,23 @@ def offload_windows(prob: Problem, link: HostLinkFigures) -> OffloadWindows:
 
 
 def _blocks(stats: Stats, candidates: set[str]) -> list[str]:
-    """The children (in forward post-order) of the module with the most children that are or hold candidates."""
+    """The children (in forward post-order) of the module with the most children that are or hold candidates:
+    all of them, candidates or not (each one's forward is compute the previous window's copies hide behind)."""
     holding: set[str] = set()
     for f in candidates:  # every ancestor of a candidate holds one
         p: str | None = f
         while p is not None and p not in holding:
             holding.add(p)
             p = stats.module(p).parent
+    holders: dict[str, int] = {}
     children: dict[str, list[str]] = {}
     for f in stats.fw_post_order:
         parent = stats.module(f).parent
-        if parent is not None and f in holding:
+        if parent is not None:
             children.setdefault(parent, []).append(f)
-    best = max(stats.fw_pre_order, key=lambda f: len(children.get(f, ())))  # the first of the widest, pre-order
-    return children.get(best, [])
+            holders[parent] = holders.get(parent, 0) + (f in holding)
+    best = max(stats.fw_pre_order, key=lambda f: holders.get(f, 0))  # the widest; the first of equals, pre-order
+    return children.get(best, []) if holders.get(best, 0) else []
 
 
 def _outermost(stats: Stats, fqns: list[str]) -> list[str]:

@@ -6,6 +6,8 @@ formula)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from offload_toy import toy_doc, toy_stats
@@ -14,6 +16,8 @@ from planner import PlanOptions, parse_stats, plan, stats_hash
 from planner.solve.offload import decisions, host_link, offload_options, offload_windows
 from planner.solve.problem import prepare
 from planner.stats.metadata import HostLink
+
+L4 = Path(__file__).resolve().parents[1] / "data" / "torch_format_transformer_L4.json"
 
 
 def _windows(stats, gbps=None):
@@ -102,10 +106,18 @@ def test_host_link_comes_from_the_option_over_the_stats_and_is_required():
     stats = toy_stats(host_link_gbps=dict(d2h=290.0, h2d=340.0, source="GH200 NVLink-C2C"))
     assert (host_link(stats, None).d2h_gbps, host_link(stats, None).h2d_gbps) == (290.0, 340.0)
     assert host_link(stats, 24.0).d2h_gbps == host_link(stats, 24.0).h2d_gbps == 24.0
-    with pytest.raises(ValueError, match=r"offload='on' needs host_link_gbps: the stats carry no host link"):
+    with pytest.raises(ValueError, match=r"^host_link_gbps is needed with offload 'on': the stats carry no host link figure \(target not "):
         host_link(toy_stats(), None)
     with pytest.raises(ValueError, match="host_link_gbps"):
         plan(toy_stats(), 1e-5, offload="on")
+
+
+def test_offload_refuses_stats_its_windows_do_not_cover():
+    with pytest.raises(ValueError, match=r"^offload 'on' needs stats with a timeline"):
+        plan(L4, 4.0, offload="on", host_link_gbps=24)  # PyTorch's format: no timeline
+    stage = dict(stage=0, stages=2, schedule="1f1b", microbatches=2, held_bytes=0, buffer_bytes=0)
+    with pytest.raises(ValueError, match=r"^offload 'on' is not supported for a pipeline stage's stats"):
+        plan(toy_stats(pipeline=stage), 1.0, offload="on", host_link_gbps=24)
 
 
 @pytest.mark.parametrize("value,match", [

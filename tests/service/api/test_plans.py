@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -13,6 +15,9 @@ from service.main import create_app
 from service.schemas import PlanOut
 from service.solving import SolverPool
 from metrics_text import sample
+
+EXAMPLE_STATS = Path(__file__).resolve().parents[3] / "service" / "example_stats.json"
+
 
 def _plan(client, stats_id, budget, **extra):
     return client.post("/v1/plans", json={"stats_id": stats_id, "memory_budget_gib": budget, **extra})
@@ -76,7 +81,16 @@ def test_every_planner_option_is_a_request_field(client, example_id, count_rows)
     reserved = _plan(client, example_id, 4.5, **base, reserve_gib=0.25).json()
     assert reserved["cached"] is True
     assert reserved["baseline_peak_bytes"] == first["baseline_peak_bytes"] + 2**28  # the reserve is counted
-    assert set(first["request"]) == set(planner.PlanOptions.model_fields) | {"memory_budget_gib"}
+    # offload's options are in the key only with offload on (an off plan ignores them)
+    assert set(first["request"]) == set(planner.PlanOptions.model_fields) - {"offload", "host_link_gbps"} \
+        | {"memory_budget_gib"}
+    assert _plan(client, example_id, 4.5, **base, host_link_gbps=24).json()["cached"] is True  # unused when off
+    # offload needs the step's timeline: the service's example document has one
+    with_timeline = client.post("/v1/stats", json=json.loads(EXAMPLE_STATS.read_text())).json()["id"]
+    offloading = _plan(client, with_timeline, 0.78, **base, offload="on", host_link_gbps=24)
+    assert offloading.status_code == 201 and offloading.json()["cached"] is False, offloading.text
+    assert set(offloading.json()["request"]) == set(planner.PlanOptions.model_fields) | {"memory_budget_gib"}
+    assert offloading.json()["offload"] == "on" and offloading.json()["host_link_gbps"] == {"d2h": 24, "h2d": 24}
     bad = _plan(client, example_id, 4.5, solver="cbc")
     assert bad.status_code == 422 and bad.json()["detail"].startswith("body.solver: solver must be 'auto'")
 
