@@ -104,6 +104,10 @@ def offload_points(w: np.ndarray, r: np.ndarray, mult: np.ndarray, offloadable: 
         o = o[rows] + w[q] * pf[cols]
         ms = ms[rows] + r[q] * pk[cols]
         alive = np.flatnonzero(v - o + int(more) >= least_early)
+        if len(alive) == 0:  # no option recomputes enough
+            none = np.zeros(0, np.int64)
+            return OffloadPoints(none, none, np.zeros(0), np.zeros(0), np.zeros((0, n), np.int64),
+                                 np.zeros((0, n), np.int64))
         keep = alive[_per_v_front(v[alive], o[alive], ms[alive], o_max, slope_max, v[alive] - o[alive] >= least_early)]
         keep = keep[_beaten_whatever_follows(v[keep], o[keep], ms[keep], stall, min(float(later), o_max),
                                              v[keep] - o[keep], least_early)]
