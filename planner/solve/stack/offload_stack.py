@@ -32,7 +32,7 @@ import numpy as np
 
 from planner.memory_model import NEED_TOL_BYTES
 from planner.solve.giants import for_budget
-from planner.solve.dp import STACK_FIRST_BLOCKS
+from planner.solve import dp
 from planner.solve.offload import OffloadOptions, OffloadSetup, OffloadWindows, decisions, offload_plan
 from planner.solve.problem import Frontiers, Problem, held_needs, key_needs
 from planner.solve.solution import Decision, Solution, discards
@@ -177,12 +177,12 @@ def _judged(plan: Solution, lower: float, mip_rel_gap: float) -> Solution:
 
 def stack_first(prob: Problem, setup: OffloadSetup, budget_bytes: float, *, mip_rel_gap: float,
                 deadline: float) -> StackOffloadResult | None:
-    """The stack relaxation's bound and plan, for stacks of at least ``STACK_FIRST_BLOCKS`` identical blocks
+    """The stack relaxation's bound and plan, for stacks of at least ``dp.STACK_FIRST_BLOCKS`` identical blocks
     (as without offload: shorter ones are the MILP's); None when it does not apply or gave up."""
     link = setup.windows.link
     model = prob.derived(f"offload stack {link.d2h_gbps!r} {link.h2d_gbps!r}",
                          lambda p: offload_stack(p, setup.windows, setup.options))
-    if model.stack is None or len(model.stack.blocks) < STACK_FIRST_BLOCKS:
+    if model.stack is None or len(model.stack.blocks) < dp.STACK_FIRST_BLOCKS:  # read per call: tests lower it
         return None
     return solve_offload_stack(prob, model, budget_bytes, mip_rel_gap=mip_rel_gap, deadline=deadline)
 
