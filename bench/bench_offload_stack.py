@@ -67,21 +67,21 @@ def run(stats_dir: Path, gbps: float, time_limit_s: float, log) -> list[str]:
 
 
 def write(rows: list[str], header: list[str]) -> None:
+    """Replace the subsection (or add it, and the section "## Offloading" if need be) in bench/RESULTS.md."""
     path = REPO / "bench" / "RESULTS.md"
-    text = path.read_text()
-    block = "\n".join([SUBSECTION, "", *header, "", *rows]) + "\n"
-    if SECTION not in text:
-        text = text.rstrip("\n") + f"\n\n{SECTION}\n\n{block}"
+    lines = path.read_text().split("\n")
+    block = [SUBSECTION, "", *header, "", *rows]
+    if SUBSECTION in lines:
+        start = lines.index(SUBSECTION)
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith(("## ", "### "))), len(lines))
+        lines[start:end] = block + [""]
+    elif SECTION in lines:
+        at = lines.index(SECTION) + 1
+        end = next((i for i in range(at, len(lines)) if lines[i].startswith("## ")), len(lines))
+        lines[end:end] = block + [""]
     else:
-        head, rest = text.split(SECTION, 1)
-        if SUBSECTION in rest:
-            before, after = rest.split(SUBSECTION, 1)
-            nxt = min([i for i in (after.find("\n### "), after.find("\n## ")) if i >= 0], default=len(after))
-            rest = before + block + after[nxt + 1:] if nxt < len(after) else before + block
-        else:
-            rest = rest.rstrip("\n") + "\n\n" + block
-        text = head + SECTION + rest
-    path.write_text(text)
+        lines += ["", SECTION, "", *block, ""]
+    path.write_text("\n".join(lines))
 
 
 def main() -> None:
