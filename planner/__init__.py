@@ -13,12 +13,13 @@ from planner.ops.frontier import Frontier, module_frontier
 from planner.ops.groups import MUST_SAVE_OPS
 from planner.ops.policy import optimal_op_policy
 from planner.options import PlanOptions
-from planner.plan_format import Plan, PlannedModule, PlanStatus
+from planner.plan_format import OffloadWindow, Plan, PlannedModule, PlanStatus
 from planner.planning import min_feasible_budget_gib, plan, sweep
 from planner.pipeline_planning import PipelinePlan, pipeline_plan_of, pipeline_step_ms, plan_pipeline
 from planner.pipeline_split import SplitChoice, choose_pipeline_split
 from planner.stats.format import STATS_FORMAT, ModuleStats, Moment, OpStats, Stats, StatsMetadata, stats_hash
 from planner.stats.loader import StatsError, from_torch_format, load_stats, parse_stats
+from planner.stats.metadata import HostLink
 from planner.stats.sharding import Sharding, sharding_scope
 from planner.version import PLANNER_VERSION
 
@@ -29,9 +30,11 @@ __all__ = [
     "PLANNER_VERSION",
     "STATS_FORMAT",
     "Frontier",
+    "HostLink",
     "MemoryModel",
     "ModuleStats",
     "Moment",
+    "OffloadWindow",
     "OpStats",
     "Plan",
     "PlanOptions",

@@ -289,6 +289,12 @@ def plan_table(stats: Stats, p: Plan) -> str:
     return "\n".join(lines)
 
 
+def _offload_columns(p: Plan) -> str:
+    stall = "-" if p.offload_stall_ms is None else f"{p.offload_stall_ms:.3f}"
+    over = "-" if p.step_overhead_ms is None else f"{p.step_overhead_ms:.3f}"
+    return f"  {stall:>8}  {over:>11}  {_gib(p.host_bytes):>8}"
+
+
 def _offload_lines(p: Plan) -> list[str]:
     """With offload on: the link, host memory, the copies' stall and the step overhead the plan minimises."""
     link = p.host_link_gbps or {}
@@ -305,11 +311,13 @@ def _offload_lines(p: Plan) -> list[str]:
 
 def sweep_table(plans: list[Plan]) -> str:
     width = max([10] + [len(_status_text(p)) for p in plans])
-    lines = [f"{'budget GiB':>10}  {'status':<{width}}  {'peak GiB':>9}  {'recompute ms':>12}  {'modules':>7}  {'solve s':>7}"]
+    off = any(p.offload == "on" for p in plans)  # offloading: the stall, the overhead minimised, host memory
+    lines = [f"{'budget GiB':>10}  {'status':<{width}}  {'peak GiB':>9}  {'recompute ms':>12}  {'modules':>7}  {'solve s':>7}"
+             + (f"  {'stall ms':>8}  {'overhead ms':>11}  {'host GiB':>8}" if off else "")]
     for p in plans:
         rc = "-" if p.recompute_ms is None else f"{p.recompute_ms:.3f}"
         lines.append(f"{p.memory_budget_gib:>10g}  {_status_text(p):<{width}}  {_gib(p.peak_bytes):>9}  {rc:>12}  "
-                     f"{len(p.modules):>7}  {p.solve_seconds:>7.3f}")
+                     f"{len(p.modules):>7}  {p.solve_seconds:>7.3f}" + (_offload_columns(p) if off else ""))
     mins = {p.min_feasible_budget_gib for p in plans if p.min_feasible_budget_gib is not None}
     if mins:
         lines.append(f"smallest budget with a plan: {min(mins):g} GiB")

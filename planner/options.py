@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from planner.memory_model import GIB
 from planner.stats.format import MAX_BYTES
+from planner.stats.metadata import MIN_HOST_LINK_GBPS
 
 __all__ = ["MIN_REL_GAP", "Offload", "PlanOptions", "Solver", "plan_options"]
 
@@ -71,7 +72,7 @@ class PlanOptions(BaseModel):
         "off", description="Offload activations to host memory as a third decision beside keep and recompute, inside "
                            "checkpointed modules ('on'), or not ('off': plans exactly as without this option).")
     host_link_gbps: float | None = Field(
-        None, gt=0.0, allow_inf_nan=False,
+        None, ge=MIN_HOST_LINK_GBPS, allow_inf_nan=False,
         description="Host link bandwidth with offload='on', GB/s (1e9 bytes/s) per direction, both directions alike; "
                     "overrides the stats' figure (metadata.host_link_gbps), needed when the stats carry none.")
 
@@ -139,8 +140,9 @@ class PlanOptions(BaseModel):
     @field_validator("host_link_gbps", mode="before")
     @classmethod
     def _host_link(cls, v: Any) -> Any:
-        if v is not None and (not _number(v) or not math.isfinite(v) or v <= 0):
-            raise ValueError(f"host_link_gbps must be a positive number of GB/s, got {v!r}")
+        if v is not None and (not _number(v) or not math.isfinite(v) or v < MIN_HOST_LINK_GBPS):
+            raise ValueError(f"host_link_gbps must be a positive number of GB/s (at least {MIN_HOST_LINK_GBPS:g}), "
+                             f"got {v!r}")
         return v
 
     @property

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = ["PlanStatus", "PlanMoment", "PlannedModule", "OffloadWindow", "Plan"]
 
@@ -40,6 +40,17 @@ class PlannedModule(BaseModel):
         "absent: nothing offloaded.")
     offloaded_bytes: int | None = Field(None, exclude_if=lambda v: v is None, description="With offload: bytes of "
                                         "the module's offloaded op outputs (part of saved_bytes).")
+
+    @model_validator(mode="after")
+    def _offload_saved(self) -> PlannedModule:
+        if self.offload is not None:
+            if len(self.offload) != len(self.save):
+                raise ValueError(f"offload of {self.fqn!r} has {len(self.offload)} entries, save {len(self.save)}")
+            for k, (o, s) in enumerate(zip(self.offload, self.save)):
+                if o not in (0, 1) or (o and not s):
+                    raise ValueError(f"offload[{k}] of {self.fqn!r} is {o!r}: 0, or 1 where save[{k}] is 1 "
+                                     f"(save[{k}] is {s})")
+        return self
 
     def __repr__(self) -> str:  # one line, not the save and op_names lists
         return (f"PlannedModule({self.fqn}: discard {self.discard_ratio:.3f}, {_gib(self.discarded_bytes)} freed, "
@@ -159,6 +170,8 @@ class Plan(BaseModel):
                  f"{len(self.modules)} modules checkpointed"]
         if self.min_feasible_budget_gib is not None:
             lines[0] += f", smallest budget with a plan {self.min_feasible_budget_gib:g} GiB"
+        if self.host_bytes is not None and self.offload_stall_ms is not None:
+            lines[0] += f", offloaded {_gib(self.host_bytes)} (stall {self.offload_stall_ms:.4g} ms)"
         shown = self.modules[:_SHOWN_MODULES]
         lines += [f"  {m!r}" for m in shown]
         if len(self.modules) > len(shown):

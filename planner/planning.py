@@ -60,8 +60,12 @@ def plan(stats: StatsInput, memory_budget_gib: float, *, options: PlanOptions | 
         identical blocks), ``mip_rel_gap`` (the gap at which a plan counts as
         optimal, at least 1e-8), ``solver`` (``auto``, ``dp`` or ``milp``),
         ``first_step_only`` (by default a plan holds for every step: the
-        optimizer state the stats record is live throughout) and
-        ``reserve_gib`` (a fixed reserve at every moment).
+        optimizer state the stats record is live throughout),
+        ``reserve_gib`` (a fixed reserve at every moment), ``offload``
+        ('on': saved op outputs of checkpointed modules may go to host
+        memory, the plan minimising recompute + copy stall; see
+        docs/memory-model.md) and ``host_link_gbps`` (the host link, GB/s
+        per direction; by default the stats' ``metadata.host_link_gbps``).
 
     Returns
     -------
@@ -104,9 +108,15 @@ def min_feasible_budget_gib(stats: StatsInput, *, options: PlanOptions | None = 
     """
     opts = plan_options(options, **option_values)
     with _cyclic_gc_paused():
-        prob = prepare(_as_stats(stats), world_size=opts.world_size, ac_units=opts.ac_units,
+        stats = _as_stats(stats)
+        if opts.offload == "on":
+            host_link(stats, opts.host_link_gbps)  # ValueError without a link figure, or for stats it cannot plan
+        prob = prepare(stats, world_size=opts.world_size, ac_units=opts.ac_units,
                        fsdp_units=opts.fsdp_units, first_step_only=opts.first_step_only,
                        reserve_bytes=opts.reserve_gib * GIB)
+        if opts.offload == "on":
+            least = _min_feasible_offloading(prob, opts)
+            return _min_feasible(prob) if least is None else least
         return _min_feasible(prob)
 
 

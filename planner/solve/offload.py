@@ -37,10 +37,10 @@ from planner.ops.groups import SAVE
 from planner.ops.knapsack import GroupClasses
 from planner.solve.problem import Problem
 from planner.stats.format import Stats
+from planner.stats.metadata import MIN_HOST_LINK_GBPS
 
 __all__ = ["GBPS_BYTES_PER_MS", "HostLinkFigures", "OffloadOptions", "OffloadPlan", "OffloadSetup", "OffloadWindows",
-           "decisions", "host_link", "offload_options", "offload_plan", "offload_setup", "offload_windows",
-           "window_bytes"]
+           "check_offloads", "decisions", "host_link", "offload_options", "offload_plan", "offload_setup", "offload_windows"]
 
 GBPS_BYTES_PER_MS = 1e6  # 1 GB/s = 1e9 bytes/s = 1e6 bytes/ms
 
@@ -73,8 +73,9 @@ def host_link(stats: Stats, host_link_gbps: float | None) -> HostLinkFigures:
         raise ValueError("offload 'on' needs stats with a timeline (sacplan collect writes one): offloading's windows "
                          "follow the step's own moments")
     if host_link_gbps is not None:
-        if not math.isfinite(host_link_gbps) or host_link_gbps <= 0:
-            raise ValueError(f"host_link_gbps must be a positive number of GB/s, got {host_link_gbps!r}")
+        if not math.isfinite(host_link_gbps) or host_link_gbps < MIN_HOST_LINK_GBPS:
+            raise ValueError(f"host_link_gbps must be a positive number of GB/s (at least {MIN_HOST_LINK_GBPS:g}), "
+                             f"got {host_link_gbps!r}")
         return HostLinkFigures(float(host_link_gbps), float(host_link_gbps), "host_link_gbps option")
     if meta.host_link_gbps is None:
         raise ValueError(f"host_link_gbps is needed with offload 'on': the stats carry no host link figure (target "
@@ -250,14 +251,6 @@ def decisions(classes: GroupClasses, options: OffloadOptions | None, recomputed:
     return g.op_decisions(group_save), g.op_decisions(group_off)
 
 
-def window_bytes(windows: OffloadWindows, cand_window: Mapping[int, float]) -> np.ndarray:
-    """Per window, the bytes its candidates offload, from candidate index -> offloaded bytes."""
-    out = np.zeros(len(windows))
-    for i, nbytes in cand_window.items():
-        out[int(windows.candidate_window[i])] += nbytes
-    return out
-
-
 @dataclass(frozen=True)
 class OffloadSetup:
     """What every engine needs to plan with offload, for one problem and one link: built once per request."""
@@ -317,3 +310,29 @@ def offload_plan(prob: Problem, windows: OffloadWindows, offloads: Mapping[str, 
         per_window[j] += nbytes[fqn]
     stall = np.array([windows.stall_ms(j, b) for j, b in enumerate(per_window.tolist())])
     return OffloadPlan(windows, lists, nbytes, per_window, stall)
+
+
+def check_offloads(prob: Problem, setup: OffloadSetup, saves: Mapping[str, Sequence[int]],
+                   offloads: Mapping[str, Sequence[int]]) -> None:
+    """ValueError naming the first offload the model does not allow: of a module not checkpointed (no save list)
+    or without offloadable groups, of an op not saved, or of a group not offloadable or offloaded in part.
+    An engine's plan passes this before :func:`offload_plan` prices it."""
+    index = {c.fqn: i for i, c in enumerate(prob.candidates)}
+    for fqn, offload in offloads.items():
+        if not any(offload):
+            continue
+        i = index.get(fqn)
+        if fqn not in saves or i is None or i not in setup.options:
+            raise ValueError(f"{fqn!r} offloads, but it is not a checkpointed module that may offload")
+        save, opts = saves[fqn], setup.options[i]
+        for k, (o, s) in enumerate(zip(offload, save)):
+            if o and not s:
+                raise ValueError(f"{fqn!r} offloads op {k}, which it does not save")
+        groups = prob.candidates[i].classes.groups.members
+        allowed = {g for able in opts.groups for g in able}
+        for g, members in enumerate(groups):
+            flags = {int(offload[k]) for k in members}
+            if flags == {1} and g not in allowed:
+                raise ValueError(f"{fqn!r} offloads op group {g} (ops {list(members)}), which may not be offloaded")
+            if len(flags) > 1:
+                raise ValueError(f"{fqn!r} offloads part of op group {g} (ops {list(members)}): one decision")

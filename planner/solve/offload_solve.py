@@ -1,7 +1,8 @@
 """Planning with offload (``offload='on'``): the one entry point every budget goes through.
 
-Today it is the MILP with its offload columns (:mod:`planner.solve.milp_offload`). A faster engine (the
-count-space stack relaxation) goes in front of it here: it must return a :class:`Solution` built by
+Today it is the MILP with its offload columns (:mod:`planner.solve.milp_offload`), its plan then trimmed of
+the offloads the budget does not need (:func:`trim_offloads`). A faster engine (the count-space stack
+relaxation) goes in front of the MILP here: it must return a :class:`Solution` built by
 ``Solution.planned(..., offload=...)`` (so peak, recompute and stall are derived from its lists), or None to
 leave the budget to the MILP.
 """
@@ -10,13 +11,15 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
+
 from planner.solve.milp import solve_budget
-from planner.solve.offload import HostLinkFigures, offload_setup
+from planner.solve.offload import HostLinkFigures, offload_plan, offload_setup
 from planner.solve.problem import Problem
-from planner.solve.solution import Solution
+from planner.solve.solution import Solution, discards, save_lists
 from planner.solve.stack.offload_stack import stack_first, with_milp
 
-__all__ = ["solve_with_offload"]
+__all__ = ["solve_with_offload", "trim_offloads"]
 
 
 def solve_with_offload(prob: Problem, budget_bytes: float, link: HostLinkFigures, *, time_limit_s: float,
@@ -26,9 +29,43 @@ def solve_with_offload(prob: Problem, budget_bytes: float, link: HostLinkFigures
     problem and link)."""
     setup = offload_setup(prob, link)
     deadline = time.perf_counter() + time_limit_s
+    # stacks of 16+ blocks: the count-space relaxation first (planner.solve.stack.offload_stack)
     stacked = stack_first(prob, setup, budget_bytes, mip_rel_gap=mip_rel_gap, deadline=deadline)
     if stacked is not None and stacked.plan is not None and stacked.plan.status == "optimal":
-        return stacked.plan
+        return trim_offloads(prob, stacked.plan, budget_bytes)
     left = max(deadline - time.perf_counter(), 0.01)  # the MILP gets what is left, and the stack's bound
     sol = solve_budget(prob, budget_bytes, time_limit_s=left, mip_rel_gap=mip_rel_gap, offload=setup)
-    return sol if stacked is None else with_milp(stacked, sol, mip_rel_gap)
+    return trim_offloads(prob, sol if stacked is None else with_milp(stacked, sol, mip_rel_gap), budget_bytes)
+
+
+def trim_offloads(prob: Problem, sol: Solution, budget_bytes: float) -> Solution:
+    """``sol`` without the offloads its budget does not need: an offloaded op group whose bytes fit the room
+    left at every moment its window's credit covers stays on the device instead (still saved). Recompute is
+    unchanged and stall cannot grow (it only grows with a window's bytes), so the plan is as good, with less
+    host memory and fewer copies; an engine's ties otherwise offload whatever costs nothing.
+    """
+    off = sol.offload
+    if off is None or not off.modules or sol.decisions is None:
+        return sol
+    model, windows = prob.model, off.windows
+    disc, saves = discards(prob, sol.decisions), save_lists(sol.decisions)
+    credits = off.credits
+    # the plan's memory as its peak counts it and as the engines' needs do (held inputs once per holder)
+    room = budget_bytes - np.maximum(model.profile_bytes(disc, saves=saves, offloaded=credits),
+                                     model.profile_bytes(disc, shared_once=False, offloaded=credits))
+    cand_of = {c.fqn: c for c in prob.candidates}
+    lists = {fqn: list(v) for fqn, v in off.modules.items()}
+    for fqn in sorted(lists, key=model.post_pos.__getitem__):
+        j = int(np.searchsorted(windows.end_pos, model.post_pos[fqn], side="left"))
+        at = model.keys >= windows.credit_key[j]
+        ops = prob.stats.module(fqn).ops or []
+        groups = [g for g in cand_of[fqn].classes.groups.members if lists[fqn][g[0]]]
+        for group in sorted(groups, key=lambda g: -sum(ops[k].output_bytes for k in g)):
+            nbytes = sum(ops[k].output_bytes for k in group)
+            if not at.any() or nbytes <= float(room[at].min()):
+                for k in group:
+                    lists[fqn][k] = 0
+                room[at] -= nbytes
+    kept = offload_plan(prob, windows, {f: v for f, v in lists.items() if any(v)})
+    return Solution.planned(prob, sol.decisions, sol.status, sol.message, sol.mip_gap or 0.0, sol.lower_bound,
+                            kept)

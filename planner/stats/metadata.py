@@ -10,7 +10,11 @@ from planner.stats.pipeline import PipelineStageInfo
 from planner.stats.sharding import Sharding
 from planner.stats.text import Text
 
-__all__ = ["HostLink", "StatsMetadata"]
+__all__ = ["MIN_HOST_LINK_GBPS", "HostLink", "StatsMetadata"]
+
+# The slowest host link a plan takes, GB/s (1 kB/s): slower ones make the offload MILP's stall coefficients (ms per
+# memory unit) so large that HiGHS calls feasible problems infeasible (seen at 1e-12 GB/s on 8 Llama-3-8B layers).
+MIN_HOST_LINK_GBPS = 1e-6
 
 SettingValue = Annotated[str, Field(max_length=256)] | bool | int | float | None
 OptimizerArg = SettingValue | list[Annotated[str, Field(max_length=256)] | bool | int | float | None]
@@ -21,9 +25,9 @@ class HostLink(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=False)
 
-    d2h: StrictFloat | StrictInt = Field(gt=0, allow_inf_nan=False,
+    d2h: StrictFloat | StrictInt = Field(ge=MIN_HOST_LINK_GBPS, allow_inf_nan=False,
                                          description="Device to host, GB/s (offloads in the forward).")
-    h2d: StrictFloat | StrictInt = Field(gt=0, allow_inf_nan=False,
+    h2d: StrictFloat | StrictInt = Field(ge=MIN_HOST_LINK_GBPS, allow_inf_nan=False,
                                          description="Host to device, GB/s (prefetches in the backward).")
     source: Text = Field(max_length=512, description="Where the figures come from (a device table entry and its "
                          "source, or 'sacplan collect --host-link-gbps').")

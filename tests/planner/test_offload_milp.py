@@ -15,11 +15,12 @@ import pytest
 from offload_helpers import brute_force_offload, evaluate, random_stack
 from offload_toy import toy_stats
 
-from planner import GIB, plan, sweep
+from planner import GIB, min_feasible_budget_gib, plan, sweep
 
 # link speeds, GB/s, on these tiny stacks (hundreds of bytes per op, ms of compute per block): copies that
-# always fit (1 GB/s: 1e6 bytes per ms), that always stall (1e-7: 0.1 byte per ms), and in between
-SPEEDS = (1.0, 1e-7, 3e-4, 1e-4)
+# always fit (1 GB/s: 1e6 bytes per ms), that always stall (1e-6, the slowest link taken: 1 byte per ms), and in
+# between
+SPEEDS = (1.0, 1e-6, 3e-4, 1e-4)
 
 
 def test_plans_equal_brute_force_over_every_save_recompute_offload_choice():
@@ -34,8 +35,12 @@ def test_plans_equal_brute_force_over_every_save_recompute_offload_choice():
         p = plan(stats, budget / GIB, offload="on", host_link_gbps=gbps)
         if expected is None:
             assert p.status == "infeasible", (trial, p.message)
-            # the smallest budget it names has a plan (one that may offload)
-            assert plan(stats, p.min_feasible_budget_gib, offload="on", host_link_gbps=gbps).status == "optimal"
+            # the smallest budget it names has a plan (one that may offload), and none has below it (the figure is
+            # rounded up to 6 digits: 2e-5 below it is below the least peak)
+            least = p.min_feasible_budget_gib
+            assert least == min_feasible_budget_gib(stats, offload="on", host_link_gbps=gbps)
+            assert plan(stats, least, offload="on", host_link_gbps=gbps).status == "optimal"
+            assert brute_force_offload(stats, least * GIB * (1 - 2e-5), gbps) is None
             infeasible += 1
             continue
         assert p.status == "optimal", (trial, p.message)
@@ -46,6 +51,12 @@ def test_plans_equal_brute_force_over_every_save_recompute_offload_choice():
         assert p.step_overhead_ms == pytest.approx(expected, rel=1e-6, abs=1e-9), (trial, gbps)
         assert p.host_bytes == sum(w.offloaded_bytes for w in p.offload_windows) == \
             sum(m.offloaded_bytes or 0 for m in p.modules)
+        for m in p.modules:  # every offload is needed: kept on the device instead, any one breaks the budget
+            for k, o in enumerate(m.offload or ()):
+                if o:
+                    rest = [(x.fqn, x.save, x.offload if x is not m else [0 if i == k else v for i, v in
+                                                                          enumerate(m.offload)]) for x in p.modules]
+                    assert evaluate(stats, rest, gbps)[0] > budget, (trial, m.fqn, k)
         compared += 1
         offloading += p.host_bytes > 0
         stalling += p.offload_stall_ms > 0

@@ -13,7 +13,8 @@ import pytest
 from offload_toy import toy_doc, toy_stats
 
 from planner import PlanOptions, parse_stats, plan, stats_hash
-from planner.solve.offload import decisions, host_link, offload_options, offload_windows
+from planner.solve.offload import (check_offloads, decisions, host_link, offload_options, offload_setup,
+                                   offload_windows)
 from planner.solve.problem import prepare
 from planner.stats.metadata import HostLink
 
@@ -129,9 +130,10 @@ def test_offload_option_errors(value, match):
         plan(toy_stats(), 1.0, offload=value)
 
 
-@pytest.mark.parametrize("value", [0, -1.0, float("nan"), float("inf"), "24", True])
+@pytest.mark.parametrize("value", [0, -1.0, float("nan"), float("inf"), "24", True, 1e-7])
 def test_host_link_option_errors(value):
-    with pytest.raises(ValueError, match=f"host_link_gbps must be a positive number of GB/s, got {value!r}"):
+    with pytest.raises(ValueError, match=r"^host_link_gbps must be a positive number of GB/s \(at least 1e-06\), "
+                                         f"got {value!r}$"):
         plan(toy_stats(), 1.0, offload="on", host_link_gbps=value)
 
 
@@ -151,3 +153,41 @@ def test_an_old_stats_documents_hash_is_unchanged_and_the_link_round_trips():
                                                                                           source="PCIe Gen4 x16")
     with pytest.raises(ValueError, match="d2h"):
         toy_stats(host_link_gbps=dict(d2h=0, h2d=1.0, source="x"))
+
+
+def test_held_inputs_in_a_modules_own_backward_are_not_offset_by_offload():
+    # R.layers.1 (post 4) holds 1000 B of inputs through its backward (keys 3..4); window 0's offload is credited
+    # from key 5 on, so those moments see the held inputs in full, and the same credit elsewhere
+    prob, w = _windows(toy_stats(), 1.0)
+    model = prob.model
+    with_held = model.profile_bytes({"R.layers.1": 500.0})
+    both = model.profile_bytes({"R.layers.1": 500.0}, offloaded=w.credits([300, 0, 0, 0]))
+    backward = np.array([p == "backward" for p in model.phases])
+    own = backward & (model.keys >= 3) & (model.keys <= 4)
+    assert (with_held - model.profile_bytes() == 1000)[own].all()  # held in full, the discard not in effect
+    assert (both == with_held)[own].all() and (with_held - both)[model.keys >= 5].tolist() == [300.0] * 12
+
+
+def test_a_plans_offload_list_must_offload_saved_ops():
+    from planner.plan_format import PlannedModule
+
+    kw = dict(fqn="m", discard_ratio=0.5, discarded_bytes=1, saved_bytes=1, recompute_ms=0.0, save=[1, 0])
+    assert PlannedModule(**kw, offload=[1, 0]).offload == [1, 0]
+    with pytest.raises(ValueError, match=r"offload\[1\] of 'm' is 1: 0, or 1 where save\[1\] is 1 \(save\[1\] is 0\)"):
+        PlannedModule(**kw, offload=[0, 1])
+    with pytest.raises(ValueError, match="offload of 'm' has 1 entries, save 2"):
+        PlannedModule(**kw, offload=[0])
+
+
+def test_check_offloads_names_what_the_model_does_not_allow():
+    stats = toy_stats()
+    prob = prepare(stats)
+    setup = offload_setup(prob, host_link(stats, 1.0))
+    save = {"R.layers.0": [1, 0, 1, 1]}
+    check_offloads(prob, setup, save, {"R.layers.0": [1, 0, 1, 0]})  # mm and silu: allowed
+    with pytest.raises(ValueError, match="'R.layers.1' offloads, but it is not a checkpointed module"):
+        check_offloads(prob, setup, save, {"R.layers.1": [1, 0, 0, 0]})
+    with pytest.raises(ValueError, match="'R.layers.0' offloads op 1, which it does not save"):
+        check_offloads(prob, setup, save, {"R.layers.0": [0, 1, 0, 0]})
+    with pytest.raises(ValueError, match=r"offloads op group 3 \(ops \[3\]\), which may not be offloaded"):
+        check_offloads(prob, setup, save, {"R.layers.0": [0, 0, 0, 1]})  # its mul makes block 1's held input
