@@ -10,6 +10,7 @@ import random
 import numpy as np
 import pytest
 from offload_helpers import evaluate
+from offload_toy import toy_doc
 
 from planner import GIB, Stats, min_feasible_budget_gib, plan
 from planner.solve.offload import host_link, offload_setup
@@ -123,3 +124,25 @@ def test_stack_bound_and_plans_against_the_milp(seed):
                 offloading += res.plan.offload.host_bytes > 0
     # (on this code every budget of seeds 0, 1 and 3 is proven)
     assert proven >= compared // 2 and offloading >= 3, (proven, compared, offloading)
+
+
+def test_a_window_whose_credit_helps_no_moment_offloads_nothing():
+    """offload_toy: the last block R.layers.2's offload is credited from key 10 (post(R) + 1) on. There the toy
+    holds 11_000 (forward) and 21_000 bytes (backward) of activations, above every moment before (the most:
+    20_900, backward at key 9), so its offload may matter. With the key-10 backward moment at 20_800 instead,
+    every moment it credits is implied by the one at key 9 (nothing credited then is taken back by key 10):
+    the block gets no offload points (dropping them loses no plan: its offload would only add stall)."""
+    def last_block_offloads(doc) -> bool:
+        stats = Stats.model_validate(doc)
+        prob = prepare(stats)
+        setup = offload_setup(prob, host_link(stats, 1e-3))
+        last = next(i for i, c in enumerate(prob.candidates) if c.fqn == "R.layers.2")
+        assert last in setup.options  # offcore's rules let it offload
+        return last in offload_stack(prob, setup.windows, setup.options).points
+
+    doc = toy_doc()
+    assert last_block_offloads(doc)
+    for moment in doc["timeline"]:
+        if moment["phase"] == "backward" and moment["key"] == 10:
+            moment["activation_bytes"] = 20_800
+    assert not last_block_offloads(doc)
