@@ -9,12 +9,15 @@ leave the budget to the MILP.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from planner.solve.milp import solve_budget
 from planner.solve.offload import HostLinkFigures, offload_plan, offload_setup
 from planner.solve.problem import Problem
 from planner.solve.solution import Solution, discards, save_lists
+from planner.solve.stack.offload_stack import stack_first, with_milp
 
 __all__ = ["solve_with_offload", "trim_offloads"]
 
@@ -25,8 +28,14 @@ def solve_with_offload(prob: Problem, budget_bytes: float, link: HostLinkFigures
     saved, recomputed or offloaded over ``link`` (the windows and options: :func:`offload_setup`, built once per
     problem and link)."""
     setup = offload_setup(prob, link)
-    sol = solve_budget(prob, budget_bytes, time_limit_s=time_limit_s, mip_rel_gap=mip_rel_gap, offload=setup)
-    return trim_offloads(prob, sol, budget_bytes)
+    deadline = time.perf_counter() + time_limit_s
+    # stacks of 16+ blocks: the count-space relaxation first (planner.solve.stack.offload_stack)
+    stacked = stack_first(prob, setup, budget_bytes, mip_rel_gap=mip_rel_gap, deadline=deadline)
+    if stacked is not None and stacked.plan is not None and stacked.plan.status == "optimal":
+        return trim_offloads(prob, stacked.plan, budget_bytes)
+    left = max(deadline - time.perf_counter(), 0.01)  # the MILP gets what is left, and the stack's bound
+    sol = solve_budget(prob, budget_bytes, time_limit_s=left, mip_rel_gap=mip_rel_gap, offload=setup)
+    return trim_offloads(prob, sol if stacked is None else with_milp(stacked, sol, mip_rel_gap), budget_bytes)
 
 
 def trim_offloads(prob: Problem, sol: Solution, budget_bytes: float) -> Solution:

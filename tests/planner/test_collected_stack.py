@@ -13,6 +13,7 @@ import pytest
 
 import planner
 import planner.solve.dp as dp
+import planner.solve.offload_solve as offload_solve
 from planner.solve.problem import key_needs, prepare
 from planner.solve.stack.relaxation import find_stack
 
@@ -90,6 +91,28 @@ def test_a_sweep_sharing_the_count_search_plans_as_separate_calls(collected, mon
         assert p.status == alone.status == "optimal", (budget, p.message, alone.message)
         assert p.peak_bytes <= budget * planner.GIB
         assert p.recompute_ms == pytest.approx(alone.recompute_ms, rel=2e-6), budget
+
+
+def _no_milp(*args, **kwargs):
+    raise AssertionError("the MILP was asked")
+
+
+def test_offload_on_the_count_space_relaxation_equals_the_milp(collected, monkeypatch):
+    """Issue 31: with offload on, the stack relaxation (offload counted at each module's end, its plan checked on
+    the full model) plans these 8 layers at the MILP's optimum, proven by its own bound (the tightest budget of
+    the three above is left out: the MILP takes 8 s there, and agrees too)."""
+    low = planner.min_feasible_budget_gib(collected)
+    base = planner.plan(collected, 1e6).baseline_peak_bytes / planner.GIB
+    for budget in (low + (base - low) * 0.5, low + (base - low) * 5 / 6):
+        milp = planner.plan(collected, budget, offload="on", host_link_gbps=50.0, solver="milp", time_limit_s=120)
+        assert milp.status == "optimal", (budget, milp.message)
+        monkeypatch.setattr(dp, "STACK_FIRST_BLOCKS", 4)  # the 8 blocks go to the stack relaxation first
+        monkeypatch.setattr(offload_solve, "solve_budget", _no_milp)  # and it settles them alone
+        counted = planner.plan(collected, budget, offload="on", host_link_gbps=50.0, time_limit_s=120)
+        monkeypatch.undo()
+        assert counted.status == "optimal", (budget, counted.message)
+        assert counted.peak_bytes <= budget * planner.GIB and counted.host_bytes > 0
+        assert counted.step_overhead_ms == pytest.approx(milp.step_overhead_ms, rel=2e-6), budget
 
 
 @pytest.fixture(scope="module")
