@@ -41,15 +41,19 @@ def stats():
 
 # 75% and 90% of the predicted no-checkpointing peak: the plans there checkpoint self-attention modules that save
 # ops whose outputs the plain step frees inside them (found with bench/bench_forward_moments.py's figures)
-@pytest.mark.xfail(strict=True, reason="the memory model counts no saved op's output the plain step frees inside "
-                   "a checkpointed module's forward (see the module docstring)")
+# Only the last assert is expected to fail: a plan that no longer shows the case fails outright (pytest.fail).
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="the memory model counts no saved op's output the "
+                   "plain step frees inside a checkpointed module's forward (see the module docstring)")
 @pytest.mark.parametrize("fraction", [0.75, 0.9])
 def test_every_forward_moment_is_at_most_the_plans_memory_there(stats, fraction: float):
     baseline = planner.plan(stats, 1024.0).baseline_peak_bytes
     p = planner.plan(stats, fraction * baseline / planner.GIB, offload="on", host_link_gbps=1e6)
-    assert p.status in ("optimal", "feasible"), p.message
+    if p.status not in ("optimal", "feasible"):
+        pytest.fail(f"no plan at {fraction:.0%}: {p.message}")
     # the case this test is about: a checkpointed module saves an op whose output the plain step frees inside it
-    assert any(kept_beyond_plain_bytes(stats.module(m.fqn), m.save) for m in p.modules)
+    if not any(kept_beyond_plain_bytes(stats.module(m.fqn), m.save) for m in p.modules):
+        pytest.fail(f"the plan at {fraction:.0%} saves no op whose output the plain step frees inside a "
+                    "checkpointed module: pick a budget whose plan does")
     torch.manual_seed(0)
     built = build_from_hf_config(TINY_OPT, batch_size=BATCH, seq_len=SEQ, dtype=torch.float32,
                                  device=torch.device("cpu"))
