@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["OffloadPoints", "Stall", "offload_points"]
+__all__ = ["OffloadPoints", "Stall", "offload_points", "pareto"]
 
 _TOL = 1e-12
 

@@ -38,7 +38,9 @@ from planner.solve.problem import Frontiers, Problem, held_needs, key_needs
 from planner.solve.solution import Decision, Solution, discards
 from planner.solve.stack.multiset import CountWorkLimit
 from planner.solve.stack.offload_items import OffloadPoints, Stall, offload_points
+from planner.solve.stack.offload_joint import joint_block_options
 from planner.solve.stack.relaxation import Stack, find_stack, solve_stack
+from planner.solve.stack.tail import TailStall
 
 __all__ = ["OffloadStack", "StackOffloadResult", "offload_stack", "solve_offload_stack", "stack_first", "with_milp"]
 
@@ -85,7 +87,7 @@ def offload_stack(prob: Problem, windows: OffloadWindows, options: dict[int, Off
         key = (base.fid[i], tuple(opt.counts.tolist()), fw, bw)
         if key not in memo:
             cl = cand.classes
-            stall = Stall(1.0 / windows.link.d2h_bytes_per_ms, fw, 1.0 / windows.link.h2d_bytes_per_ms, bw)
+            stall = _window_stall(windows, int(windows.candidate_window[i]))
             # its early discard (y + what it recomputes) stays >= 0, as in every engine
             pts = offload_points(cl.class_bytes, cl.class_ms, cl.multiplicity, opt.counts, stall,
                                  least_early=max(0, -cand.y_bytes))
@@ -102,7 +104,18 @@ def offload_stack(prob: Problem, windows: OffloadWindows, options: dict[int, Off
     stack = find_stack(fr)
     if stack is not None and any(fr.starts[stack.blocks[0]] <= i <= stack.blocks[-1] for i in fr.giants):
         stack = None  # a block's points would change with the budget
+    if stack is not None:  # a block is one window: its options pay the window's stall once, on their total
+        joint = joint_block_options(fr.d, fr.rc, fr.starts, points,
+                                    _window_stall(windows, int(windows.candidate_window[stack.blocks[0]])),
+                                    stack.blocks[0])
+        if joint is not None:
+            stack.d, stack.rc, stack.choices = joint
     return OffloadStack(windows, options, points, fr, stack)
+
+
+def _window_stall(windows: OffloadWindows, j: int) -> Stall:
+    fw, bw = windows.hidden_ms(j)
+    return Stall(1.0 / windows.link.d2h_bytes_per_ms, fw, 1.0 / windows.link.h2d_bytes_per_ms, bw)
 
 
 def _useless_windows(prob: Problem, windows: OffloadWindows) -> set[int]:
@@ -211,9 +224,12 @@ def _relaxed(prob: Problem, model: OffloadStack, budget_bytes: float, held: dict
     fr = for_budget(prob, model.frontiers, keyneed)
     if fr is None:
         return None
+    tail = _tail_stall(model, fr)
     try:
         res = solve_stack(fr, model.stack, keyneed, math.inf, eps=0.0, work_limit=_WORK, deadline=deadline,
-                          rel_gap=0.4 * mip_rel_gap, held_need=held)
+                          rel_gap=0.4 * mip_rel_gap, held_need=held, tail_stall=tail,
+                          plan_cost=lambda choices: _relaxed_cost(tail, choices),
+                          root_options=lambda r: _root_options(model, fr, tail, r))
     except CountWorkLimit:
         return None
     if res is None:
@@ -243,3 +259,39 @@ def evaluate(prob: Problem, model: OffloadStack, fr: Frontiers, choices: dict[in
             decided[cand.fqn] = (f.save_list(k), int(f.saved_bytes[k]), float(f.saved_ms[k]))
     return Solution.planned(prob, decided, "feasible", "", 0.0,
                             offload=offload_plan(prob, model.windows, offloads))
+
+
+def _tail_stall(model: OffloadStack, fr: Frontiers) -> TailStall:
+    """The budget's points as the exact tail prices them: per point its offload and its cost without stall,
+    per window its stall (:class:`planner.solve.stack.tail.TailStall`)."""
+    windows = model.windows
+    stalls = [_window_stall(windows, j) for j in range(len(windows))]
+    window = np.asarray(windows.candidate_window, dtype=np.int64)
+    first = np.full(len(windows), len(fr.d), np.int64)
+    np.minimum.at(first, window, np.arange(len(window)))
+    offload, plain = [], []
+    for i in range(len(fr.d)):
+        o = (model.points[i].o[fr.point[i]] if i in model.points else np.zeros(len(fr.d[i]))).astype(np.int64)
+        offload.append(o)
+        plain.append(np.asarray(fr.rc[i], dtype=np.float64) - stalls[int(window[i])](o))
+    return TailStall(window, first, offload, plain, stalls)
+
+
+def _relaxed_cost(tail: TailStall, choices: dict[int, int]) -> float:
+    """A plan's cost with each window's stall on its total (its offload still credited at each module's end)."""
+    per_window: dict[int, float] = {}
+    plain = 0.0
+    for i, j in choices.items():
+        plain += float(tail.plain[i][j])
+        w = int(tail.window[i])
+        per_window[w] = per_window.get(w, 0.0) + float(tail.offload[i][j])
+    return plain + math.fsum(float(tail.stall[w](o)) for w, o in per_window.items())
+
+
+def _root_options(model: OffloadStack, fr: Frontiers, tail: TailStall, r: int):
+    """The joint options of a subtree before the blocks, its window's stall on their total, when the whole
+    subtree is in one window; None to keep each module's own stall (a lower bound)."""
+    inside = tail.window[fr.starts[r]:r + 1]
+    if not (inside == inside[-1]).all():
+        return None
+    return joint_block_options(fr.d, fr.rc, fr.starts, model.points, tail.stall[int(inside[-1])], r)
