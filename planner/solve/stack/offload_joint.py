@@ -22,13 +22,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from planner.solve.stack.offload_items import OffloadPoints, Stall, pareto
+from planner.solve.stack.offload_items import OffloadPoints, Stall, pareto, undominated
 
 __all__ = ["joint_block_options"]
 
-_TOL = 1e-12
 _MAX_OPTIONS = 50_000  # options of one subtree before pruning; past it the per-module stalls stay (a lower bound)
-_CHUNK = 512
 
 
 def joint_block_options(d: list[np.ndarray], rc: list[np.ndarray], starts: list[int],
@@ -75,30 +73,12 @@ def _options(d, rc, starts, points, stall: Stall, c: int, slope: float):
         o = (o[:, None] + ko[None, :]).ravel()
         plain = (plain[:, None] + kp[None, :]).ravel()
         ch = [p + q for p in ch for q in kch]
-        keep = _undominated(v, o, plain, slope)
+        keep = undominated(v, o, plain, stall)
         v, o, plain, ch = v[keep], o[keep], plain[keep], [ch[i] for i in keep.tolist()]
         k = starts[k] - 1
     ov, oo, op = _own(d, rc, points, stall, c)
     v, o, plain = np.concatenate([v, ov]), np.concatenate([o, oo]), np.concatenate([plain, op])
     ch = ch + [((c, j),) for j in range(len(ov))]
-    keep = _undominated(v, o, plain, slope)
+    keep = undominated(v, o, plain, stall)
     return v[keep], o[keep], plain[keep], [ch[i] for i in keep.tolist()]
 
-
-def _undominated(v: np.ndarray, o: np.ndarray, plain: np.ndarray, slope: float) -> np.ndarray:
-    """Indices of the options no earlier one beats, in (most v, least recompute, least offload) order: A beats B
-    when ``v_A >= v_B`` and ``plain_A + slope max(0, o_A - o_B) <= plain_B``. The relation is transitive, so
-    comparing with every earlier option, dropped or not, keeps exactly the undominated ones (and the first of
-    equals)."""
-    order = np.lexsort((o, plain, -v))
-    so, sp = o[order].astype(np.float64), plain[order]
-    n = len(order)
-    dropped = np.zeros(n, bool)
-    for lo in range(0, n, _CHUNK):
-        hi = min(n, lo + _CHUNK)
-        # B in [lo, hi) against every A before it (A's v is at least B's: sorted by v, most first)
-        worst = sp[None, :hi] + slope * np.maximum(so[None, :hi] - so[lo:hi, None], 0.0)
-        earlier = np.arange(hi)[None, :] < np.arange(lo, hi)[:, None]
-        tol = _TOL * (1.0 + np.abs(sp[lo:hi]))
-        dropped[lo:hi] = np.any(earlier & (worst <= (sp[lo:hi] + tol)[:, None]), axis=1)
-    return np.sort(order[~dropped])

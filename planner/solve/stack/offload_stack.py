@@ -57,6 +57,7 @@ class OffloadStack:
     # credits its window's offload
     frontiers: Frontiers  # every candidate's points; an offloading one's index its row in ``points``
     stack: Stack | None
+    joint: bool = False  # each window's stall on its total (else each module's own: faster, looser)
 
 
 @dataclass(frozen=True)
@@ -71,26 +72,33 @@ class StackOffloadResult:
         return None if self.plan is None else self.plan.overhead_ms
 
 
-def offload_stack(prob: Problem, windows: OffloadWindows, options: dict[int, OffloadOptions]) -> OffloadStack:
-    """The relaxed points of every candidate (an offloading one's from its op classes and its window's stall)."""
+def offload_stack(prob: Problem, windows: OffloadWindows, options: dict[int, OffloadOptions],
+                  joint: bool = False) -> OffloadStack:
+    """The relaxed points of every candidate (an offloading one's from its op classes and its window's stall).
+
+    ``joint``: price each window's stall on its total where several modules of it may offload (the stack's
+    block items, the subtrees before the blocks, the exact tail): a tighter bound, from more points (a module
+    sharing its window keeps every option a joint optimum may need). Else each module pays its own stall.
+    """
     base = prob.frontiers()
     d, rc, point, fid, max_d = list(base.d), list(base.rc), list(base.point), list(base.fid), list(base.max_d)
     points: dict[int, OffloadPoints] = {}
     memo: dict[tuple, tuple] = {}
     ids: dict[tuple, int] = {}
     useless = _useless_windows(prob, windows)
-    for i, opt in options.items():
-        if int(windows.candidate_window[i]) in useless:
-            continue
-        cand = prob.candidates[i]
+    offloading = [i for i in options if int(windows.candidate_window[i]) not in useless]
+    for i in offloading:
+        opt, cand = options[i], prob.candidates[i]
         fw, bw = windows.hidden_ms(int(windows.candidate_window[i]))
-        key = (base.fid[i], tuple(opt.counts.tolist()), fw, bw)
+        shared = _shares_window(prob, base.starts, windows, options, offloading, i) if joint else 0.0
+        key = (base.fid[i], tuple(opt.counts.tolist()), fw, bw, shared)
         if key not in memo:
             cl = cand.classes
             stall = _window_stall(windows, int(windows.candidate_window[i]))
-            # its early discard (y + what it recomputes) stays >= 0, as in every engine
+            # its early discard (y + what it recomputes) stays >= 0, as in every engine; where another module
+            # may offload beside it, every option a joint optimum of the window may need is kept
             pts = offload_points(cl.class_bytes, cl.class_ms, cl.multiplicity, opt.counts, stall,
-                                 least_early=max(0, -cand.y_bytes))
+                                 least_early=max(0, -cand.y_bytes), shared=shared)
             freed = cand.y_bytes + pts.v
             keep = freed > 0  # a point that frees nothing is never part of a plan
             pts = OffloadPoints(*(a[keep] for a in (pts.v, pts.o, pts.ms, pts.cost, pts.k, pts.f)))
@@ -104,13 +112,22 @@ def offload_stack(prob: Problem, windows: OffloadWindows, options: dict[int, Off
     stack = find_stack(fr)
     if stack is not None and any(fr.starts[stack.blocks[0]] <= i <= stack.blocks[-1] for i in fr.giants):
         stack = None  # a block's points would change with the budget
-    if stack is not None:  # a block is one window: its options pay the window's stall once, on their total
+    if joint and stack is not None:  # a block is one window: its options pay the window's stall once, on their total
         joint = joint_block_options(fr.d, fr.rc, fr.starts, points,
                                     _window_stall(windows, int(windows.candidate_window[stack.blocks[0]])),
                                     stack.blocks[0])
         if joint is not None:
             stack.d, stack.rc, stack.choices = joint
-    return OffloadStack(windows, options, points, fr, stack)
+    return OffloadStack(windows, options, points, fr, stack, joint)
+
+
+def _shares_window(prob: Problem, starts: list[int], windows: OffloadWindows, options: dict[int, OffloadOptions],
+                   offloading: list[int], i: int) -> float:
+    """What the modules of i's window that may be checkpointed beside i (neither inside the other) may offload."""
+    j = windows.candidate_window[i]
+    return float(sum(int(prob.candidates[k].classes.class_bytes @ options[k].counts) for k in offloading
+                     if k != i and windows.candidate_window[k] == j and not starts[i] <= k <= i
+                     and not starts[k] <= i <= k))
 
 
 def _window_stall(windows: OffloadWindows, j: int) -> Stall:
@@ -197,7 +214,27 @@ def stack_first(prob: Problem, setup: OffloadSetup, budget_bytes: float, *, mip_
                          lambda p: offload_stack(p, setup.windows, setup.options))
     if model.stack is None or len(model.stack.blocks) < dp.STACK_FIRST_BLOCKS:  # read per call: tests lower it
         return None
-    return solve_offload_stack(prob, model, budget_bytes, mip_rel_gap=mip_rel_gap, deadline=deadline)
+    first = solve_offload_stack(prob, model, budget_bytes, mip_rel_gap=mip_rel_gap, deadline=deadline)
+    if first is not None and first.plan is not None and first.plan.status == "optimal":
+        return first
+    # not proven with each module's own stall: again with each window's on its total (slower, tighter)
+    joint = prob.derived(f"offload stack joint {link.d2h_gbps!r} {link.h2d_gbps!r}",
+                         lambda p: offload_stack(p, setup.windows, setup.options, joint=True))
+    if joint.stack is None:
+        return first
+    again = solve_offload_stack(prob, joint, budget_bytes, mip_rel_gap=mip_rel_gap, deadline=deadline)
+    return _better(first, again, mip_rel_gap)
+
+
+def _better(a: StackOffloadResult | None, b: StackOffloadResult | None, mip_rel_gap: float) -> StackOffloadResult | None:
+    """Two relaxations' results as one: the larger bound (both are bounds), the cheaper plan judged against it."""
+    if a is None or b is None:
+        return b if a is None else a
+    lower = max(a.lower, b.lower)
+    plans = [p for p in (a.plan, b.plan) if p is not None]
+    if not plans:
+        return StackOffloadResult(lower)
+    return StackOffloadResult(lower, _judged(min(plans, key=lambda p: p.overhead_ms), lower, mip_rel_gap))
 
 
 def with_milp(stacked: StackOffloadResult, sol: Solution, mip_rel_gap: float) -> Solution:
@@ -224,12 +261,12 @@ def _relaxed(prob: Problem, model: OffloadStack, budget_bytes: float, held: dict
     fr = for_budget(prob, model.frontiers, keyneed)
     if fr is None:
         return None
-    tail = _tail_stall(model, fr)
+    tail = _tail_stall(model, fr) if model.joint else None
+    priced = {} if tail is None else dict(tail_stall=tail, plan_cost=lambda choices: _relaxed_cost(tail, choices),
+                                          root_options=lambda r: _root_options(model, fr, tail, r))
     try:
         res = solve_stack(fr, model.stack, keyneed, math.inf, eps=0.0, work_limit=_WORK, deadline=deadline,
-                          rel_gap=0.4 * mip_rel_gap, held_need=held, tail_stall=tail,
-                          plan_cost=lambda choices: _relaxed_cost(tail, choices),
-                          root_options=lambda r: _root_options(model, fr, tail, r))
+                          rel_gap=0.4 * mip_rel_gap, held_need=held, **priced)
     except CountWorkLimit:
         return None
     if res is None:

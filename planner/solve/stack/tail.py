@@ -18,7 +18,9 @@ share its copy link: an entry also carries the bytes its window offloads so
 far (``oc``, of window ``ow``) and each point pays what it adds to the window's
 stall, ``stall(oc + o) - stall(oc)``, so the tail's cost holds every window's
 stall on its total exactly. Entries are compared only within equal
-(``free``, ``ow``, ``oc``); once the pass is before a window's first candidate
+(``free``, ``ow``): one is dropped for a cheaper one needing no more and
+offloading no more in the window (whatever joins the window later then costs
+it no more: the stall is convex); once the pass is before a window's first candidate
 its entries forget it (nothing more can join it).
 """
 
@@ -80,15 +82,17 @@ class _Builder:
             ow, oc = e[6], e[7]
             done = (ow < 0) | (self.offload.first[np.maximum(ow, 0)] >= k)  # no candidate of it is left
             ow, oc = np.where(done, -1, ow), np.where(done, 0, oc)
-            group = np.unique(np.stack([f, ow, oc], axis=1), axis=0, return_inverse=True)[1].ravel()
+            group = np.unique(np.stack([f, ow], axis=1), axis=0, return_inverse=True)[1].ravel()
         order = np.lexsort((t, c, group))  # by free group, then cost, then need
         rest = () if self.offload is None else (ow[order], oc[order])
         t, c, f, tr, nc, npt, group = (a[order] for a in (t, c, f, tr, nc, npt, group))
-        keep = np.zeros(len(t), bool)
-        for g in np.unique(group).tolist():
-            idx = np.flatnonzero(group == g)
-            lowest = np.concatenate([[np.inf], np.minimum.accumulate(t[idx])[:-1]])
-            keep[idx[t[idx] < lowest]] = True  # cheaper entries need no less: dominated
+        if self.offload is None:
+            keep = _below_every_cheaper(t, group)  # cheaper entries need no less: dominated
+        else:  # and offload no more in their window (what joins it later costs them no more: the stall is convex)
+            keep = np.ones(len(t), bool)
+            for level in np.unique(rest[1]).tolist():
+                below = rest[1] <= level
+                keep &= ~(rest[1] == level) | _below_every_cheaper(np.where(below, t, np.inf), group)
         t, c, f, tr, nc, npt = (a[keep] for a in (t, c, f, tr, nc, npt))
         new = nc >= 0
         if new.any():
@@ -136,6 +140,19 @@ class _Builder:
                 e = self.keep(_union(below, took), a)
             k = a
         return e
+
+
+def _below_every_cheaper(t: np.ndarray, group: np.ndarray) -> np.ndarray:
+    """Per entry (sorted by group, then cost): whether its t is below every earlier one's of its group. Exact: on
+    t's ranks, with each later group shifted below every earlier one, one running minimum serves all groups."""
+    if len(t) == 0:
+        return np.zeros(0, bool)
+    rank = np.unique(t, return_inverse=True)[1].ravel().astype(np.int64)
+    _, g = np.unique(group, return_inverse=True)
+    g = g.ravel().astype(np.int64)
+    key = (int(g.max()) - g) * (int(rank.max()) + 1) + rank
+    before = np.concatenate([[np.iinfo(np.int64).max], np.minimum.accumulate(key)[:-1]])
+    return key < before
 
 
 def _union(a, b):
