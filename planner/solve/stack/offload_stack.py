@@ -21,6 +21,15 @@ the budget and costs what the bound says, it is optimal. That is the common
 case: an optimum rarely offloads past a window's copy capacity, and the peak
 sits where every offload but the last windows' is credited anyway. Otherwise the
 caller falls back to the MILP, with the bound.
+
+When that plan meets the budget but costs more than the bound, modules sharing
+a window (a layer's attention and MLP) may be why: their own stalls add up to
+less than the window's. Then it runs again with each window's stall on its
+total (``offload_stack(joint=True)``: the stack's block items and the subtrees
+before the blocks from :mod:`planner.solve.stack.offload_joint`, the exact
+tail charging each window on its total), a tighter bound whose plan often
+meets it (Llama-3 8B at its tighter budgets). What stays relaxed is only when
+an offload is credited.
 """
 
 from __future__ import annotations
@@ -208,16 +217,19 @@ def _judged(plan: Solution, lower: float, mip_rel_gap: float) -> Solution:
 def stack_first(prob: Problem, setup: OffloadSetup, budget_bytes: float, *, mip_rel_gap: float,
                 deadline: float) -> StackOffloadResult | None:
     """The stack relaxation's bound and plan, for stacks of at least ``dp.STACK_FIRST_BLOCKS`` identical blocks
-    (as without offload: shorter ones are the MILP's); None when it does not apply or gave up."""
+    (as without offload: shorter ones are the MILP's); None when it does not apply or gave up. Each module's own
+    stall first; each window's on its total when that plan fits but is not proven (the better of the two)."""
     link = setup.windows.link
     model = prob.derived(f"offload stack {link.d2h_gbps!r} {link.h2d_gbps!r}",
                          lambda p: offload_stack(p, setup.windows, setup.options))
     if model.stack is None or len(model.stack.blocks) < dp.STACK_FIRST_BLOCKS:  # read per call: tests lower it
         return None
     first = solve_offload_stack(prob, model, budget_bytes, mip_rel_gap=mip_rel_gap, deadline=deadline)
-    if first is not None and first.plan is not None and first.plan.status == "optimal":
+    if first is None or first.plan is None or first.plan.status == "optimal":
         return first
-    # not proven with each module's own stall: again with each window's on its total (slower, tighter)
+    # A plan that meets the budget but not the bound: its modules may share their window's copy link (the
+    # modules' own stalls add up to less than the window's). Again with each window's stall on its total: slower,
+    # tighter. (A plan missing the budget misses it by where an offload is credited, which that does not change.)
     joint = prob.derived(f"offload stack joint {link.d2h_gbps!r} {link.h2d_gbps!r}",
                          lambda p: offload_stack(p, setup.windows, setup.options, joint=True))
     if joint.stack is None:
