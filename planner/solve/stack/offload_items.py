@@ -27,11 +27,12 @@ window's stall is the sum's, which only grows faster past ``a``).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["OffloadPoints", "Stall", "offload_points"]
+__all__ = ["OffloadPoints", "Stall", "offload_points", "pareto", "undominated"]
 
 _TOL = 1e-12
 
@@ -72,13 +73,18 @@ class OffloadPoints:
 
 
 def offload_points(w: np.ndarray, r: np.ndarray, mult: np.ndarray, offloadable: np.ndarray,
-                   stall: Stall, least_early: int = 0) -> OffloadPoints:
+                   stall: Stall, least_early: int = 0, shared: float = 0.0) -> OffloadPoints:
     """Every option of one module no other beats on (more v, no more ms + stall(o)); see the module docstring.
 
     ``w`` (int bytes), ``r`` (ms), ``mult`` (groups), ``offloadable`` (groups that may be offloaded) per class.
     ``least_early``: options must recompute at least this many bytes, ``v - o >= least_early`` (a checkpointed
     module's early discard stays >= 0: its held inputs less its recompute's bytes). An option that may still
     fall short of it is only dropped for one that has met it (or recomputes as much).
+
+    ``shared``: how many bytes other modules of the window may offload beside this one (the window pays the
+    stall on the total): an option is then dropped only for one that beats it whatever the others offload (more
+    v, and cheaper on every base from 0 to ``shared``, :func:`undominated`), so the points are every option a
+    joint optimum may need, by ascending v (their ``cost`` with this module's own stall).
     """
     w = np.asarray(w, dtype=np.int64)
     r = np.asarray(r, dtype=np.float64)
@@ -109,13 +115,17 @@ def offload_points(w: np.ndarray, r: np.ndarray, mult: np.ndarray, offloadable: 
             return OffloadPoints(none, none, np.zeros(0), np.zeros(0), np.zeros((0, n), np.int64),
                                  np.zeros((0, n), np.int64))
         keep = alive[_per_v_front(v[alive], o[alive], ms[alive], o_max, slope_max, v[alive] - o[alive] >= least_early)]
-        keep = keep[_beaten_whatever_follows(v[keep], o[keep], ms[keep], stall, min(float(later), o_max),
-                                             v[keep] - o[keep], least_early)]
+        if not shared:  # (it compares options on this module's own stall)
+            keep = keep[_beaten_whatever_follows(v[keep], o[keep], ms[keep], stall, min(float(later), o_max),
+                                                 v[keep] - o[keep], least_early)]
         v, o, ms = v[keep], o[keep], ms[keep]
         steps.append((q, rows[keep], pk[cols[keep]], pf[cols[keep]]))
     ok = np.flatnonzero(v - o >= least_early)
-    cost = ms[ok] + stall(o[ok])
-    keep = ok[pareto(v[ok], cost)]
+    if shared:
+        keep = ok[undominated(v[ok], o[ok], ms[ok], stall, shared)]
+        keep = keep[np.lexsort((ms[keep] + stall(o[keep]), v[keep]))]
+    else:
+        keep = ok[pareto(v[ok], ms[ok] + stall(o[ok]))]
     k, f = np.zeros((len(keep), n), np.int64), np.zeros((len(keep), n), np.int64)
     at = keep
     for q, parent, pk, pf in reversed(steps):  # back through the classes to each kept option's counts
@@ -181,3 +191,31 @@ def pareto(x: np.ndarray, c: np.ndarray) -> np.ndarray:
     ok = xs > np.concatenate([[-np.inf], np.maximum.accumulate(xs)[:-1]])
     kept = order[ok]
     return kept[np.argsort(x[kept], kind="stable")]
+
+
+def undominated(v: np.ndarray, o: np.ndarray, ms: np.ndarray, stall: Stall, others: float = math.inf,
+                chunk: int = 512) -> np.ndarray:
+    """Indices (ascending) of the options no other beats whatever the rest of their window offloads (0 to
+    ``others`` bytes): A beats B when ``v_A >= v_B`` and ``ms_A + stall(o_A + X) - stall(o_B + X) <= ms_B`` for
+    every such X. The stall is convex, so that difference moves one way with X: the worst X is ``others`` when
+    ``o_A >= o_B`` and 0 otherwise (with ``others`` infinite, the stall's largest slope times ``o_A - o_B``).
+    Options are taken in (most v, least ms, least o) order and one goes when an earlier one beats it: the
+    relation is transitive, so comparing with every earlier option, dropped or not, keeps exactly the
+    undominated ones (and the first of equals)."""
+    order = np.lexsort((o, ms, -v))
+    so, sm = o[order].astype(np.float64), np.asarray(ms, dtype=np.float64)[order]
+    n = len(order)
+    dropped = np.zeros(n, bool)
+    slope = stall.s_fw + stall.s_bw
+    for lo in range(0, n, chunk):
+        hi = min(n, lo + chunk)
+        a, b = so[None, :hi], so[lo:hi, None]  # each earlier A against each B of the chunk
+        if math.isinf(others):
+            more = slope * np.maximum(a - b, 0.0)
+        else:
+            more = np.where(a >= b, stall(a + others) - stall(b + others), stall(a) - stall(b))
+        worst = sm[None, :hi] + more
+        earlier = np.arange(hi)[None, :] < np.arange(lo, hi)[:, None]
+        tol = _TOL * (1.0 + np.abs(sm[lo:hi]))
+        dropped[lo:hi] = np.any(earlier & (worst <= (sm[lo:hi] + tol)[:, None]), axis=1)
+    return np.sort(order[~dropped])

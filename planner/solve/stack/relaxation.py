@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -39,7 +40,7 @@ from planner.solve.problem import Frontiers
 from planner.solve.stack.multiset import CountWorkLimit, min_cost_counts
 from planner.solve.stack.options import back_to_back, block_types, held_table, partial_table, requirements
 from planner.solve.stack.ordered import ordered_counts
-from planner.solve.stack.tail import tail_requirements
+from planner.solve.stack.tail import TailStall, tail_requirements
 
 __all__ = ["Stack", "StackResult", "exchange_order", "find_stack", "ordered_relaxation", "solve_stack"]
 
@@ -98,7 +99,9 @@ def find_stack(fr: Frontiers) -> Stack | None:
 
 def solve_stack(fr: Frontiers, stack: Stack, keyneed: np.ndarray, upper: float, eps: float,
                 max_gap: float = math.inf, work_limit: float = 3e6, deadline: float = math.inf,
-                rel_gap: float = 0.0, held_need: dict[int, float] | None = None) -> StackResult | None:
+                rel_gap: float = 0.0, held_need: dict[int, float] | None = None, tail_stall: TailStall | None = None,
+                plan_cost: Callable[[dict[int, int]], float] | None = None,
+                root_options: Callable[[int], tuple] | None = None) -> StackResult | None:
     """The relaxation's bound, and a plan meeting it when the dealt-out counts fit every constraint.
 
     ``eps``: frontier points of a block that another point beats on discard
@@ -119,6 +122,11 @@ def solve_stack(fr: Frontiers, stack: Stack, keyneed: np.ndarray, upper: float, 
     and the plans' checks keep them; the plain relaxation drops the blocks' (still a lower bound), and its
     counts then fail to deal out where they bind (405B FSDP2 stats at their smallest budget: every layer
     holds its input; the plain optimum 0.6% under the true one).
+
+    With offload, ``tail_stall`` makes the exact tail charge each window's stall on its total
+    (:class:`planner.solve.stack.tail.TailStall`), and ``plan_cost`` prices a plan (candidate -> point) as the
+    relaxation does (by default the sum of its points' costs), ``root_options`` lists the joint options
+    (discard, cost, choices) of a subtree before the blocks as the relaxation prices them.
     """
     need = np.asarray(keyneed, dtype=np.float64)
     held = {i: v for i, v in (held_need or {}).items() if math.isfinite(v)}
@@ -130,12 +138,12 @@ def solve_stack(fr: Frontiers, stack: Stack, keyneed: np.ndarray, upper: float, 
     d, rc = stack.d[keep], stack.rc[keep]
     point_of = np.flatnonzero(keep)
     try:
-        tail = tail_requirements(fr, k0, need, work_limit=work_limit, held_need=held)
+        tail = tail_requirements(fr, k0, need, work_limit=work_limit, held_need=held, offload=tail_stall)
         groups = []  # per value of tail.free: what the blocks before it must discard, and at what cost
         for free in np.unique(tail.free).tolist():
             sel = np.flatnonzero(tail.free == free)
             tx, tc, which = _pareto_targets(tail.need[sel], tail.cost[sel], sel)
-            od, orc, och = _others(fr, stack, [r for r in others if r < free], free)
+            od, orc, och = _others(fr, stack, [r for r in others if r < free], free, root_options)
             n = sum(1 for r in members if r < free)
             groups.append(_Group(n, tx, tc, which, od, orc, och))
     except CountWorkLimit:
@@ -168,12 +176,12 @@ def solve_stack(fr: Frontiers, stack: Stack, keyneed: np.ndarray, upper: float, 
         choices = _assemble(stack, [stack.choices[p] for p in exchange_order(fr, stack, seq, need, held)],
                             tail.choices(int(tail_i)), g.och[other_i])
         if _fits(fr, choices, need, held):
-            cost = math.fsum(float(fr.rc[i][j]) for i, j in choices.items())
+            cost = _cost(fr, choices) if plan_cost is None else plan_cost(choices)
             return StackResult(min(lower, cost), cost, choices)
     if unfinished:  # a group's optimum is unknown: its bound is what there is
         return StackResult(lower)
     ordered = ordered_relaxation(fr, stack, need, groups, starts, d, rc, point_of, tail, eps, upper, work_limit, deadline,
-                                 held)
+                                 held, plan_cost)
     if ordered is None:
         return StackResult(lower)
     return StackResult(max(lower, ordered.lower), ordered.cost, ordered.choices)
@@ -208,7 +216,8 @@ class _Group:
 
 
 def ordered_relaxation(fr, stack: Stack, need, groups, starts, d, rc, point_of, tail, eps, upper, work_limit,
-             deadline=math.inf, held_need: dict[int, float] | None = None):
+             deadline=math.inf, held_need: dict[int, float] | None = None,
+             plan_cost: Callable[[dict[int, int]], float] | None = None):
     """The ordered relaxation (planner.solve.stack.ordered) over every group; None when it does not apply.
 
     It lists its own options (``stack.ordered_options``: every partial-discard profile
@@ -251,8 +260,12 @@ def ordered_relaxation(fr, stack: Stack, need, groups, starts, d, rc, point_of, 
     choices = _assemble(stack, seq, tail.choices(int(tail_i)), och)
     if not _fits(fr, choices, need, held_need):
         return StackResult(min(lower, value))
-    cost = math.fsum(float(fr.rc[i][j]) for i, j in choices.items())
+    cost = _cost(fr, choices) if plan_cost is None else plan_cost(choices)
     return StackResult(min(lower, cost), cost, choices)
+
+
+def _cost(fr, choices: dict[int, int]) -> float:
+    return math.fsum(float(fr.rc[i][j]) for i, j in choices.items())
 
 
 def _signatures(fr) -> list[int]:
@@ -302,12 +315,13 @@ def _pareto_targets(x: np.ndarray, c: np.ndarray, tag: np.ndarray):
     return x[ok], c[ok], tag[ok]
 
 
-def _others(fr, stack: Stack, roots: list[int], key: int):
+def _others(fr, stack: Stack, roots: list[int], key: int, root_options=None):
     """Joint options (discard, recompute, choices) of the non-block subtrees ``roots`` before k0."""
     if fr.giants or key not in stack.other_options:  # a giant lists other points per budget: no cache
         d, rc, ch = np.zeros(1, np.int64), np.zeros(1), [()]
         for r in roots:
-            od, orc, och = _subtree_options(fr, r)
+            joint = None if root_options is None else root_options(r)
+            od, orc, och = _subtree_options(fr, r) if joint is None else joint
             if len(d) * len(od) > 50 * _MAX_OTHER_POINTS:
                 raise CountWorkLimit
             d, rc, ch = _pareto((d[:, None] + od[None, :]).ravel(), (rc[:, None] + orc[None, :]).ravel(),
