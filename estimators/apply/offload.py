@@ -44,6 +44,8 @@ from estimators.common import host_side, tensors_in
 
 __all__ = ["Handle", "HostStore", "install_windows", "offload_decisions", "remove_windows", "window_ends"]
 
+_RUNNING: list[HostStore] = []  # the store whose model's forward runs now (compiled kernels find it here)
+
 _WINDOW_HOOKS = "_sacplan_offload_hooks"  # the window hooks' handles, on the root module
 
 
@@ -90,12 +92,42 @@ class HostStore:
         self.host_peak_bytes = 0
         self.offloaded_bytes = 0  # copied in the last forward
         self.streams: dict[torch.device, Any] = {}
+        self.by_host: dict[int, Handle] = {}  # compiled path: handles by their host copy's address, until taken
 
     # ---- forward ----
     def start_pass(self) -> None:
         """A forward of the model starts: new windows (the previous forward's handles stay with its graph)."""
         self.current = _Pass([[] for _ in self.end_modules])
         self.offloaded_bytes = 0
+        _RUNNING[:] = [self]
+
+    @staticmethod
+    def running() -> HostStore:
+        """The store of the model whose forward runs now (for the compiled path's kernels)."""
+        if not _RUNNING:
+            raise RuntimeError("sacplan::to_host ran outside a planned model's forward (no host store is running)")
+        return _RUNNING[0]
+
+    def host_copy(self, t: torch.Tensor, label: str) -> torch.Tensor:
+        """The compiled path's forward: offload ``t`` (:meth:`offload`) and return its host copy, which the
+        compiled graph saves for its backward in place of ``t``."""
+        h = self.offload(t, label)
+        self.by_host[h.host.untyped_storage().data_ptr()] = h
+        return h.host
+
+    def device_copy(self, host: torch.Tensor) -> torch.Tensor:
+        """The compiled path: the device tensor of the host copy ``host`` made by :meth:`host_copy`; in the
+        forward (still stashed) the device tensor itself, in the backward the fetched copy (taken once)."""
+        key = host.untyped_storage().data_ptr()
+        h = self.by_host.get(key)
+        if h is None:
+            raise RuntimeError("sacplan::from_host got a tensor that is no host copy of this store (taken already: "
+                               "a second backward through the compiled graph is not allowed)")
+        if h.stashed is not None:
+            return h.stashed
+        if h.users <= 1:
+            del self.by_host[key]
+        return self.take(h)
 
     def offload(self, t: torch.Tensor, label: str) -> Handle:
         """Copy ``t`` to the host (once per storage per window) and stash it in the window running now."""
@@ -232,11 +264,12 @@ class HostStore:
 
 def install_windows(model: nn.Module, store: HostStore, by_fqn: dict[str, nn.Module]) -> None:
     """Hooks for the window protocol: a new pass at the model's forward start, each end module's forward end."""
-    hooks = [model.register_forward_pre_hook(lambda mod, args: store.start_pass())]
+    # outside compiled graphs (a graph break at each window end): the protocol's moments are eager ones
+    hooks = [model.register_forward_pre_hook(torch.compiler.disable(lambda mod, args: store.start_pass()))]
     for index, fqn in enumerate(store.end_modules):
         end = model if fqn == "" else by_fqn[fqn]
         hooks.append(end.register_forward_hook(
-            lambda mod, args, out, index=index: store.window_ended(index, out)))
+            torch.compiler.disable(lambda mod, args, out, index=index: store.window_ended(index, out))))
     model.__dict__[_WINDOW_HOOKS] = hooks
 
 

@@ -46,9 +46,10 @@ from estimators.common import is_inplace_op, is_random_op, is_view_op, op_name, 
 from planner import MUST_SAVE_OPS
 
 __all__ = ["PlanMismatchError", "ModulePlan", "CallPolicy", "RngReplay", "aot_tracing", "planned_modules",
-           "PLAN_MARK", "EAGER", "COMPILED", "TRACED"]
+           "PLAN_MARK", "EAGER", "COMPILED", "TRACED", "OFFLOADED"]
 
 EAGER, COMPILED, TRACED = "eager", "compiled", "traced"  # plain eager; compile's eager backend; AOT tracing
+OFFLOADED = 2  # a decision in the traced tables: saved, and offloaded (1: saved, 0: recomputed)
 PLAN_MARK = "_sacplan_plan"  # the attribute holding a wrapped module's ModulePlan
 # A functional collective's wait as an eager run names it (its result wrapped, waited where first used) and as
 # AOTAutograd's trace, and stats collected for a compiled step, name it (waited at once)
@@ -191,12 +192,15 @@ class CallPolicy:
             decision = 1
         if self.mode != TRACED:
             decision = self._inplace(func, args, decision, getattr(ctx, "op_output", None))
-        if decision and self._offloaded():
+        if decision and self._offloaded(decision):
             return CheckpointPolicy.MUST_CPU_OFFLOAD
         return CheckpointPolicy.MUST_SAVE if decision else CheckpointPolicy.PREFER_RECOMPUTE
 
-    def _offloaded(self) -> bool:
-        """Whether the plan offloads the op just decided (only where the eager rule matched it to a plan op)."""
+    def _offloaded(self, decision: int) -> bool:
+        """Whether the plan offloads the op just decided: where the eager rule matched it to a plan op, or (traced)
+        where the aligned table says 2 (:data:`OFFLOADED`)."""
+        if self.mode == TRACED:
+            return decision == OFFLOADED
         offload, at = self.plan.offload, self.planned_at
         return offload is not None and at is not None and self.mode == EAGER and bool(offload[at])
 

@@ -30,6 +30,7 @@ from estimators.apply.alignment import StatsOps
 from estimators.apply.buffer_guard import guarded_recompute
 from estimators.apply.dry_check import check_plan
 from estimators.apply.offload import HostStore, install_windows, offload_decisions, remove_windows, window_ends
+from estimators.apply.offload_compile import install_joint_pass, refuse_offload_backend, remove_joint_pass
 from estimators.apply.offload_modes import offload_contexts
 from estimators.apply.policy import PLAN_MARK, ModulePlan, PlanMismatchError, RngReplay, aot_tracing
 from estimators.apply.settings_match import match_compile_backend, match_model_settings
@@ -38,6 +39,7 @@ from estimators.common import autocast_name, module_fqns
 __all__ = ["apply_plan", "remove_plan", "PlanMismatchError"]
 
 _USABLE = ("optimal", "feasible")
+_JOINT_PASS = "_sacplan_joint_pass"  # the joint pass found before an offloading plan set its own (compile)
 _PRE_HOOKS = "_sacplan_pre_hooks"  # a planned module's own forward pre-hooks, run inside its checkpoint
 log = logging.getLogger(__name__)
 
@@ -98,13 +100,12 @@ def _set_up_offload(model: nn.Module, doc: Mapping, plans: list[ModulePlan], by_
     if all(mp.offload is None for mp in plans):
         return
     if compile_backend is not None:
-        raise ValueError(f"compile_backend={compile_backend!r}: a plan that offloads is applied in eager mode only "
-                         f"(under torch.compile, torch 2.13 ignores the offload tag unless a joint pass and "
-                         f"functorch's activation offloading are set up, and on the CPU its copy is an alias); "
-                         f"train this model without torch.compile or plan it with offload off")
+        refuse_offload_backend(compile_backend)
     root = next(fqn for fqn, mod in by_fqn.items() if mod is model)
     store = HostStore(window_ends(doc, root, [mp.fqn for mp in plans], by_fqn))
     install_windows(model, store, by_fqn)
+    if compile_backend is not None:
+        model.__dict__[_JOINT_PASS] = (install_joint_pass(),)
     for mp in plans:
         mp.host_store = store
 
@@ -124,6 +125,8 @@ def _applied_line(model: nn.Module, doc: Mapping, fqns: list[str]) -> str:
 def remove_plan(model: nn.Module) -> nn.Module:
     """Undo :func:`apply_plan`: every wrapped module gets its own forward back; returns ``model``."""
     remove_windows(model)
+    if _JOINT_PASS in model.__dict__:
+        remove_joint_pass(model.__dict__.pop(_JOINT_PASS)[0])
     for mod in model.modules():
         inner = mod.__dict__.pop("_sacplan_forward", None)
         mod.__dict__.pop(PLAN_MARK, None)
@@ -213,9 +216,11 @@ def _check_autocast(mp: ModulePlan) -> None:
 
 def _contexts(mp: ModulePlan, compiled: bool, module: nn.Module) -> Any:
     if mp.offload is not None:  # our own pair (torch's eager one recomputes what is tagged for offload)
+        if compiled and aot_tracing():  # torch's pair tags the graph; the joint pass moves the saved tensors
+            return create_selective_checkpoint_contexts(mp.new_call(compiled), allow_cache_entry_mutation=True)
         if compiled:
-            raise PlanMismatchError(f"module {mp.fqn!r}: the plan offloads, which runs in eager mode only; train "
-                                    f"without torch.compile or plan with offload off")
+            raise PlanMismatchError(f"module {mp.fqn!r}: the plan offloads, which runs eagerly or under "
+                                    f"torch.compile(backend='aot_eager') only")
         forward_ctx, recompute_ctx = offload_contexts(mp.new_call(compiled), mp.host_store, mp.fqn, module)
         return forward_ctx, guarded_recompute(module, recompute_ctx)
     pair = create_selective_checkpoint_contexts(mp.new_call(compiled), allow_cache_entry_mutation=True)
