@@ -82,6 +82,13 @@ def _version(t: torch.Tensor) -> int:
     return t._version  # layout: allow-private (a tensor's version counter has no public accessor)
 
 
+def _like(base: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """``base``'s storage with ``t``'s geometry (``base`` itself when they agree)."""
+    if (base.shape, base.stride(), base.storage_offset()) == (t.shape, t.stride(), t.storage_offset()):
+        return base
+    return base.as_strided(t.shape, t.stride(), t.storage_offset())
+
+
 class HostStore:
     """Host copies of offloaded activations, kept and brought back by window (see the module doc)."""
 
@@ -112,8 +119,21 @@ class HostStore:
         """The compiled path's forward: offload ``t`` (:meth:`offload`) and return its host copy, which the
         compiled graph saves for its backward in place of ``t``."""
         h = self.offload(t, label)
-        self.by_host[h.host.untyped_storage().data_ptr()] = h
-        return h.host
+        key = h.host.untyped_storage().data_ptr()
+        self.by_host[key] = h
+        # one view per call, each a user of the handle until it dies: the graph drops the ones its backward
+        # does not read in the forward, the others once its backward has fetched them (an op and its
+        # _unsafe_view share one storage, one copy, each with its own geometry)
+        view = h.host.as_strided(t.shape, t.stride(), t.storage_offset())
+        weakref.finalize(view, self._view_died, h, key)
+        return view
+
+    def _view_died(self, h: Handle, key: int) -> None:
+        h.users -= 1
+        if h.users <= 0:
+            self.by_host.pop(key, None)
+            if h.stashed is None:  # else the window's drop lets go (a later op may still share the storage)
+                self._let_go(h)
 
     def device_copy(self, host: torch.Tensor) -> torch.Tensor:
         """The compiled path: the device tensor of the host copy ``host`` made by :meth:`host_copy`; in the
@@ -121,13 +141,13 @@ class HostStore:
         key = host.untyped_storage().data_ptr()
         h = self.by_host.get(key)
         if h is None:
-            raise RuntimeError("sacplan::from_host got a tensor that is no host copy of this store (taken already: "
-                               "a second backward through the compiled graph is not allowed)")
+            raise RuntimeError("sacplan::from_host got a tensor that is no host copy of this store")
         if h.stashed is not None:
-            return h.stashed
-        if h.users <= 1:
-            del self.by_host[key]
-        return self.take(h)
+            return _like(h.stashed, host)
+        self.fetch(h)
+        if h.arrived is not None:
+            torch.cuda.current_stream(h.device).wait_event(h.arrived)
+        return _like(h.fetched, host)
 
     def offload(self, t: torch.Tensor, label: str) -> Handle:
         """Copy ``t`` to the host (once per storage per window) and stash it in the window running now."""
@@ -202,6 +222,8 @@ class HostStore:
                 torch.cuda.current_stream(h.device).wait_event(h.copied)  # the copy has read it: free on compute
             h.stashed = None
             p.by_storage.pop(h.key, None)
+            if h.users <= 0:  # compiled: no graph saved a view of its copy for the backward
+                self._let_go(h)
         del t
         alive = [h for h in p.windows[j] if h.storage() is not None]
         if alive:
@@ -253,11 +275,16 @@ class HostStore:
     def release(self, h: Handle) -> None:
         """One cache entry of ``h`` is done with it (taken, or left by an early-stopped recomputation)."""
         h.users -= 1
-        if h.users <= 0 and h.fetched is not None:
+        if h.users <= 0:
+            self._let_go(h)
+
+    def _let_go(self, h: Handle) -> None:
+        """No cache entry or compiled graph will take ``h``: its fetched and host copies go."""
+        if h.fetched is not None:
             if h.arrived is not None:  # an unused copy still in flight: its block is freed on the compute stream
                 torch.cuda.current_stream(h.device).wait_event(h.arrived)
             h.fetched = None
-        if h.users <= 0 and h.host is not None:
+        if h.host is not None:
             h.host = None
             self.host_bytes -= h.nbytes
 
