@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch._functorch.config  # layout: allow-private (functorch's joint-pass hook: no public module)
 from torch.utils.checkpoint import CheckpointPolicy
 
 from estimators.apply.offload import HostStore
