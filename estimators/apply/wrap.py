@@ -32,7 +32,7 @@ from estimators.apply.dry_check import check_plan
 from estimators.apply.offload import HostStore, install_windows, offload_decisions, remove_windows, window_ends
 from estimators.apply.offload_compile import install_joint_pass, refuse_offload_backend, remove_joint_pass
 from estimators.apply.offload_modes import offload_contexts
-from estimators.apply.policy import PLAN_MARK, ModulePlan, PlanMismatchError, RngReplay, aot_tracing
+from estimators.apply.policy import PLAN_MARK, TRACED, ModulePlan, PlanMismatchError, RngReplay, aot_tracing
 from estimators.apply.settings_match import match_compile_backend, match_model_settings
 from estimators.common import autocast_name, module_fqns
 
@@ -106,6 +106,7 @@ def _set_up_offload(model: nn.Module, doc: Mapping, plans: list[ModulePlan], by_
     install_windows(model, store, by_fqn)
     if compile_backend is not None:
         model.__dict__[_JOINT_PASS] = (install_joint_pass(),)
+        store.compiled = True
     for mp in plans:
         mp.host_store = store
 
@@ -217,6 +218,12 @@ def _check_autocast(mp: ModulePlan) -> None:
 def _contexts(mp: ModulePlan, compiled: bool, module: nn.Module) -> Any:
     if mp.offload is not None:  # our own pair (torch's eager one recomputes what is tagged for offload)
         if compiled and aot_tracing():  # torch's pair tags the graph; the joint pass moves the saved tensors
+            if mp.recording is None and (TRACED not in mp.tables or not mp.host_store.compiled):
+                raise PlanMismatchError(f"module {mp.fqn!r}: the plan offloads and the model is compiled, but "
+                                        f"apply_plan ran without example_inputs and compile_backend='aot_eager' "
+                                        f"(no traced decisions, or no offload pass): nothing would be offloaded; "
+                                        f"fix: apply_plan(model, plan, stats=stats, example_inputs=batch, "
+                                        f"compile_backend='aot_eager') before torch.compile")
             return create_selective_checkpoint_contexts(mp.new_call(compiled), allow_cache_entry_mutation=True)
         if compiled:
             raise PlanMismatchError(f"module {mp.fqn!r}: the plan offloads, which runs eagerly or under "

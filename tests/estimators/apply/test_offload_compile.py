@@ -73,3 +73,14 @@ def test_compiled_offload_keeps_the_eager_promise_and_frees_the_device_storages(
     remove_plan(planned)
     remove_plan(kept_model)
     assert functorch_config.joint_custom_pass is before
+
+
+def test_compiling_an_offloading_plan_applied_for_eager_is_refused():
+    torch.manual_seed(0)
+    model, x = Net(), torch.randn(B, D)
+    apply_plan(model, _plan(SAVE, OFFLOAD))  # no compile_backend: no traced decisions, no offload pass
+    torch._dynamo.reset()  # layout: allow-private (a fresh compile)
+    with pytest.raises(Exception, match=r"module 'Net\.blocks\.0': the plan offloads and the model is compiled, "
+                                        r"but apply_plan ran without example_inputs and compile_backend='aot_eager'"):
+        torch.compile(model, backend="aot_eager")(x)
+    torch._dynamo.reset()  # layout: allow-private (as above)
