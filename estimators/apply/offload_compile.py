@@ -38,7 +38,7 @@ from estimators.apply.offload import HostStore
 __all__ = ["OFFLOAD_COMPILE_BACKENDS", "install_joint_pass", "offload_joint_pass", "refuse_offload_backend",
            "remove_joint_pass", "to_host", "from_host"]
 
-OFFLOAD_COMPILE_BACKENDS = ("aot_eager",)
+OFFLOAD_COMPILE_BACKENDS = ("eager", "aot_eager")  # eager: compile's eager backend runs our own context pair
 _OFFLOAD = (CheckpointPolicy.MUST_CPU_OFFLOAD, CheckpointPolicy.PREFER_CPU_OFFLOAD)
 
 
@@ -115,9 +115,8 @@ def refuse_offload_backend(backend: str) -> None:
     if backend in OFFLOAD_COMPILE_BACKENDS:
         return
     why = {"inductor": "Inductor may reuse an offloaded tensor's buffer after its copy to the host, while the "
-                       "forward still reads it through sacplan::from_host (not made safe yet)",
-           "eager": "compile's eager backend runs torch's eager checkpoint, which recomputes what is tagged for "
-                    "offload, and our own offloading context pair is not wired to it yet"}.get(backend, "unknown")
+                       "forward still reads it through sacplan::from_host (not made safe yet)"}.get(
+                           backend, "not a backend sacplan knows")
     raise ValueError(f"compile_backend={backend!r}: a plan that offloads runs eagerly or under "
                      f"{' or '.join(repr(b) for b in OFFLOAD_COMPILE_BACKENDS)} only ({why}); compile with "
                      f"backend='aot_eager', train without torch.compile, or plan with offload off")

@@ -197,9 +197,9 @@ class CallPolicy:
         return CheckpointPolicy.MUST_SAVE if decision else CheckpointPolicy.PREFER_RECOMPUTE
 
     def _offloaded(self, decision: int) -> bool:
-        """Whether the plan offloads the op just decided: where the eager rule matched it to a plan op, or (traced)
+        """Whether the plan offloads the op just decided: where the eager rule matched it to a plan op, or (compiled)
         where the aligned table says 2 (:data:`OFFLOADED`)."""
-        if self.mode == TRACED:
+        if self.mode != EAGER:
             return decision == OFFLOADED
         offload, at = self.plan.offload, self.planned_at
         return offload is not None and at is not None and self.mode == EAGER and bool(offload[at])

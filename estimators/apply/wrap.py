@@ -32,7 +32,7 @@ from estimators.apply.dry_check import check_plan
 from estimators.apply.offload import HostStore, install_windows, offload_decisions, remove_windows, window_ends
 from estimators.apply.offload_compile import install_joint_pass, refuse_offload_backend, remove_joint_pass
 from estimators.apply.offload_modes import offload_contexts
-from estimators.apply.policy import PLAN_MARK, TRACED, ModulePlan, PlanMismatchError, RngReplay, aot_tracing
+from estimators.apply.policy import COMPILED, PLAN_MARK, TRACED, ModulePlan, PlanMismatchError, RngReplay, aot_tracing
 from estimators.apply.settings_match import match_compile_backend, match_model_settings
 from estimators.common import autocast_name, module_fqns
 
@@ -216,26 +216,32 @@ def _check_autocast(mp: ModulePlan) -> None:
 
 
 def _contexts(mp: ModulePlan, compiled: bool, module: nn.Module) -> Any:
-    if mp.offload is not None:  # our own pair (torch's eager one recomputes what is tagged for offload)
-        if compiled and aot_tracing():  # torch's pair tags the graph; the joint pass moves the saved tensors
-            if mp.recording is None and (TRACED not in mp.tables or not mp.host_store.compiled):
-                raise PlanMismatchError(f"module {mp.fqn!r}: the plan offloads and the model is compiled, but "
-                                        f"apply_plan ran without example_inputs and compile_backend='aot_eager' "
-                                        f"(no traced decisions, or no offload pass): nothing would be offloaded; "
-                                        f"fix: apply_plan(model, plan, stats=stats, example_inputs=batch, "
-                                        f"compile_backend='aot_eager') before torch.compile")
-            return create_selective_checkpoint_contexts(mp.new_call(compiled), allow_cache_entry_mutation=True)
-        if compiled:
-            raise PlanMismatchError(f"module {mp.fqn!r}: the plan offloads, which runs eagerly or under "
-                                    f"torch.compile(backend='aot_eager') only")
-        forward_ctx, recompute_ctx = offload_contexts(mp.new_call(compiled), mp.host_store, mp.fqn, module)
-        return forward_ctx, guarded_recompute(module, recompute_ctx)
+    if mp.offload is not None:
+        return _offload_contexts(mp, compiled, module)
     pair = create_selective_checkpoint_contexts(mp.new_call(compiled), allow_cache_entry_mutation=True)
     if compiled and not aot_tracing():  # compile's eager backend runs checkpoint without preserve_rng_state
         return RngReplay(*pair).contexts()
     if not compiled:  # the recomputation leaves the buffers as the forward left them (BatchNorm's statistics)
         return pair[0], guarded_recompute(module, pair[1])
     return pair
+
+
+def _offload_contexts(mp: ModulePlan, compiled: bool, module: nn.Module) -> Any:
+    """The context pair of a call whose plan offloads: our own pair when ops run eagerly (torch's eager pair
+    recomputes what is tagged for offload), torch's under AOT tracing (the joint pass moves what it tags)."""
+    traced = compiled and aot_tracing()
+    mode = TRACED if traced else COMPILED
+    if compiled and mp.recording is None and (mode not in mp.tables or not mp.host_store.compiled):
+        raise PlanMismatchError(f"module {mp.fqn!r}: the plan offloads and the model is compiled, but apply_plan ran "
+                                f"without example_inputs and compile_backend (no {mode} decisions, or no offload "
+                                f"pass): nothing would be offloaded; fix: apply_plan(model, plan, stats=stats, "
+                                f"example_inputs=batch, compile_backend=BACKEND) before torch.compile")
+    if traced:
+        return create_selective_checkpoint_contexts(mp.new_call(compiled), allow_cache_entry_mutation=True)
+    forward_ctx, recompute_ctx = offload_contexts(mp.new_call(compiled), mp.host_store, mp.fqn, module)
+    if compiled:  # compile's eager backend runs checkpoint without preserve_rng_state
+        return RngReplay(forward_ctx, recompute_ctx).contexts()
+    return forward_ctx, guarded_recompute(module, recompute_ctx)
 
 
 def _take_pre_hooks(module: nn.Module) -> list[tuple[int, Callable[..., Any], bool]]:

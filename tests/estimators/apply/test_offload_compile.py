@@ -1,4 +1,4 @@
-"""apply_plan with offloading under torch.compile(backend="aot_eager"), on the CPU stand-in (issue 31 item 3).
+"""apply_plan with offloading under torch.compile (aot_eager; eager), on the CPU stand-in (issue 31 item 3).
 
 The residual MLP and the hand-written plans of test_offload_apply.py (windows end at each block and at the
 root). Under AOT tracing the policy tags the offloaded outputs and a joint-graph pass
@@ -75,12 +75,36 @@ def test_compiled_offload_keeps_the_eager_promise_and_frees_the_device_storages(
     assert functorch_config.joint_custom_pass is before
 
 
+def test_compile_eager_backend_runs_our_own_pair_and_offloads():
+    torch.manual_seed(0)
+    model, x = Net(), torch.randn(B, D)
+    model.zero_grad(set_to_none=True)
+    _loss(model(x)).backward()
+    unplanned = [p.grad.clone() for p in model.parameters()]
+    torch._dynamo.reset()  # layout: allow-private (a fresh compile)
+    planned = apply_plan(copy.deepcopy(model), _plan(SAVE, OFFLOAD), example_inputs=x, loss_fn=_loss,
+                         compile_backend="eager")
+    planned.zero_grad(set_to_none=True)
+    store = planned_modules(planned)[0].host_store
+    with track_live_storages(planned) as tracker:
+        loss = _loss(torch.compile(planned, backend="eager")(x))
+        handles = [h for window in store.current.windows for h in window]
+        assert tracker.host_book.live_bytes() == N * 2 * UP_BYTES == store.offloaded_bytes
+        assert len(handles) == N * 2 and all(h.storage() is None for h in handles)
+        loss.backward()
+    assert store.host_bytes == 0
+    assert all(torch.equal(a, p.grad) for a, p in zip(unplanned, planned.parameters()))
+    remove_plan(planned)
+    torch._dynamo.reset()  # layout: allow-private (as above)
+
+
 def test_compiling_an_offloading_plan_applied_for_eager_is_refused():
     torch.manual_seed(0)
     model, x = Net(), torch.randn(B, D)
     apply_plan(model, _plan(SAVE, OFFLOAD))  # no compile_backend: no traced decisions, no offload pass
     torch._dynamo.reset()  # layout: allow-private (a fresh compile)
     with pytest.raises(Exception, match=r"module 'Net\.blocks\.0': the plan offloads and the model is compiled, "
-                                        r"but apply_plan ran without example_inputs and compile_backend='aot_eager'"):
+                                        r"but apply_plan ran without example_inputs and compile_backend \(no "
+                                        r"traced decisions"):
         torch.compile(model, backend="aot_eager")(x)
     torch._dynamo.reset()  # layout: allow-private (as above)
