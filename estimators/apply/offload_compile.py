@@ -20,8 +20,10 @@ compiled graphs (they are ``torch.compiler.disable``-d: a graph break at each
 window end), so device bytes leave and come back at exactly the moments of
 the eager path.
 
-Only ``aot_eager``: Inductor may reuse ``x``'s buffer after its last use in
-the graph (``to_host``), which the forward ``from_host`` aliases.
+Compile's ``eager`` backend needs none of this: it runs checkpoint eagerly,
+so :mod:`estimators.apply.wrap` gives it our own context pair. Inductor is
+refused: it may reuse ``x``'s buffer after its last use in the graph
+(``to_host``), which the forward ``from_host`` aliases.
 """
 
 from __future__ import annotations
@@ -117,8 +119,8 @@ def refuse_offload_backend(backend: str) -> None:
     why = {"inductor": "Inductor may reuse an offloaded tensor's buffer after its copy to the host, while the "
                        "forward still reads it through sacplan::from_host (not made safe yet)"}.get(
                            backend, "not a backend sacplan knows")
-    raise ValueError(f"compile_backend={backend!r}: a plan that offloads runs eagerly or under "
-                     f"{' or '.join(repr(b) for b in OFFLOAD_COMPILE_BACKENDS)} only ({why}); compile with "
+    raise ValueError(f"compile_backend={backend!r}: a plan that offloads runs eagerly or under torch.compile with "
+                     f"backend {' or '.join(repr(b) for b in OFFLOAD_COMPILE_BACKENDS)} only ({why}); compile with "
                      f"backend='aot_eager', train without torch.compile, or plan with offload off")
 
 
