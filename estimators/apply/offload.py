@@ -100,6 +100,7 @@ class HostStore:
         self.offloaded_bytes = 0  # copied in the last forward
         self.streams: dict[torch.device, Any] = {}
         self.by_host: dict[int, Handle] = {}  # compiled path: handles by their host copy's address, until taken
+        self.fqn_by_id: dict[int, str] = {}  # compiled path: module names for messages, by the module's id
         self.compiled = False  # apply_plan set up the compiled path (its joint pass) for this store's model
 
     # ---- forward ----

@@ -45,13 +45,16 @@ _OFFLOAD = (CheckpointPolicy.MUST_CPU_OFFLOAD, CheckpointPolicy.PREFER_CPU_OFFLO
 
 
 @torch.library.custom_op("sacplan::to_host", mutates_args=())
-def to_host(x: torch.Tensor, label: str) -> torch.Tensor:
-    """The running store offloads ``x``; returns the host copy (a storage of its own)."""
-    return HostStore.running().host_copy(x, label)
+def to_host(x: torch.Tensor, label: str, module_id: int) -> torch.Tensor:
+    """The running store offloads ``x`` (made by the op ``label`` names, in the module whose ``id`` is
+    ``module_id``, 0 if unknown); returns the host copy (a storage of its own)."""
+    store = HostStore.running()
+    fqn = store.fqn_by_id.get(module_id)
+    return store.host_copy(x, f"module {fqn!r}: {label}" if fqn else label)
 
 
 @to_host.register_fake
-def _(x: torch.Tensor, label: str) -> torch.Tensor:
+def _(x: torch.Tensor, label: str, module_id: int) -> torch.Tensor:
     return torch.empty_like(x, device="cpu")
 
 
@@ -72,6 +75,15 @@ def _fake(op: Any, *args: Any) -> Any:
         return op(*args)
 
 
+def _module_id(n: torch.fx.Node) -> int:
+    """The ``id`` of the innermost module that ran the node, as dynamo records it (0 if it did not)."""
+    stack = n.meta.get("nn_module_stack") or {}
+    try:
+        return int(list(stack)[-1]) if stack else 0
+    except ValueError:
+        return 0
+
+
 def offload_joint_pass(gm: torch.fx.GraphModule, joint_inputs: Any) -> torch.fx.GraphModule:
     """Rewrite every node tagged for offload into ``to_host`` / ``from_host`` (see the module doc)."""
     g = gm.graph
@@ -84,12 +96,13 @@ def offload_joint_pass(gm: torch.fx.GraphModule, joint_inputs: Any) -> torch.fx.
         if not isinstance(val, torch.Tensor) or val.numel() == 0:
             continue  # a tuple-valued or empty node: saved as it is (frees nothing to offload)
         label = f"compiled node {n.name} ({n.target})"
+        args = (n, label, _module_id(n))
         with g.inserting_after(n):
-            h = g.call_function(torch.ops.sacplan.to_host.default, (n, label))
+            h = g.call_function(torch.ops.sacplan.to_host.default, args)
         with g.inserting_after(h):
             r = g.call_function(torch.ops.sacplan.from_host.default, (h, str(val.device)))
         n.replace_all_uses_with(r, delete_user_cb=lambda user: user is not h)
-        h.meta["val"] = _fake(torch.ops.sacplan.to_host.default, val, label)
+        h.meta["val"] = _fake(torch.ops.sacplan.to_host.default, val, *args[1:])
         r.meta["val"] = val
         h.meta["recompute"], r.meta["recompute"] = CheckpointPolicy.MUST_SAVE, CheckpointPolicy.MUST_RECOMPUTE
         for key in ("ac_graph_id", "stack_trace", "seq_nr"):

@@ -107,6 +107,7 @@ def _set_up_offload(model: nn.Module, doc: Mapping, plans: list[ModulePlan], by_
     if compile_backend is not None:
         model.__dict__[_JOINT_PASS] = (install_joint_pass(),)
         store.compiled = True
+        store.fqn_by_id = {id(mod): fqn for fqn, mod in by_fqn.items()}
     for mp in plans:
         mp.host_store = store
 

@@ -62,6 +62,7 @@ def test_compiled_offload_keeps_the_eager_promise_and_frees_the_device_storages(
         handles = [h for window in store.current.windows for h in window]
         assert tracker.host_book.live_bytes() == N * 2 * UP_BYTES == store.offloaded_bytes
         assert len(handles) == N * 2 and all(h.storage() is None for h in handles)  # freed, not relabelled
+        assert handles[0].label == "module 'Net.blocks.0.up': compiled node addmm (aten.addmm.default)"
         planned.zero_grad(set_to_none=True)
         loss.backward()
     assert store.by_host == {} and store.host_bytes == 0  # every copy taken by the compiled backward
@@ -108,3 +109,4 @@ def test_compiling_an_offloading_plan_applied_for_eager_is_refused():
                                         r"traced decisions"):
         torch.compile(model, backend="aot_eager")(x)
     torch._dynamo.reset()  # layout: allow-private (as above)
+
