@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from estimators.apply.alignment import Alignment, AmbiguousAlignment, align
-from estimators.apply.offload_compile import refuse_offload_backend
+from estimators.apply.offload_compile import enable_compiled_offload, refuse_offload_backend
 from estimators.apply.policy import EAGER, OFFLOADED, ModulePlan, PlanMismatchError, planned_modules
 from estimators.common import AUTOCAST_DTYPES, TrainingLoop, call_model, default_loss
 
@@ -59,6 +59,7 @@ def check_plan(model: nn.Module, example_inputs: Any, *, loss_fn: Callable[[Any]
         raise ValueError(f"check_plan: {type(model).__name__} has no planned module: call apply_plan first")
     if compile_backend is not None and any(mp.offload is not None for mp in plans):
         refuse_offload_backend(compile_backend)
+        enable_compiled_offload(model, next(mp.host_store for mp in plans if mp.host_store is not None))
     if not model.training:
         raise ValueError(f"check_plan runs a training step but {type(model).__name__} is in eval mode: call "
                          f"model.train() first (in eval mode planned modules are not checkpointed)")

@@ -33,15 +33,18 @@ from typing import Any
 
 import torch
 import torch._functorch.config  # layout: allow-private (functorch's joint-pass hook: no public module)
+from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy
 
 from estimators.apply.offload import HostStore
+from estimators.common import module_fqns
 
-__all__ = ["OFFLOAD_COMPILE_BACKENDS", "install_joint_pass", "offload_joint_pass", "refuse_offload_backend",
-           "remove_joint_pass", "to_host", "from_host"]
+__all__ = ["OFFLOAD_COMPILE_BACKENDS", "disable_compiled_offload", "enable_compiled_offload", "offload_joint_pass",
+           "refuse_offload_backend", "to_host", "from_host"]
 
 OFFLOAD_COMPILE_BACKENDS = ("eager", "aot_eager")  # eager: compile's eager backend runs our own context pair
 _OFFLOAD = (CheckpointPolicy.MUST_CPU_OFFLOAD, CheckpointPolicy.PREFER_CPU_OFFLOAD)
+_JOINT_PASS = "_sacplan_joint_pass"  # on the model: the joint pass found before its offloading plan set its own
 
 
 @torch.library.custom_op("sacplan::to_host", mutates_args=())
@@ -141,15 +144,19 @@ def _config() -> Any:
     return torch._functorch.config  # layout: allow-private (functorch's joint-pass hook has no public setter)
 
 
-def install_joint_pass() -> Callable | None:
-    """Make AOTAutograd run :func:`offload_joint_pass` (after any joint pass already set) from now on; returns
-    the pass it found, for :func:`remove_joint_pass`. Compilation is lazy (the first call of a compiled model,
-    and every recompile), so the pass stays set while an offloading plan is applied."""
-    before = _config().joint_custom_pass
-    _config().joint_custom_pass = _chained(before)
-    return before
+def enable_compiled_offload(model: nn.Module, store: HostStore) -> None:
+    """Set up the compiled path for ``model``'s store: :func:`offload_joint_pass` set in AOTAutograd (after any
+    joint pass already set) until :func:`disable_compiled_offload`. Compilation is lazy (the first call of a
+    compiled model, and every recompile), so the pass stays set while the plan is applied."""
+    if _JOINT_PASS not in model.__dict__:
+        before = _config().joint_custom_pass
+        _config().joint_custom_pass = _chained(before)
+        model.__dict__[_JOINT_PASS] = (before,)
+    store.compiled = True
+    store.fqn_by_id = {id(mod): fqn for mod, fqn in module_fqns(model).items()}
 
 
-def remove_joint_pass(before: Callable | None) -> None:
-    """Undo :func:`install_joint_pass`."""
-    _config().joint_custom_pass = before
+def disable_compiled_offload(model: nn.Module) -> None:
+    """Undo :func:`enable_compiled_offload`: the joint pass found before is set again."""
+    if _JOINT_PASS in model.__dict__:
+        _config().joint_custom_pass = model.__dict__.pop(_JOINT_PASS)[0]

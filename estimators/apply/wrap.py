@@ -30,7 +30,7 @@ from estimators.apply.alignment import StatsOps
 from estimators.apply.buffer_guard import guarded_recompute
 from estimators.apply.dry_check import check_plan
 from estimators.apply.offload import HostStore, install_windows, offload_decisions, remove_windows, window_ends
-from estimators.apply.offload_compile import install_joint_pass, refuse_offload_backend, remove_joint_pass
+from estimators.apply.offload_compile import disable_compiled_offload, enable_compiled_offload, refuse_offload_backend
 from estimators.apply.offload_modes import offload_contexts
 from estimators.apply.policy import COMPILED, PLAN_MARK, TRACED, ModulePlan, PlanMismatchError, RngReplay, aot_tracing
 from estimators.apply.settings_match import match_compile_backend, match_model_settings
@@ -39,7 +39,6 @@ from estimators.common import autocast_name, module_fqns
 __all__ = ["apply_plan", "remove_plan", "PlanMismatchError"]
 
 _USABLE = ("optimal", "feasible")
-_JOINT_PASS = "_sacplan_joint_pass"  # the joint pass found before an offloading plan set its own (compile)
 _PRE_HOOKS = "_sacplan_pre_hooks"  # a planned module's own forward pre-hooks, run inside its checkpoint
 log = logging.getLogger(__name__)
 
@@ -105,9 +104,7 @@ def _set_up_offload(model: nn.Module, doc: Mapping, plans: list[ModulePlan], by_
     store = HostStore(window_ends(doc, root, [mp.fqn for mp in plans], by_fqn))
     install_windows(model, store, by_fqn)
     if compile_backend is not None:
-        model.__dict__[_JOINT_PASS] = (install_joint_pass(),)
-        store.compiled = True
-        store.fqn_by_id = {id(mod): fqn for fqn, mod in by_fqn.items()}
+        enable_compiled_offload(model, store)
     for mp in plans:
         mp.host_store = store
 
@@ -127,8 +124,7 @@ def _applied_line(model: nn.Module, doc: Mapping, fqns: list[str]) -> str:
 def remove_plan(model: nn.Module) -> nn.Module:
     """Undo :func:`apply_plan`: every wrapped module gets its own forward back; returns ``model``."""
     remove_windows(model)
-    if _JOINT_PASS in model.__dict__:
-        remove_joint_pass(model.__dict__.pop(_JOINT_PASS)[0])
+    disable_compiled_offload(model)
     for mod in model.modules():
         inner = mod.__dict__.pop("_sacplan_forward", None)
         mod.__dict__.pop(PLAN_MARK, None)
@@ -236,7 +232,8 @@ def _offload_contexts(mp: ModulePlan, compiled: bool, module: nn.Module) -> Any:
         raise PlanMismatchError(f"module {mp.fqn!r}: the plan offloads and the model is compiled, but apply_plan ran "
                                 f"without example_inputs and compile_backend (no {mode} decisions, or no offload "
                                 f"pass): nothing would be offloaded; fix: apply_plan(model, plan, stats=stats, "
-                                f"example_inputs=batch, compile_backend=BACKEND) before torch.compile")
+                                f"example_inputs=batch, compile_backend=BACKEND) or check_plan(model, batch, "
+                                f"compile_backend=BACKEND) before torch.compile")
     if traced:
         return create_selective_checkpoint_contexts(mp.new_call(compiled), allow_cache_entry_mutation=True)
     forward_ctx, recompute_ctx = offload_contexts(mp.new_call(compiled), mp.host_store, mp.fqn, module)

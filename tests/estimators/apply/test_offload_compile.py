@@ -18,7 +18,7 @@ import pytest
 torch = pytest.importorskip("torch")
 functorch_config = pytest.importorskip("torch._functorch.config")  # the joint pass apply_plan sets
 
-from estimators import apply_plan, remove_plan  # noqa: E402
+from estimators import apply_plan, check_plan, remove_plan  # noqa: E402
 from estimators.apply import planned_modules  # noqa: E402
 from estimators.measure import measure_steps, track_live_storages  # noqa: E402
 from test_offload_apply import B, D, N, SAVE, UP_BYTES, Net, _plan  # noqa: E402
@@ -99,14 +99,20 @@ def test_compile_eager_backend_runs_our_own_pair_and_offloads():
     torch._dynamo.reset()  # layout: allow-private (as above)
 
 
-def test_compiling_an_offloading_plan_applied_for_eager_is_refused():
+def test_compiling_an_offloading_plan_applied_for_eager_is_refused_until_check_plan_sets_it_up():
     torch.manual_seed(0)
     model, x = Net(), torch.randn(B, D)
+    before = functorch_config.joint_custom_pass
     apply_plan(model, _plan(SAVE, OFFLOAD))  # no compile_backend: no traced decisions, no offload pass
     torch._dynamo.reset()  # layout: allow-private (a fresh compile)
     with pytest.raises(Exception, match=r"module 'Net\.blocks\.0': the plan offloads and the model is compiled, "
                                         r"but apply_plan ran without example_inputs and compile_backend \(no "
                                         r"traced decisions"):
         torch.compile(model, backend="aot_eager")(x)
+    check_plan(model, x, loss_fn=_loss, compile_backend="aot_eager")  # the fix the message names
+    _loss(torch.compile(model, backend="aot_eager")(x)).backward()
+    assert planned_modules(model)[0].host_store.offloaded_bytes == N * 2 * UP_BYTES
+    remove_plan(model)
+    assert functorch_config.joint_custom_pass is before
     torch._dynamo.reset()  # layout: allow-private (as above)
 
