@@ -45,6 +45,7 @@ from estimators.common import host_side, tensors_in
 __all__ = ["Handle", "HostStore", "install_windows", "offload_decisions", "remove_windows", "window_ends"]
 
 _RUNNING: list[HostStore] = []  # the store whose model's forward runs now (compiled kernels find it here)
+_WITH_COPIES: weakref.WeakSet = weakref.WeakSet()  # stores whose host copies a compiled graph may hand back
 
 _WINDOW_HOOKS = "_sacplan_offload_hooks"  # the window hooks' handles, on the root module
 
@@ -117,12 +118,23 @@ class HostStore:
             raise RuntimeError("sacplan::to_host ran outside a planned model's forward (no host store is running)")
         return _RUNNING[0]
 
+    @staticmethod
+    def holding(host: torch.Tensor) -> HostStore:
+        """The store that made the host copy ``host`` (:meth:`host_copy`): a backward may run after another
+        model's forward."""
+        key = host.untyped_storage().data_ptr()
+        store = next((s for s in list(_WITH_COPIES) if key in s.by_host), None)
+        if store is None:
+            raise RuntimeError("sacplan::from_host got a tensor that is no host copy of a store")
+        return store
+
     def host_copy(self, t: torch.Tensor, label: str) -> torch.Tensor:
         """The compiled path's forward: offload ``t`` (:meth:`offload`) and return its host copy, which the
         compiled graph saves for its backward in place of ``t``."""
         h = self.offload(t, label)
         key = h.host.untyped_storage().data_ptr()
         self.by_host[key] = h
+        _WITH_COPIES.add(self)
         # one view per call, each a user of the handle until it dies: the graph drops the ones its backward
         # does not read in the forward, the others once its backward has fetched them (an op and its
         # _unsafe_view share one storage, one copy, each with its own geometry)
@@ -139,11 +151,9 @@ class HostStore:
 
     def device_copy(self, host: torch.Tensor) -> torch.Tensor:
         """The compiled path: the device tensor of the host copy ``host`` made by :meth:`host_copy`; in the
-        forward (still stashed) the device tensor itself, in the backward the fetched copy (taken once)."""
-        key = host.untyped_storage().data_ptr()
-        h = self.by_host.get(key)
-        if h is None:
-            raise RuntimeError("sacplan::from_host got a tensor that is no host copy of this store")
+        forward (still stashed) the device tensor itself, in the backward the fetched copy (fetched now if no
+        prefetch did: a stall). It lives while a view of the host copy does."""
+        h = self.by_host[host.untyped_storage().data_ptr()]
         if h.stashed is not None:
             return _like(h.stashed, host)
         self.fetch(h)

@@ -64,7 +64,7 @@ def _(x: torch.Tensor, label: str, module_id: int) -> torch.Tensor:
 @torch.library.custom_op("sacplan::from_host", mutates_args=())
 def from_host(host: torch.Tensor, device: str) -> torch.Tensor:
     """The device tensor of a host copy (the stashed one in the forward, the fetched one in the backward)."""
-    return HostStore.running().device_copy(host)
+    return HostStore.holding(host).device_copy(host)
 
 
 @from_host.register_fake
