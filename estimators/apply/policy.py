@@ -247,8 +247,8 @@ class CallPolicy:
         return f"the first planned op it did not run is op {rest[0]} ({stats.names[rest[0]]})" if rest else None
 
     def _random(self, k: int, name: str, decision: int) -> int:
-        if self.mode == TRACED:
-            return 1  # no RNG replay in a traced recomputation on the CPU: keep what the forward drew
+        if self.mode == TRACED:  # no RNG replay in a traced recomputation on the CPU: keep what the forward drew
+            return OFFLOADED if decision == OFFLOADED else 1  # (on the host, where the plan offloads it)
         if self.random_decision is None:
             self.random_decision = decision
         elif decision != self.random_decision:
