@@ -8,12 +8,17 @@ predicted and real peak (step 2, the steady state), the budget, the plan's host 
 peak, and whether the gradients equal the unplanned run's (``torch.equal``, same dropout masks).
 
     PYTHONPATH=. python bench/bench_offload_apply.py --models llama gpt2 --fractions 0.4 0.6 0.85
+
+With ``--compile-backend aot_eager`` (or ``eager``) the stats are collected for the compiled step, the plan is
+applied with that backend (``example_inputs``: the check records the traced decisions and sets the compiled path
+up) and the model is compiled; gradients are compared with the unplanned model compiled the same way.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -25,38 +30,52 @@ sys.path.insert(0, str(REPO / "bench"))
 import torch  # noqa: E402
 
 import planner  # noqa: E402
-from estimators import apply_plan, call_model, make_optimizer, measure_steps, run_collection  # noqa: E402
+from estimators import apply_plan, call_model, make_optimizer, measure_steps, remove_plan, run_collection  # noqa: E402
 from fidelity import MODELS, STEP_SEED, build_real, describe_error  # noqa: E402
 
 REFERENCE = REPO.parent / "shared" / "reference" / "fidelity"
 
 
-def _grads(model: torch.nn.Module, built: object) -> list[torch.Tensor]:
+def _grads(model: torch.nn.Module, built: object, backend: str | None = None) -> list[torch.Tensor]:
     torch.manual_seed(STEP_SEED)
-    loss = built.loss_fn(call_model(model, built.inputs)) if built.loss_fn else call_model(model, built.inputs).loss
+    run = model if backend is None else torch.compile(model, backend=backend)
+    loss = built.loss_fn(call_model(run, built.inputs)) if built.loss_fn else call_model(run, built.inputs).loss
     loss.backward()
     return [p.grad for p in model.parameters() if p.grad is not None]
 
 
-def run(name: str, fractions: list[float], gbps: float, reference: Path) -> list[str]:
+def _applied(built: object, p: object, stats: object, backend: str | None) -> torch.nn.Module:
+    """The planned copy of the model; with a backend, checked under it (which sets the compiled path up)."""
+    if backend is None:
+        return apply_plan(copy.deepcopy(built.model), p, stats=stats)
+    torch._dynamo.reset()
+    return apply_plan(copy.deepcopy(built.model), p, stats=stats, example_inputs=built.inputs,
+                      loss_fn=built.loss_fn, compile_backend=backend)
+
+
+def run(name: str, fractions: list[float], gbps: float, reference: Path, backend: str | None = None) -> list[str]:
     spec = next(s for s in MODELS if s.name == name)
     t = time.time()
-    stats = run_collection(spec.request(reference)).stats
+    stats = run_collection(dataclasses.replace(spec.request(reference), compile_backend=backend)).stats
     baseline = planner.plan(stats, 1024.0).baseline_peak_bytes
     rows = []
     built = build_real(spec, reference)
-    plain_grads = _grads(copy.deepcopy(built.model), built)
+    torch._dynamo.reset()
+    plain_grads = _grads(copy.deepcopy(built.model), built, backend)
     for f in fractions:
         try:
             p = planner.plan(stats, f * baseline / planner.GIB, offload="on", host_link_gbps=gbps)
             if p.status not in ("optimal", "feasible"):
                 rows.append(f"| {name} | {f:.0%} | {p.status} | | | | | | |")
                 continue
-            model = apply_plan(copy.deepcopy(built.model), p, stats=stats)
-            steps = measure_steps(model, built.inputs, built.loss_fn, make_optimizer("adamw", list(model.parameters())),
-                                  steps=2, seed=STEP_SEED)
-            model = apply_plan(copy.deepcopy(built.model), p, stats=stats)
-            same = all(torch.equal(a, b) for a, b in zip(plain_grads, _grads(model, built)))
+            model = _applied(built, p, stats, backend)
+            running = model if backend is None else torch.compile(model, backend=backend)
+            steps = measure_steps(running, built.inputs, built.loss_fn,
+                                  make_optimizer("adamw", list(model.parameters())), steps=2, seed=STEP_SEED)
+            remove_plan(model)
+            model = _applied(built, p, stats, backend)
+            same = all(torch.equal(a, b) for a, b in zip(plain_grads, _grads(model, built, backend)))
+            remove_plan(model)
             real, host = steps[1].peak_bytes, steps[1].host_peak_bytes
             budget = int(p.memory_budget_gib * planner.GIB)
             rows.append(f"| {name} | {f:.0%} | {budget} | {p.peak_bytes} | {real} | {real / p.peak_bytes - 1:+.4%} | "
@@ -73,13 +92,15 @@ def main() -> None:
     ap.add_argument("--fractions", nargs="+", type=float, default=[0.4, 0.6, 0.85])
     ap.add_argument("--host-link-gbps", type=float, default=1e6, help="GB/s per direction (default: never stalls)")
     ap.add_argument("--reference", type=Path, default=REFERENCE)
+    ap.add_argument("--compile-backend", choices=["eager", "aot_eager"], default=None,
+                    help="collect, apply and run the step compiled with this backend")
     args = ap.parse_args()
     torch.set_num_threads(1)
     print("| model | budget | budget bytes | predicted peak | real peak (step 2) | real/predicted | plan host bytes "
           "| real host peak | grads equal |")
     print("|---|---|---|---|---|---|---|---|---|")
     for name in args.models:
-        for row in run(name, args.fractions, args.host_link_gbps, args.reference):
+        for row in run(name, args.fractions, args.host_link_gbps, args.reference, args.compile_backend):
             print(row)
 
 

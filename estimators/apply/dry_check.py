@@ -13,14 +13,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 from torch import nn
 
 from estimators.apply.alignment import Alignment, AmbiguousAlignment, align
-from estimators.apply.policy import EAGER, ModulePlan, PlanMismatchError, planned_modules
+from estimators.apply.offload_compile import enable_compiled_offload, refuse_offload_backend
+from estimators.apply.policy import EAGER, OFFLOADED, ModulePlan, PlanMismatchError, planned_modules
 from estimators.common import AUTOCAST_DTYPES, TrainingLoop, call_model, default_loss
 
 __all__ = ["check_plan", "ModuleCheck", "COMPILE_BACKENDS"]
@@ -57,7 +58,8 @@ def check_plan(model: nn.Module, example_inputs: Any, *, loss_fn: Callable[[Any]
     if not plans:
         raise ValueError(f"check_plan: {type(model).__name__} has no planned module: call apply_plan first")
     if compile_backend is not None and any(mp.offload is not None for mp in plans):
-        raise ValueError(f"compile_backend={compile_backend!r}: a plan that offloads is applied in eager mode only")
+        refuse_offload_backend(compile_backend)
+        enable_compiled_offload(model, next(mp.host_store for mp in plans if mp.host_store is not None))
     if not model.training:
         raise ValueError(f"check_plan runs a training step but {type(model).__name__} is in eval mode: call "
                          f"model.train() first (in eval mode planned modules are not checkpointed)")
@@ -170,6 +172,9 @@ def _aligned(mp: ModulePlan, mode: str, calls: list[list[tuple[str, bool, bool]]
     if mp.stats is None:
         raise PlanMismatchError(f"module {mp.fqn!r}: checking a plan under torch.compile needs op names: pass "
                                 f"the stats to apply_plan, or a plan from planner.plan (it lists op_names)")
+    stats = mp.stats
+    if mp.offload is not None:  # offloaded ops align as decision 2, so that the traced table carries them
+        stats = replace(stats, save=tuple(OFFLOADED if o else s for s, o in zip(stats.save, mp.offload)))
     out: dict[tuple, Alignment] = {}
     for call in calls:
         key = tuple(call)
@@ -177,7 +182,7 @@ def _aligned(mp: ModulePlan, mode: str, calls: list[list[tuple[str, bool, bool]]
             continue
         names, view, random = zip(*call)
         try:
-            out[key] = align(mp.stats, names, view, random)
+            out[key] = align(stats, names, view, random)
         except AmbiguousAlignment as exc:
             raise PlanMismatchError(
                 f"module {mp.fqn!r}: under torch.compile ({mode}) op {exc.run_index} is {exc.name}, which could "

@@ -44,6 +44,9 @@ from estimators.common import host_side, tensors_in
 
 __all__ = ["Handle", "HostStore", "install_windows", "offload_decisions", "remove_windows", "window_ends"]
 
+_RUNNING: list[HostStore] = []  # the store whose model's forward runs now (compiled kernels find it here)
+_WITH_COPIES: weakref.WeakSet = weakref.WeakSet()  # stores whose host copies a compiled graph may hand back
+
 _WINDOW_HOOKS = "_sacplan_offload_hooks"  # the window hooks' handles, on the root module
 
 
@@ -80,6 +83,13 @@ def _version(t: torch.Tensor) -> int:
     return t._version  # layout: allow-private (a tensor's version counter has no public accessor)
 
 
+def _like(base: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """``base``'s storage with ``t``'s geometry (``base`` itself when they agree)."""
+    if (base.shape, base.stride(), base.storage_offset()) == (t.shape, t.stride(), t.storage_offset()):
+        return base
+    return base.as_strided(t.shape, t.stride(), t.storage_offset())
+
+
 class HostStore:
     """Host copies of offloaded activations, kept and brought back by window (see the module doc)."""
 
@@ -90,12 +100,66 @@ class HostStore:
         self.host_peak_bytes = 0
         self.offloaded_bytes = 0  # copied in the last forward
         self.streams: dict[torch.device, Any] = {}
+        self.by_host: dict[int, Handle] = {}  # compiled path: handles by their host copy's address, until taken
+        self.fqn_by_id: dict[int, str] = {}  # compiled path: module names for messages, by the module's id
+        self.compiled = False  # apply_plan set up the compiled path (its joint pass) for this store's model
 
     # ---- forward ----
     def start_pass(self) -> None:
         """A forward of the model starts: new windows (the previous forward's handles stay with its graph)."""
         self.current = _Pass([[] for _ in self.end_modules])
         self.offloaded_bytes = 0
+        _RUNNING[:] = [self]
+
+    @staticmethod
+    def running() -> HostStore:
+        """The store of the model whose forward runs now (for the compiled path's kernels)."""
+        if not _RUNNING:
+            raise RuntimeError("sacplan::to_host ran outside a planned model's forward (no host store is running)")
+        return _RUNNING[0]
+
+    @staticmethod
+    def holding(host: torch.Tensor) -> HostStore:
+        """The store that made the host copy ``host`` (:meth:`host_copy`): a backward may run after another
+        model's forward."""
+        key = host.untyped_storage().data_ptr()
+        store = next((s for s in list(_WITH_COPIES) if key in s.by_host), None)
+        if store is None:
+            raise RuntimeError("sacplan::from_host got a tensor that is no host copy of a store")
+        return store
+
+    def host_copy(self, t: torch.Tensor, label: str) -> torch.Tensor:
+        """The compiled path's forward: offload ``t`` (:meth:`offload`) and return its host copy, which the
+        compiled graph saves for its backward in place of ``t``."""
+        h = self.offload(t, label)
+        key = h.host.untyped_storage().data_ptr()
+        self.by_host[key] = h
+        _WITH_COPIES.add(self)
+        # one view per call, each a user of the handle until it dies: the graph drops the ones its backward
+        # does not read in the forward, the others once its backward has fetched them (an op and its
+        # _unsafe_view share one storage, one copy, each with its own geometry)
+        view = h.host.as_strided(t.shape, t.stride(), t.storage_offset())
+        weakref.finalize(view, self._view_died, h, key)
+        return view
+
+    def _view_died(self, h: Handle, key: int) -> None:
+        h.users -= 1
+        if h.users <= 0:
+            self.by_host.pop(key, None)
+            if h.stashed is None:  # else the window's drop lets go (a later op may still share the storage)
+                self._let_go(h)
+
+    def device_copy(self, host: torch.Tensor) -> torch.Tensor:
+        """The compiled path: the device tensor of the host copy ``host`` made by :meth:`host_copy`; in the
+        forward (still stashed) the device tensor itself, in the backward the fetched copy (fetched now if no
+        prefetch did: a stall). It lives while a view of the host copy does."""
+        h = self.by_host[host.untyped_storage().data_ptr()]
+        if h.stashed is not None:
+            return _like(h.stashed, host)
+        self.fetch(h)
+        if h.arrived is not None:
+            torch.cuda.current_stream(h.device).wait_event(h.arrived)
+        return _like(h.fetched, host)
 
     def offload(self, t: torch.Tensor, label: str) -> Handle:
         """Copy ``t`` to the host (once per storage per window) and stash it in the window running now."""
@@ -170,6 +234,8 @@ class HostStore:
                 torch.cuda.current_stream(h.device).wait_event(h.copied)  # the copy has read it: free on compute
             h.stashed = None
             p.by_storage.pop(h.key, None)
+            if h.users <= 0:  # compiled: no graph saved a view of its copy for the backward
+                self._let_go(h)
         del t
         alive = [h for h in p.windows[j] if h.storage() is not None]
         if alive:
@@ -221,22 +287,28 @@ class HostStore:
     def release(self, h: Handle) -> None:
         """One cache entry of ``h`` is done with it (taken, or left by an early-stopped recomputation)."""
         h.users -= 1
-        if h.users <= 0 and h.fetched is not None:
+        if h.users <= 0:
+            self._let_go(h)
+
+    def _let_go(self, h: Handle) -> None:
+        """No cache entry or compiled graph will take ``h``: its fetched and host copies go."""
+        if h.fetched is not None:
             if h.arrived is not None:  # an unused copy still in flight: its block is freed on the compute stream
                 torch.cuda.current_stream(h.device).wait_event(h.arrived)
             h.fetched = None
-        if h.users <= 0 and h.host is not None:
+        if h.host is not None:
             h.host = None
             self.host_bytes -= h.nbytes
 
 
 def install_windows(model: nn.Module, store: HostStore, by_fqn: dict[str, nn.Module]) -> None:
     """Hooks for the window protocol: a new pass at the model's forward start, each end module's forward end."""
-    hooks = [model.register_forward_pre_hook(lambda mod, args: store.start_pass())]
+    # outside compiled graphs (a graph break at each window end): the protocol's moments are eager ones
+    hooks = [model.register_forward_pre_hook(torch.compiler.disable(lambda mod, args: store.start_pass()))]
     for index, fqn in enumerate(store.end_modules):
         end = model if fqn == "" else by_fqn[fqn]
         hooks.append(end.register_forward_hook(
-            lambda mod, args, out, index=index: store.window_ended(index, out)))
+            torch.compiler.disable(lambda mod, args, out, index=index: store.window_ended(index, out))))
     model.__dict__[_WINDOW_HOOKS] = hooks
 
 

@@ -46,9 +46,10 @@ from estimators.common import is_inplace_op, is_random_op, is_view_op, op_name, 
 from planner import MUST_SAVE_OPS
 
 __all__ = ["PlanMismatchError", "ModulePlan", "CallPolicy", "RngReplay", "aot_tracing", "planned_modules",
-           "PLAN_MARK", "EAGER", "COMPILED", "TRACED"]
+           "PLAN_MARK", "EAGER", "COMPILED", "TRACED", "OFFLOADED"]
 
 EAGER, COMPILED, TRACED = "eager", "compiled", "traced"  # plain eager; compile's eager backend; AOT tracing
+OFFLOADED = 2  # a decision in the traced tables: saved, and offloaded (1: saved, 0: recomputed)
 PLAN_MARK = "_sacplan_plan"  # the attribute holding a wrapped module's ModulePlan
 # A functional collective's wait as an eager run names it (its result wrapped, waited where first used) and as
 # AOTAutograd's trace, and stats collected for a compiled step, name it (waited at once)
@@ -191,12 +192,15 @@ class CallPolicy:
             decision = 1
         if self.mode != TRACED:
             decision = self._inplace(func, args, decision, getattr(ctx, "op_output", None))
-        if decision and self._offloaded():
+        if decision and self._offloaded(decision):
             return CheckpointPolicy.MUST_CPU_OFFLOAD
         return CheckpointPolicy.MUST_SAVE if decision else CheckpointPolicy.PREFER_RECOMPUTE
 
-    def _offloaded(self) -> bool:
-        """Whether the plan offloads the op just decided (only where the eager rule matched it to a plan op)."""
+    def _offloaded(self, decision: int) -> bool:
+        """Whether the plan offloads the op just decided: where the eager rule matched it to a plan op, or (compiled)
+        where the aligned table says 2 (:data:`OFFLOADED`)."""
+        if self.mode != EAGER:
+            return decision == OFFLOADED
         offload, at = self.plan.offload, self.planned_at
         return offload is not None and at is not None and self.mode == EAGER and bool(offload[at])
 
@@ -243,8 +247,8 @@ class CallPolicy:
         return f"the first planned op it did not run is op {rest[0]} ({stats.names[rest[0]]})" if rest else None
 
     def _random(self, k: int, name: str, decision: int) -> int:
-        if self.mode == TRACED:
-            return 1  # no RNG replay in a traced recomputation on the CPU: keep what the forward drew
+        if self.mode == TRACED:  # no RNG replay in a traced recomputation on the CPU: keep what the forward drew
+            return OFFLOADED if decision == OFFLOADED else 1  # (on the host, where the plan offloads it)
         if self.random_decision is None:
             self.random_decision = decision
         elif decision != self.random_decision:

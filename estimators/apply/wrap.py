@@ -30,8 +30,9 @@ from estimators.apply.alignment import StatsOps
 from estimators.apply.buffer_guard import guarded_recompute
 from estimators.apply.dry_check import check_plan
 from estimators.apply.offload import HostStore, install_windows, offload_decisions, remove_windows, window_ends
+from estimators.apply.offload_compile import disable_compiled_offload, enable_compiled_offload, refuse_offload_backend
 from estimators.apply.offload_modes import offload_contexts
-from estimators.apply.policy import PLAN_MARK, ModulePlan, PlanMismatchError, RngReplay, aot_tracing
+from estimators.apply.policy import COMPILED, PLAN_MARK, TRACED, ModulePlan, PlanMismatchError, RngReplay, aot_tracing
 from estimators.apply.settings_match import match_compile_backend, match_model_settings
 from estimators.common import autocast_name, module_fqns
 
@@ -98,13 +99,12 @@ def _set_up_offload(model: nn.Module, doc: Mapping, plans: list[ModulePlan], by_
     if all(mp.offload is None for mp in plans):
         return
     if compile_backend is not None:
-        raise ValueError(f"compile_backend={compile_backend!r}: a plan that offloads is applied in eager mode only "
-                         f"(under torch.compile, torch 2.13 ignores the offload tag unless a joint pass and "
-                         f"functorch's activation offloading are set up, and on the CPU its copy is an alias); "
-                         f"train this model without torch.compile or plan it with offload off")
+        refuse_offload_backend(compile_backend)
     root = next(fqn for fqn, mod in by_fqn.items() if mod is model)
     store = HostStore(window_ends(doc, root, [mp.fqn for mp in plans], by_fqn))
     install_windows(model, store, by_fqn)
+    if compile_backend is not None:
+        enable_compiled_offload(model, store)
     for mp in plans:
         mp.host_store = store
 
@@ -124,6 +124,7 @@ def _applied_line(model: nn.Module, doc: Mapping, fqns: list[str]) -> str:
 def remove_plan(model: nn.Module) -> nn.Module:
     """Undo :func:`apply_plan`: every wrapped module gets its own forward back; returns ``model``."""
     remove_windows(model)
+    disable_compiled_offload(model)
     for mod in model.modules():
         inner = mod.__dict__.pop("_sacplan_forward", None)
         mod.__dict__.pop(PLAN_MARK, None)
@@ -212,18 +213,33 @@ def _check_autocast(mp: ModulePlan) -> None:
 
 
 def _contexts(mp: ModulePlan, compiled: bool, module: nn.Module) -> Any:
-    if mp.offload is not None:  # our own pair (torch's eager one recomputes what is tagged for offload)
-        if compiled:
-            raise PlanMismatchError(f"module {mp.fqn!r}: the plan offloads, which runs in eager mode only; train "
-                                    f"without torch.compile or plan with offload off")
-        forward_ctx, recompute_ctx = offload_contexts(mp.new_call(compiled), mp.host_store, mp.fqn, module)
-        return forward_ctx, guarded_recompute(module, recompute_ctx)
+    if mp.offload is not None:
+        return _offload_contexts(mp, compiled, module)
     pair = create_selective_checkpoint_contexts(mp.new_call(compiled), allow_cache_entry_mutation=True)
     if compiled and not aot_tracing():  # compile's eager backend runs checkpoint without preserve_rng_state
         return RngReplay(*pair).contexts()
     if not compiled:  # the recomputation leaves the buffers as the forward left them (BatchNorm's statistics)
         return pair[0], guarded_recompute(module, pair[1])
     return pair
+
+
+def _offload_contexts(mp: ModulePlan, compiled: bool, module: nn.Module) -> Any:
+    """The context pair of a call whose plan offloads: our own pair when ops run eagerly (torch's eager pair
+    recomputes what is tagged for offload), torch's under AOT tracing (the joint pass moves what it tags)."""
+    traced = compiled and aot_tracing()
+    mode = TRACED if traced else COMPILED
+    if compiled and mp.recording is None and (mode not in mp.tables or not mp.host_store.compiled):
+        raise PlanMismatchError(f"module {mp.fqn!r}: the plan offloads and the model is compiled, but apply_plan ran "
+                                f"without example_inputs and compile_backend (no {mode} decisions, or no offload "
+                                f"pass): nothing would be offloaded; fix: apply_plan(model, plan, stats=stats, "
+                                f"example_inputs=batch, compile_backend=BACKEND) or check_plan(model, batch, "
+                                f"compile_backend=BACKEND) before torch.compile")
+    if traced:
+        return create_selective_checkpoint_contexts(mp.new_call(compiled), allow_cache_entry_mutation=True)
+    forward_ctx, recompute_ctx = offload_contexts(mp.new_call(compiled), mp.host_store, mp.fqn, module)
+    if compiled:  # compile's eager backend runs checkpoint without preserve_rng_state
+        return RngReplay(forward_ctx, recompute_ctx).contexts()
+    return forward_ctx, guarded_recompute(module, recompute_ctx)
 
 
 def _take_pre_hooks(module: nn.Module) -> list[tuple[int, Callable[..., Any], bool]]:

@@ -18,7 +18,7 @@ from estimators.common.fsdp_units import MIXED_PRECISION, FsdpSetup, default_uni
 from estimators.common.model_settings import (BATCH_VALUES_TAG, CONFIG_SETTINGS, DTYPE_NAMES, UNKNOWN_VALUES_TAG,
                                               experts_implementation, model_config, model_configs, model_dtype_name,
                                               model_settings_of, switch_off_kv_cache)
-from estimators.common.host_store import HostBook, host_side, is_host_side
+from estimators.common.host_store import HOST_COPY_OPS, HostBook, host_side, is_host_side, makes_host_copy
 from estimators.common.module_names import module_fqns
 from estimators.common.pipeline_setup import PP_SCHEDULES, PipelineSetup
 from estimators.common.pipeline_stages import DecoderStage, RankChunks, build_stages, decoder_parts, stage_layer_ids
@@ -31,7 +31,8 @@ from estimators.common.training_step import OPTIMIZER_NAMES, call_model, default
 
 __all__ = [
     "ACT", "AUTOCAST_DTYPES", "BATCH_VALUES_TAG", "BUFFER", "CATEGORIES", "COMM", "CONFIG_SETTINGS", "DTYPE_NAMES",
-    "GRAD", "HF_TP_STYLES", "HostBook", "host_side", "is_host_side", "INPUT", "MESH_DIM_NAMES", "MIXED_PRECISION", "ParallelDims", "hf_tp_plan",
+    "GRAD", "HF_TP_STYLES", "HOST_COPY_OPS", "HostBook", "host_side", "is_host_side",
+    "makes_host_copy", "INPUT", "MESH_DIM_NAMES", "MIXED_PRECISION", "ParallelDims", "hf_tp_plan",
     "load_function", "local_shards", "parallelize_tp", "OPT", "OPTIMIZER_NAMES", "PARAM", "PP_SCHEDULES",
     "SAC_IGNORED_OPS", "TEMP", "UNKNOWN_VALUES_TAG", "DecoderStage", "FsdpSetup", "PipelineSetup", "RankChunks", "StorageBook",
     "TrainingLoop", "autocast_name", "build_stages", "call_model", "decoder_parts", "default_loss",

@@ -20,7 +20,11 @@ from contextlib import contextmanager
 
 from estimators.common.storage_book import ACT, StorageBook, storages_of
 
-__all__ = ["HostBook", "host_side", "is_host_side"]
+__all__ = ["HOST_COPY_OPS", "HostBook", "host_side", "is_host_side", "makes_host_copy"]
+
+# Ops whose output is a host copy made inside their kernel (which no dispatch mode sees): the compiled path's
+# offload op (estimators/apply/offload_compile.py); a tracker books its output as host memory
+HOST_COPY_OPS = frozenset({"sacplan.to_host"})
 
 _HOST_SIDE: contextvars.ContextVar[bool] = contextvars.ContextVar("sacplan_host_side", default=False)
 
@@ -38,6 +42,12 @@ def host_side() -> Iterator[None]:
 def is_host_side() -> bool:
     """Whether :func:`host_side` is open here."""
     return _HOST_SIDE.get()
+
+
+def makes_host_copy(func: object) -> bool:
+    """Whether ``func`` (an op a dispatch mode sees) returns a host copy (:data:`HOST_COPY_OPS`)."""
+    packet = getattr(func, "overloadpacket", None)
+    return packet is not None and str(packet) in HOST_COPY_OPS
 
 
 class HostBook:

@@ -49,7 +49,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from estimators.common import (ACT, BUFFER, GRAD, INPUT, OPT, PARAM, TEMP, FsdpSetup, HostBook, StorageBook,
                                call_model, default_loss, default_units, follow_storage_resizes, is_host_side,
-                               is_view_op, module_fqns, TrainingLoop, shard_model, storages_of, unit_fqns)
+                               is_view_op, makes_host_copy, module_fqns, TrainingLoop, shard_model, storages_of,
+                               unit_fqns)
 from estimators.measure.gloo_comms import settle_gloo_collectives
 from estimators.measure.real_step import BACKWARD, FORWARD, OPTIMIZER, StepMeasure
 
@@ -132,7 +133,7 @@ class _LiveLocalStorages(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        if is_host_side():
+        if is_host_side() or makes_host_copy(func):
             self.host_book.add(out)
             return out
         if func is torch.ops.profiler._record_function_enter_new.default:

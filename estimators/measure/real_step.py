@@ -19,7 +19,8 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from estimators.common import (ACT, BUFFER, GRAD, INPUT, OPT, PARAM, TEMP, HostBook, StorageBook, TrainingLoop,
-                               call_model, default_loss, follow_storage_resizes, is_host_side, storages_of, tensors_in)
+                               call_model, default_loss, follow_storage_resizes, is_host_side, makes_host_copy,
+                               storages_of, tensors_in)
 
 __all__ = ["StepMeasure", "measure_steps", "track_live_storages", "LiveStorages", "PHASES", "FORWARD", "BACKWARD",
            "OPTIMIZER"]
@@ -122,7 +123,7 @@ class LiveStorages(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        if is_host_side():
+        if is_host_side() or makes_host_copy(func):
             self.host_book.add(out)
             return out
         category = _PHASE_CATEGORY[self.phase]
