@@ -19,7 +19,7 @@ import numpy as np
 
 from planner import Stats
 
-__all__ = ["random_stack", "evaluate", "brute_force_offload"]
+__all__ = ["random_stack", "evaluate", "brute_force_offload", "finish_stack"]
 
 
 def _ops(rng, n):
@@ -185,3 +185,22 @@ def brute_force_offload(stats: Stats, budget_bytes: float, gbps: float) -> float
             if best is None or cost < best:
                 best = cost
     return best
+
+
+def finish_stack(mods: list, pre: list, post: list, *, blocks: int, fw: float, bw: float, keys: int, per_key: int,
+                 name: str) -> Stats:
+    """The stats of a stack R: R.emb, R.L (its ``blocks`` blocks already in ``mods``/``pre``/``post``), then R.head
+    added here; the root's times; a timeline where each block's ``keys`` module keys add ``per_key`` bytes each (the
+    needs grow alike, as in a real decoder), the backward 500 bytes above the forward and 2000 more around the loss."""
+    mods.append(dict(fqn="R.head", parent="R", is_leaf=True, fw_ms=1.0, bw_ms=2.0))
+    pre.append("R.head")
+    post += ["R.L", "R.head", "R"]
+    mods[0].update(fw_ms=0.3 + blocks * fw + 1.5, bw_ms=0.5 + blocks * bw + 2.5)
+    n = len(mods)
+    step = keys * per_key  # what a block adds
+    timeline = [dict(phase="forward", key=k, activation_bytes=1000 + step * k // keys) for k in range(n + 1)]
+    timeline += [dict(phase="backward", key=k, activation_bytes=1500 + step * k // keys + (2000 if k == n - 1 else 0))
+                 for k in range(n, -1, -1)]
+    timeline.append(dict(phase="optimizer", key=0, activation_bytes=0))
+    return Stats.model_validate(dict(metadata=dict(model_name=name), fw_pre_order=pre, fw_post_order=post,
+                                     modules=mods, timeline=timeline))

@@ -11,7 +11,7 @@ import random
 
 import numpy as np
 import pytest
-from offload_helpers import evaluate
+from offload_helpers import evaluate, finish_stack
 
 from planner import GIB, Stats, min_feasible_budget_gib, plan
 from planner.solve.offload import host_link, offload_setup
@@ -48,18 +48,7 @@ def sibling_stack(rng, blocks: int) -> Stats:
             pre += [f"{b}.{child}", f"{b}.{child}.x"]
             post += [f"{b}.{child}.x", f"{b}.{child}"]
         post.append(b)
-    mods.append(dict(fqn="R.head", parent="R", is_leaf=True, fw_ms=1.0, bw_ms=2.0))
-    pre.append("R.head")
-    post += ["R.L", "R.head", "R"]
-    mods[0].update(fw_ms=0.3 + blocks * fw + 1.5, bw_ms=0.5 + blocks * bw + 2.5)
-    n = len(mods)
-    step = 5 * 1500  # what a block adds (its five modules' keys)
-    timeline = [dict(phase="forward", key=k, activation_bytes=1000 + step * k // 5) for k in range(n + 1)]
-    timeline += [dict(phase="backward", key=k, activation_bytes=1500 + step * k // 5 + (2000 if k == n - 1 else 0))
-                 for k in range(n, -1, -1)]
-    timeline.append(dict(phase="optimizer", key=0, activation_bytes=0))
-    return Stats.model_validate(dict(metadata=dict(model_name="sibling-stack"), fw_pre_order=pre,
-                                     fw_post_order=post, modules=mods, timeline=timeline))
+    return finish_stack(mods, pre, post, blocks=blocks, fw=fw, bw=bw, keys=5, per_key=1500, name="sibling-stack")
 
 
 def test_joint_block_options_equal_brute_force():

@@ -9,7 +9,7 @@ import random
 
 import numpy as np
 import pytest
-from offload_helpers import evaluate
+from offload_helpers import evaluate, finish_stack
 from offload_toy import toy_doc
 
 from planner import GIB, Stats, min_feasible_budget_gib, plan
@@ -76,18 +76,7 @@ def identical_stack(rng, blocks: int) -> Stats:
                  dict(fqn=b + ".a.x", parent=b + ".a", is_leaf=True)]
         pre += [b, b + ".a", b + ".a.x"]
         post += [b + ".a.x", b + ".a", b]
-    mods.append(dict(fqn="R.head", parent="R", is_leaf=True, fw_ms=1.0, bw_ms=2.0))
-    pre.append("R.head")
-    post += ["R.L", "R.head", "R"]
-    mods[0].update(fw_ms=0.3 + blocks * fw + 1.5, bw_ms=0.5 + blocks * bw + 2.5)
-    n = len(mods)
-    step = 3 * 1200  # what a block adds (its three modules' keys)
-    timeline = [dict(phase="forward", key=k, activation_bytes=1000 + step * k // 3) for k in range(n + 1)]
-    timeline += [dict(phase="backward", key=k, activation_bytes=1500 + step * k // 3 + (2000 if k == n - 1 else 0))
-                 for k in range(n, -1, -1)]
-    timeline.append(dict(phase="optimizer", key=0, activation_bytes=0))
-    return Stats.model_validate(dict(metadata=dict(model_name="identical-stack"), fw_pre_order=pre,
-                                     fw_post_order=post, modules=mods, timeline=timeline))
+    return finish_stack(mods, pre, post, blocks=blocks, fw=fw, bw=bw, keys=3, per_key=1200, name="identical-stack")
 
 
 @pytest.mark.parametrize("seed", [0, 1, 3])

@@ -30,6 +30,15 @@ def _loss(out: torch.Tensor) -> torch.Tensor:
     return out.square().mean()
 
 
+def _unplanned() -> tuple[Net, torch.Tensor, list[torch.Tensor]]:
+    """The model (seed 0), its input and the gradients of an unplanned eager step."""
+    torch.manual_seed(0)
+    model, x = Net(), torch.randn(B, D)
+    model.zero_grad(set_to_none=True)
+    _loss(model(x)).backward()
+    return model, x, [p.grad.clone() for p in model.parameters()]
+
+
 def _compiled(model: Net, x: torch.Tensor, offload: list[int] | None) -> tuple[Net, torch.nn.Module]:
     torch._dynamo.reset()  # layout: allow-private (each model compiles afresh)
     planned = apply_plan(copy.deepcopy(model), _plan(SAVE, offload), example_inputs=x, loss_fn=_loss,
@@ -38,11 +47,7 @@ def _compiled(model: Net, x: torch.Tensor, offload: list[int] | None) -> tuple[N
 
 
 def test_compiled_offload_keeps_the_eager_promise_and_frees_the_device_storages():
-    torch.manual_seed(0)
-    model, x = Net(), torch.randn(B, D)
-    model.zero_grad(set_to_none=True)
-    _loss(model(x)).backward()
-    unplanned = [p.grad.clone() for p in model.parameters()]
+    model, x, unplanned = _unplanned()
     before = functorch_config.joint_custom_pass
 
     def step(m: torch.nn.Module, params: Net) -> object:
@@ -77,11 +82,7 @@ def test_compiled_offload_keeps_the_eager_promise_and_frees_the_device_storages(
 
 
 def test_compile_eager_backend_runs_our_own_pair_and_offloads():
-    torch.manual_seed(0)
-    model, x = Net(), torch.randn(B, D)
-    model.zero_grad(set_to_none=True)
-    _loss(model(x)).backward()
-    unplanned = [p.grad.clone() for p in model.parameters()]
+    model, x, unplanned = _unplanned()
     torch._dynamo.reset()  # layout: allow-private (a fresh compile)
     planned = apply_plan(copy.deepcopy(model), _plan(SAVE, OFFLOAD), example_inputs=x, loss_fn=_loss,
                          compile_backend="eager")

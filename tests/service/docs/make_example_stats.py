@@ -36,9 +36,9 @@ class Layer(nn.Module):
 
 
 class Net(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, layers: int = 2) -> None:
         super().__init__()
-        self.layers = nn.ModuleList([Layer(), Layer()])
+        self.layers = nn.ModuleList([Layer() for _ in range(layers)])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for layer in self.layers:

@@ -14,29 +14,17 @@ import sys
 from pathlib import Path
 
 import torch
-from torch import nn
 
 ROOT = Path(__file__).resolve().parents[3]
 OUT = ROOT / "tests" / "data" / "mlp6_a100.json"
 sys.path.insert(0, str(ROOT / "tests" / "service" / "docs"))
-from make_example_stats import HIDDEN, Layer  # noqa: E402
-
-
-class Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList([Layer() for _ in range(6)])
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers:
-            x = layer(x)
-        return x
+from make_example_stats import HIDDEN, Net  # noqa: E402
 
 
 def make(batch_size: int, seq_len: int, device: torch.device):
     """The collector's factory (README, "Factory contract")."""
     with torch.device(device):
-        return Net(), (torch.randn(batch_size, seq_len, HIDDEN),)
+        return Net(layers=6), (torch.randn(batch_size, seq_len, HIDDEN),)
 
 
 if __name__ == "__main__":
