@@ -42,12 +42,11 @@ from torch import nn
 from estimators.apply.policy import PlanMismatchError
 from estimators.common import host_side, tensors_in
 
-__all__ = ["Handle", "HostStore", "install_windows", "offload_decisions", "remove_windows", "window_ends"]
+__all__ = ["Handle", "HostStore", "offload_decisions", "window_ends"]
 
 _RUNNING: list[HostStore] = []  # the store whose model's forward runs now (compiled kernels find it here)
 _WITH_COPIES: weakref.WeakSet = weakref.WeakSet()  # stores whose host copies a compiled graph may hand back
-
-_WINDOW_HOOKS = "_sacplan_offload_hooks"  # the window hooks' handles, on the root module
+_BY_KEY: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # stores by key (the window ops' argument)
 
 
 @dataclass(eq=False)
@@ -67,6 +66,8 @@ class Handle:
     fetched: torch.Tensor | None = None
     arrived: Any = None  # CUDA: the event after the host-to-device copy
     users: int = 0  # cache entries still to take it in the recomputation
+    window: int = 0  # its window, and its forward's serial number (the compiled path's prefetch finds it so)
+    serial: int = 0
 
 
 @dataclass(eq=False)
@@ -74,6 +75,7 @@ class _Pass:
     """One forward of the model: the handles of each window, and the window running now."""
 
     windows: list[list[Handle]]
+    serial: int = 0  # the store's count of forwards when this one started
     window: int = 0
     by_storage: dict[int, Handle] = field(default_factory=dict)  # stashed handles, by their storage's address
 
@@ -103,11 +105,24 @@ class HostStore:
         self.by_host: dict[int, Handle] = {}  # compiled path: handles by their host copy's address, until taken
         self.fqn_by_id: dict[int, str] = {}  # compiled path: module names for messages, by the module's id
         self.compiled = False  # apply_plan set up the compiled path (its joint pass) for this store's model
+        self.passes = 0  # forwards started (each pass's serial number)
+        self.key = max(_BY_KEY, default=0) + 1  # an int a compiled graph can carry: the window ops' argument
+        _BY_KEY[self.key] = self
+
+    @staticmethod
+    def by_key(key: int) -> HostStore:
+        """The store whose :attr:`key` is ``key`` (the window ops of a compiled graph name their store so)."""
+        store = _BY_KEY.get(key)
+        if store is None:
+            raise RuntimeError(f"a sacplan window op names host store {key}, which is gone (the plan was removed "
+                               f"and the model not recompiled)")
+        return store
 
     # ---- forward ----
     def start_pass(self) -> None:
         """A forward of the model starts: new windows (the previous forward's handles stay with its graph)."""
-        self.current = _Pass([[] for _ in self.end_modules])
+        self.passes += 1
+        self.current = _Pass([[] for _ in self.end_modules], serial=self.passes)
         self.offloaded_bytes = 0
         _RUNNING[:] = [self]
 
@@ -135,12 +150,16 @@ class HostStore:
         key = h.host.untyped_storage().data_ptr()
         self.by_host[key] = h
         _WITH_COPIES.add(self)
-        # one view per call, each a user of the handle until it dies: the graph drops the ones its backward
+        # one alias per call, each a user of the handle until it dies: the graph drops the ones its backward
         # does not read in the forward, the others once its backward has fetched them (an op and its
-        # _unsafe_view share one storage, one copy, each with its own geometry)
-        view = h.host.as_strided(t.shape, t.stride(), t.storage_offset())
-        weakref.finalize(view, self._view_died, h, key)
-        return view
+        # _unsafe_view share one storage, one copy, each with its own geometry). Not a view (set_ on an empty
+        # tensor): AOTAutograd saves a view for the backward as a detached alias, so the object returned here
+        # would die in the forward while its storage lives on
+        with torch.no_grad():
+            alias = torch.empty((0,), dtype=t.dtype, device="cpu").set_(
+                h.host.untyped_storage(), t.storage_offset(), t.shape, t.stride())
+        weakref.finalize(alias, self._view_died, h, key)
+        return alias
 
     def _view_died(self, h: Handle, key: int) -> None:
         h.users -= 1
@@ -178,7 +197,7 @@ class HostStore:
                                     f"nothing; the plan must save it")
         host, copied = self.to_host(t)
         h = Handle(label, key, t.device, host, t, _version(t), weakref.ref(t), weakref.ref(t.untyped_storage()),
-                   t.untyped_storage().nbytes(), copied, users=1)
+                   t.untyped_storage().nbytes(), copied, users=1, window=p.window, serial=p.serial)
         p.windows[p.window].append(h)
         p.by_storage[key] = h
         self.offloaded_bytes += h.nbytes
@@ -210,17 +229,24 @@ class HostStore:
     def window_ended(self, index: int, outputs: Any) -> None:
         """The forward of end module ``index`` ended: the window after it starts; window ``index - 1`` leaves the
         device, and the backward of this module's call will bring it back first."""
-        p = self.current
-        if p is None or p.window != index:  # a repeated call of the end module, or a forward with no pass
-            return
-        p.window += 1
-        if index == 0:
-            return
-        self._drop(p, index - 1)
+        p = self.end_window(index)
         wanting = [t for t in tensors_in(outputs) if t.requires_grad]
-        if wanting and p.windows[index - 1]:
+        if p is not None and wanting and p.windows[index - 1]:
             torch.autograd.graph.register_multi_grad_hook(
                 wanting, lambda grads, p=p, j=index - 1: self._fetch_window(p, j), mode="any")
+
+    def end_window(self, index: int) -> _Pass | None:
+        """The forward moment of :meth:`window_ended`: the running pass's window ``index - 1`` is dropped from the
+        device; returns the pass if it did (None for window 0's end, a repeated call of the end module, or no
+        pass)."""
+        p = self.current
+        if p is None or p.window != index:  # a repeated call of the end module, or a forward with no pass
+            return None
+        p.window += 1
+        if index == 0:
+            return None
+        self._drop(p, index - 1)
+        return p
 
     def _drop(self, p: _Pass, j: int) -> None:
         t = None
@@ -249,6 +275,20 @@ class HostStore:
     def _fetch_window(self, p: _Pass, j: int) -> None:
         for h in p.windows[j]:
             self.fetch(h)
+
+    def fetch_window(self, j: int) -> list[torch.Tensor]:
+        """The compiled path's prefetch (a graph's op carries no pass): fetch window ``j`` of the latest forward
+        whose window ``j`` is still on the host, among the copies a compiled backward will take; returns the
+        fetched device tensors. Backwards run their forwards' passes last first; a fetch this misses is made
+        where the backward takes the copy (a stall, never a wrong tensor)."""
+        waiting = [h for h in self.by_host.values() if h.window == j and h.host is not None and h.fetched is None]
+        latest = max((h.serial for h in waiting), default=None)
+        fetched = []
+        for h in waiting:
+            if h.serial == latest:
+                self.fetch(h)
+                fetched.append(h.fetched)
+        return fetched
 
     def fetch(self, h: Handle) -> None:
         """Bring ``h`` back to a fresh device tensor (a no-op if it is back or taken)."""
@@ -299,23 +339,6 @@ class HostStore:
         if h.host is not None:
             h.host = None
             self.host_bytes -= h.nbytes
-
-
-def install_windows(model: nn.Module, store: HostStore, by_fqn: dict[str, nn.Module]) -> None:
-    """Hooks for the window protocol: a new pass at the model's forward start, each end module's forward end."""
-    # outside compiled graphs (a graph break at each window end): the protocol's moments are eager ones
-    hooks = [model.register_forward_pre_hook(torch.compiler.disable(lambda mod, args: store.start_pass()))]
-    for index, fqn in enumerate(store.end_modules):
-        end = model if fqn == "" else by_fqn[fqn]
-        hooks.append(end.register_forward_hook(
-            torch.compiler.disable(lambda mod, args, out, index=index: store.window_ended(index, out))))
-    model.__dict__[_WINDOW_HOOKS] = hooks
-
-
-def remove_windows(model: nn.Module) -> None:
-    """Undo :func:`install_windows`."""
-    for h in model.__dict__.pop(_WINDOW_HOOKS, []):
-        h.remove()
 
 
 def offload_decisions(i: int, pm: Any, fqn: str, save: tuple[int, ...],
