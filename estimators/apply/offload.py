@@ -32,6 +32,7 @@ that returns the same storage, a relabel and no free.
 
 from __future__ import annotations
 
+import itertools
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
@@ -106,6 +107,10 @@ class HostStore:
         self.fqn_by_id: dict[int, str] = {}  # compiled path: module names for messages, by the module's id
         self.compiled = False  # apply_plan set up the compiled path (its joint pass) for this store's model
         self.passes = 0  # forwards started (each pass's serial number)
+        self.on_host: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # handles in offload order,
+        # while a cache entry or a compiled graph holds them (the in-graph prefetch looks for its window here)
+        self.order = itertools.count()
+        self.stalled_fetches = 0  # copies a backward took before any prefetch brought them (each a wait)
         self.key = max(_BY_KEY, default=0) + 1  # an int a compiled graph can carry: the window ops' argument
         _BY_KEY[self.key] = self
 
@@ -175,7 +180,7 @@ class HostStore:
         h = self.by_host[host.untyped_storage().data_ptr()]
         if h.stashed is not None:
             return _like(h.stashed, host)
-        self.fetch(h)
+        self._fetch_now(h)
         if h.arrived is not None:
             torch.cuda.current_stream(h.device).wait_event(h.arrived)
         return _like(h.fetched, host)
@@ -200,6 +205,7 @@ class HostStore:
                    t.untyped_storage().nbytes(), copied, users=1, window=p.window, serial=p.serial)
         p.windows[p.window].append(h)
         p.by_storage[key] = h
+        self.on_host[next(self.order)] = h
         self.offloaded_bytes += h.nbytes
         self.host_bytes += h.nbytes
         self.host_peak_bytes = max(self.host_peak_bytes, self.host_bytes)
@@ -277,11 +283,12 @@ class HostStore:
             self.fetch(h)
 
     def fetch_window(self, j: int) -> list[torch.Tensor]:
-        """The compiled path's prefetch (a graph's op carries no pass): fetch window ``j`` of the latest forward
-        whose window ``j`` is still on the host, among the copies a compiled backward will take; returns the
-        fetched device tensors. Backwards run their forwards' passes last first; a fetch this misses is made
-        where the backward takes the copy (a stall, never a wrong tensor)."""
-        waiting = [h for h in self.by_host.values() if h.window == j and h.host is not None and h.fetched is None]
+        """The in-graph prefetch (an op of a compiled graph carries no pass): fetch window ``j`` of the latest
+        forward whose window ``j`` is still on the host; returns the fetched device tensors. Backwards run their
+        forwards' passes last first; a fetch this misses is made where the backward takes the copy (a stall,
+        never a wrong tensor)."""
+        waiting = [h for h in list(self.on_host.values())
+                   if h.window == j and h.host is not None and h.fetched is None]
         latest = max((h.serial for h in waiting), default=None)
         fetched = []
         for h in waiting:
@@ -312,9 +319,14 @@ class HostStore:
         h.fetched, h.host = dev, None
         self.host_bytes -= h.nbytes
 
+    def _fetch_now(self, h: Handle) -> None:
+        if h.fetched is None and h.host is not None:
+            self.stalled_fetches += 1
+        self.fetch(h)
+
     def take(self, h: Handle) -> torch.Tensor:
         """The fetched device tensor for one cache entry of ``h`` (fetched now if no prefetch did: a stall)."""
-        self.fetch(h)
+        self._fetch_now(h)
         dev = h.fetched
         if dev is None:
             raise RuntimeError(f"{h.label}: its offloaded copy was already taken (a second backward through a "

@@ -71,6 +71,7 @@ def test_compiled_offload_keeps_the_eager_promise_and_frees_the_device_storages(
         planned.zero_grad(set_to_none=True)
         loss.backward()
     assert store.by_host == {} and store.host_bytes == 0  # every copy taken by the compiled backward
+    assert store.stalled_fetches == 0  # each window fetched by the in-graph prefetch, before the backward took it
     assert all(torch.equal(a, p.grad) for a, p in zip(unplanned, planned.parameters()))
 
     torch._dynamo.reset()  # layout: allow-private (a recompile: the pass is still set)
@@ -144,7 +145,7 @@ def test_compile_eager_backend_runs_our_own_pair_and_offloads():
         assert tracker.host_book.live_bytes() == N * 2 * UP_BYTES == store.offloaded_bytes
         assert len(handles) == N * 2 and all(h.storage() is None for h in handles)
         loss.backward()
-    assert store.host_bytes == 0
+    assert store.host_bytes == 0 and store.stalled_fetches == 0  # the window ops prefetch the eager pair's too
     assert all(torch.equal(a, p.grad) for a, p in zip(unplanned, planned.parameters()))
     remove_plan(planned)
     torch._dynamo.reset()  # layout: allow-private (as above)
