@@ -19,7 +19,9 @@ call in window ``j`` offloads is:
 
 So window ``j``'s bytes are off the device exactly from the forward end of
 window ``j+1``'s end module to the backward start of the same module, which is
-what the planner's memory model counts (docs/memory-model.md).
+what the planner's memory model counts (docs/memory-model.md). The hooks that
+mark these moments, eagerly or as ops of a compiled graph, are
+:mod:`estimators.apply.offload_windows`.
 
 Two ways to copy: on CUDA pinned host buffers, one copy stream per device and
 events, the device tensor kept in the stash until its copy is waited for
@@ -48,6 +50,7 @@ __all__ = ["Handle", "HostStore", "offload_decisions", "window_ends"]
 _RUNNING: list[HostStore] = []  # the store whose model's forward runs now (compiled kernels find it here)
 _WITH_COPIES: weakref.WeakSet = weakref.WeakSet()  # stores whose host copies a compiled graph may hand back
 _BY_KEY: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # stores by key (the window ops' argument)
+_KEYS = itertools.count(1)  # never reused: a graph compiled for a store that is gone must not reach another
 
 
 @dataclass(eq=False)
@@ -67,7 +70,7 @@ class Handle:
     fetched: torch.Tensor | None = None
     arrived: Any = None  # CUDA: the event after the host-to-device copy
     users: int = 0  # cache entries still to take it in the recomputation
-    window: int = 0  # its window, and its forward's serial number (the compiled path's prefetch finds it so)
+    window: int = 0  # its window, and its forward's serial number (the in-graph prefetch finds it so)
     serial: int = 0
 
 
@@ -111,7 +114,7 @@ class HostStore:
         # while a cache entry or a compiled graph holds them (the in-graph prefetch looks for its window here)
         self.order = itertools.count()
         self.stalled_fetches = 0  # copies a backward took before any prefetch brought them (each a wait)
-        self.key = max(_BY_KEY, default=0) + 1  # an int a compiled graph can carry: the window ops' argument
+        self.key = next(_KEYS)  # an int a compiled graph can carry: the window ops' argument
         _BY_KEY[self.key] = self
 
     @staticmethod
