@@ -40,12 +40,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch import nn
 
 from estimators.apply.policy import PlanMismatchError
 from estimators.common import host_side, tensors_in
 
-__all__ = ["Handle", "HostStore", "offload_decisions", "window_ends"]
+__all__ = ["Handle", "HostStore", "offload_decisions"]
 
 _RUNNING: list[HostStore] = []  # the store whose model's forward runs now (compiled kernels find it here)
 _WITH_COPIES: weakref.WeakSet = weakref.WeakSet()  # stores whose host copies a compiled graph may hand back
@@ -375,29 +374,3 @@ def offload_decisions(i: int, pm: Any, fqn: str, save: tuple[int, ...],
             raise PlanMismatchError(f"module {fqn!r}: {what} is a view and has offload=1: views are recomputed, "
                                     f"offload the op that made its base (plan modules[{i}])")
     return tuple(int(o) for o in offload)
-
-
-def window_ends(doc: Any, root: str, planned: list[str], by_fqn: dict[str, nn.Module]) -> list[str]:
-    """The end modules of the plan's offload windows (the model's root as ""), checked: each a module of the
-    model, none strictly inside a planned module (its forward would end again in the recomputation), the last
-    the root."""
-    windows = doc.get("offload_windows")
-    if not windows:
-        raise ValueError("the plan offloads (modules[*].offload) but has no offload_windows: a plan from "
-                         "`sacplan plan --offload on` lists them")
-    distance = doc.get("prefetch_distance", 1)
-    if distance not in (None, 1):
-        raise ValueError(f"plan prefetch_distance {distance!r} is not supported: apply prefetches one window ahead "
-                         f"(1)")
-    ends = ["" if str(w.get("end_module", "")) in ("", root) else str(w.get("end_module")) for w in windows]
-    for j, fqn in enumerate(ends):
-        if fqn and fqn not in by_fqn:
-            raise ValueError(f"plan offload_windows[{j}].end_module {fqn!r} is not a module of the model")
-        inside = next((p for p in planned if (fqn or root).startswith(p + ".")), None)
-        if inside is not None:
-            raise ValueError(f"plan offload_windows[{j}].end_module {fqn!r} lies inside planned module {inside!r}: "
-                             f"a window must end outside every checkpointed region")
-    if ends[-1] != "":
-        raise ValueError(f"plan offload_windows[-1].end_module is {ends[-1]!r}: the last window ends with the "
-                         f"model's forward (\"\" or {root!r})")
-    return ends

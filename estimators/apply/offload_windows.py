@@ -29,12 +29,12 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch._library.effects import EffectType  # layout: allow-private (the effect enum has no public module)
+from torch.library import EffectType
 from torch.utils._pytree import tree_map_only
 
 from estimators.apply.offload import HostStore
 
-__all__ = ["install_windows", "pass_start", "remove_windows", "window_end", "window_fetch"]
+__all__ = ["install_windows", "pass_start", "remove_windows", "window_end", "window_ends", "window_fetch"]
 
 _WINDOW_HOOKS = "_sacplan_offload_hooks"  # the window hooks' handles, on the root module
 
@@ -125,3 +125,29 @@ def remove_windows(model: nn.Module) -> None:
     """Undo :func:`install_windows`."""
     for h in model.__dict__.pop(_WINDOW_HOOKS, []):
         h.remove()
+
+
+def window_ends(doc: Any, root: str, planned: list[str], by_fqn: dict[str, nn.Module]) -> list[str]:
+    """The end modules of the plan's offload windows (the model's root as ""), checked: each a module of the
+    model, none strictly inside a planned module (its forward would end again in the recomputation), the last
+    the root."""
+    windows = doc.get("offload_windows")
+    if not windows:
+        raise ValueError("the plan offloads (modules[*].offload) but has no offload_windows: a plan from "
+                         "`sacplan plan --offload on` lists them")
+    distance = doc.get("prefetch_distance", 1)
+    if distance not in (None, 1):
+        raise ValueError(f"plan prefetch_distance {distance!r} is not supported: apply prefetches one window ahead "
+                         f"(1)")
+    ends = ["" if str(w.get("end_module", "")) in ("", root) else str(w.get("end_module")) for w in windows]
+    for j, fqn in enumerate(ends):
+        if fqn and fqn not in by_fqn:
+            raise ValueError(f"plan offload_windows[{j}].end_module {fqn!r} is not a module of the model")
+        inside = next((p for p in planned if (fqn or root).startswith(p + ".")), None)
+        if inside is not None:
+            raise ValueError(f"plan offload_windows[{j}].end_module {fqn!r} lies inside planned module {inside!r}: "
+                             f"a window must end outside every checkpointed region")
+    if ends[-1] != "":
+        raise ValueError(f"plan offload_windows[-1].end_module is {ends[-1]!r}: the last window ends with the "
+                         f"model's forward (\"\" or {root!r})")
+    return ends
