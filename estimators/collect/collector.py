@@ -82,6 +82,7 @@ class _Collector(TorchDispatchMode):
         self.under_autocast: str | None = None  # autocast's dtype when the innermost running module began or ended
         self.autocast_seen: str | None = None  # autocast's dtype at any non-leaf module's forward
         self.timeline = TimelineRecorder(self._running)
+        self._fw_most = 0  # most live activation bytes since the last op recorded (forward_live_bytes)
         book.on_alloc.append(self._on_alloc)
         book.on_alloc.append(self.timeline.on_alloc)
 
@@ -90,6 +91,8 @@ class _Collector(TorchDispatchMode):
         return [m.fqn for m in (self.fw_stack if self.phase == ACT else self.bw_open if self.phase == TEMP else ())]
 
     def _on_alloc(self, category: str, live: dict[str, int]) -> None:
+        if self.phase == ACT:
+            self._fw_most = max(self._fw_most, sum(live.values()) - live[PARAM] - live[GRAD] - live[OPT])
         if category == TEMP:
             for m in self.bw_open:
                 if live[TEMP] > m.temp_peak:
@@ -136,8 +139,12 @@ class _Collector(TorchDispatchMode):
         # a compiled step's (aot_eager: TP is compiled with no other backend) ops as AOTAutograd traces them
         idx, name = len(self.ops), stats_op_name(func, self.life.compiled)
         random = is_random_op(func, args, kwargs) or (self.life.compiled and self.tp and is_seeded_op(func))
+        live = self.book.live
+        self._fw_most = max(self._fw_most, sum(live.values()) - live[PARAM] - live[GRAD] - live[OPT])
         self.ops.append(OpRecord(name, ms, 0 if view or inplace else out_bytes, frozenset(serials), view, random,
-                                 inplace, mutated, fresh, cast, made, must_save=name in MUST_SAVE_OPS))
+                                 inplace, mutated, fresh, cast, made, must_save=name in MUST_SAVE_OPS,
+                                 fw_count=self.timeline.position()[1], fw_live=self._fw_most))
+        self._fw_most = 0
         self.life.taken(self, (args, kwargs), idx)
         for m in self.fw_stack:
             if not m.is_leaf and not m.done_fw:
@@ -158,6 +165,14 @@ class _Collector(TorchDispatchMode):
                 self.saved.add(serial)
                 self.saved_in.setdefault(serial, set()).update(fqns)
         return t, fqns
+
+
+def _keep_nothing(_t: torch.Tensor) -> None:
+    return None
+
+
+def _unpack_nothing(_packed: None) -> None:
+    raise RuntimeError("the collector's forward without saved tensors has no backward")
 
 
 def collect_stats(
@@ -350,6 +365,8 @@ class _Step:
             kernels = kernels if kernels is not None else dict(getattr(emulation, "kernels", {}))
         if hasattr(emulation, "kernels"):
             emulation.kernels = kernels  # one micro-batch's kernels
+        if self.setup is None and self.compile_backend is None:
+            self._unsaved_lives(fake_in, fake_loss, loss_fn, emulation, loop, device)
         col.phase = OPT
         col.timeline.enter(OPTIMIZER)
         foreach = device.type == "cuda" if optimizer_foreach is None else optimizer_foreach
@@ -359,6 +376,34 @@ class _Step:
             self.progress("optimizer", 1, 1)
         self.optimizer_built = opt
         return optimizer_bytes(opt, self.book)
+
+    def _unsaved_lives(self, fake_in: Any, fake_loss: Any, loss_fn: Any, emulation: Any, loop: TrainingLoop,
+                       device: torch.device) -> None:
+        """One more forward whose saved-tensor hooks keep nothing: when each forward storage dies where autograd
+        saves nothing, as under checkpointing for the ops a plan recomputes (``RecomputeLife.unsaved_freed_at``).
+
+        Its ops are recorded apart (as a later micro-batch's), off the timeline, and matched to the step's by
+        position; a forward that runs other ops leaves the figure out.
+        """
+        col, book, recorder, life = self.col, self.book, self.col.timeline, self.col.life
+        book.on_alloc.remove(recorder.on_alloc)
+        col.timeline, col.life, col.phase = TimelineRecorder(col._running), RecomputeLife(), ACT
+        hooks = ModuleHooks(col, book, scratch_records(self.mods), None)
+        self.values.active = True
+        shadow: list[OpRecord] = []
+        try:
+            with (hooks, scratch_ops(col), torch.autograd.graph.saved_tensors_hooks(_keep_nothing, _unpack_nothing),
+                  emulation, hf_fake_as_real(self.model, self.values), one_hot_as_on_device(),
+                  loop.autocast_context(device.type)):
+                shadow = col.ops
+                output, loss = forward_and_loss(self.model, fake_in, fake_loss, loss_fn)
+                del output, loss
+            unsaved = col.life
+        finally:
+            self.values.active = False
+            col.timeline, col.life = recorder, life
+            book.on_alloc.append(recorder.on_alloc)
+        life.match_unsaved(col.ops, shadow, unsaved)
 
     @staticmethod
     def _eager_loss(model: nn.Module, fake_in: Any, fake_loss: Any, loss_fn: Any) -> torch.Tensor:
