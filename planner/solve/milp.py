@@ -133,6 +133,7 @@ def solve_budget(prob: Problem, budget_bytes: float, *, time_limit_s: float, mip
     if rows and rows[0][:2] == (0, 0):
         return Solution.infeasible("modules before any checkpointable module already exceed the budget")
     mat = _Matrix(prob, with_peak=False, offload=offload)
+    forward = _forward_rows(prob, mat, need, offload)
     # First the needs as they are, to the byte the DP holds them to (NEED_TOL_BYTES): its optimum bounds
     # every plan, and it is optimal when it meets them. HiGHS's tolerance may let it miss one by a hair;
     # then the needs are raised until a plan meets the budget, and the gap is against the first bound.
@@ -149,6 +150,7 @@ def solve_budget(prob: Problem, budget_bytes: float, *, time_limit_s: float, mip
         lb = np.zeros(mat.n_var)
         extra = [(_discard_entries(mat, k, terms, prob.unit, j), (v + margin) / prob.unit, np.inf)
                  for k, j, terms, v in multi]
+        extra += [(entries, (v + margin) / prob.unit, np.inf) for entries, v, most in forward if v + margin + most > 0]
         for k, j, v in rows:
             if j == 0:
                 lb[mat.s0 + k - 1] = max(lb[mat.s0 + k - 1], (v + margin) / prob.unit)
@@ -206,6 +208,8 @@ def solve_min_peak(prob: Problem, *, time_limit_s: float, offload: OffloadSetup 
     plain, multi = _need_rows(prob, prob.model.base_bytes, offload)
     extra = [([(mat.p, 1.0)] + _discard_entries(mat, k, reps, prob.unit, j), v / prob.unit, np.inf)
              for k, j, reps, v in [(k, j, {"held": {}}, v) for k, j, v in plain] + multi]
+    extra += [([(mat.p, 1.0)] + entries, v / prob.unit, np.inf)
+              for entries, v, _ in _forward_rows(prob, mat, prob.model.base_bytes, offload)]
     lb = np.zeros(mat.n_var)
     lb[mat.p] = -np.inf
     return _run(prob, mat, cost, lb, mat.constraint(extra), time_limit_s, 1e-9)
@@ -234,6 +238,34 @@ def _need_rows(prob: Problem, values: np.ndarray, offload: OffloadSetup | None =
         terms["held"] = {i: float(b[t]) for i, b in extra.items() if b[t] > 0}
         multi.append((int(prob.node_key[t]), int(credited[t]), terms, float(values[t])))
     return plain, multi
+
+
+def _forward_rows(prob: Problem, mat: _Matrix, values: np.ndarray, offload: OffloadSetup | None = None
+                  ) -> list[tuple[list[tuple[int, float]], float, float]]:
+    """(entries, value, most) per forward moment t of a candidate with forward rows (:mod:`planner.solve.forward_rows`)
+    and per column at its key: the row "discard at t less what the candidate's kept groups hold beyond the
+    plain step there >= values[t]"; ``most``: the largest that excess can be (a row with ``value + most <= 0``
+    never binds)."""
+    if not prob.forward:
+        return []
+    model = prob.model
+    forward = np.array([ph == "forward" for ph in model.phases], dtype=bool)
+    credited = credited_windows(offload, model.keys) if offload is not None else np.zeros(len(values), np.int64)
+    reps = prob.repeat_counts()
+    out = []
+    for i, rows in prob.forward.items():
+        cols = mat.k0 + mat.k_off[i] + np.arange(len(prob.candidates[i].classes.members))
+        for j, key in enumerate(rows.keys.tolist()):
+            const = float(rows.const[j])
+            if const <= 0:  # never above the moment's own row
+                continue
+            weights = [(int(c), float(w) / prob.unit) for c, w in zip(cols, rows.class_weights[:, j]) if w]
+            for t in np.flatnonzero(forward & (model.keys == key)).tolist():
+                terms: dict = {r: float(c[t]) for r, c in reps.items() if c[t] > 0}
+                terms["held"] = {}
+                entries = _discard_entries(mat, int(prob.node_key[t]), terms, prob.unit, int(credited[t]))
+                out.append((entries + [(mat.y0 + i, -const / prob.unit)] + weights, float(values[t]), const))
+    return out
 
 
 def _discard_entries(mat: _Matrix, key: int, terms: dict, unit: float, credited: int = 0) -> list[tuple[int, float]]:
@@ -295,10 +327,28 @@ def _decode(prob: Problem, mat: _Matrix, x: np.ndarray) -> dict[str, Decision]:
         rec = np.rint(x[mat.k0 + mat.k_off[i]: mat.k0 + mat.k_off[i + 1]]).astype(np.int64)
         saved_bytes = cand.op_bytes - cl.always_recomputed_bytes - int(rec @ cl.class_bytes)
         save, saved_bytes, saved_ms = _best_decision(prob, cand, saved_bytes)
+        if i in prob.forward:  # the frontier's pick only where its own forward holds no more than the solver's
+            solved = _counts_decision(prob, cand, rec)
+            if _holds_more(prob, cand.fqn, save, solved[0]):
+                save, saved_bytes, saved_ms = solved
         if cand.act_saved_bytes - saved_bytes <= 0:
             continue  # frees nothing: checkpointing it would only cost time
         out[cand.fqn] = (save, saved_bytes, saved_ms)
     return out
+
+
+def _counts_decision(prob: Problem, cand: Candidate, recomputed: np.ndarray) -> Decision:
+    """The save list of the solver's own counts (``recomputed`` groups per class)."""
+    m, cl = prob.stats.module(cand.fqn), cand.classes
+    save = cl.save_list(cl.multiplicity - recomputed)
+    saved_bytes = sum(op.output_bytes for op, s in zip(m.ops, save) if s)
+    return save, saved_bytes, math.fsum(ms for ms, s in zip(m.recompute_runtimes_ms, save) if s)
+
+
+def _holds_more(prob: Problem, fqn: str, save: list[int], other: list[int]) -> bool:
+    """Whether checkpointed ``fqn`` with ``save`` adds more than with ``other`` at any of its forward moments."""
+    model = prob.model
+    return bool(np.any(model.forward_excess(fqn, save) > model.forward_excess(fqn, other)))
 
 
 def _best_decision(prob: Problem, cand: Candidate, max_saved_bytes: int) -> Decision:

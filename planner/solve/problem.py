@@ -26,6 +26,7 @@ from planner.memory_model import MemoryModel, discardable_bytes, memory_model
 from planner.ops.frontier import Frontier, FrontierTooLarge, frontier_hull, module_frontier
 from planner.ops.groups import OpGroups, op_groups
 from planner.ops.knapsack import GroupClasses, group_classes
+from planner.solve.forward_rows import ForwardRows, forward_columns, forward_rows, group_signatures
 from planner.solve.points import hull_vertices, lower_hull
 from planner.stats.format import ModuleStats, Stats
 
@@ -115,6 +116,8 @@ class Problem:
     node_key: np.ndarray  # per module (pre-order): candidates finishing before it
     chains: list[list[int]]  # candidate index chains that may hold at most one checkpoint
     unit: float  # bytes per MILP memory unit: a power of two near the peak, so values are O(1)
+    # candidate index -> the rows of its own forward moments, where they can bind (planner.solve.forward_rows)
+    forward: dict[int, ForwardRows] = field(default_factory=dict)
     _frontier_cache: dict[tuple, Frontier | None] = field(default_factory=dict)
     _frontier_of: dict[str, Frontier | None] = field(default_factory=dict)  # fqn -> frontier: no ops_key hashed
     _key_cache: dict[str, tuple] = field(default_factory=dict)  # fqn -> ops_key
@@ -257,12 +260,22 @@ def prepare(
             entry = first_of[key] = (key, group_classes(op_groups(m.recompute_ops, m.force_store_random)))
             class_cache[key] = entry[1]
         key, classes = entry
+        if fqn in model.forward_ops and len(forward_columns(m, model.forward_most)):
+            # its own forward can bind: classes that also share what they hold there (planner.solve.forward_rows)
+            signature = group_signatures(m, classes.groups)
+            split_key = (key, "forward", tuple(signature))
+            if (entry := first_of.get(split_key)) is None:
+                entry = first_of[split_key] = (split_key, group_classes(classes.groups, signature))
+                class_cache[split_key] = entry[1]
+            key, classes = entry
         cand = Candidate(fqn, post[fqn], discardable_bytes(m), classes, key, m.checkpoint_overhead_ms or 0.0, m.calls)
         if cand.max_discard_bytes > 0:
             cands.append(cand)
     cand_post = np.array([c.post_pos for c in cands], dtype=np.int64)
     node_key = np.searchsorted(cand_post, model.keys, side="left")
-    return Problem(stats, model, cands, node_key, _chains(stats, [c.fqn for c in cands]), unit,
+    forward = {i: rows for i, c in enumerate(cands) if c.fqn in model.forward_ops
+               and (rows := forward_rows(stats.module(c.fqn), c.classes, model.forward_most)) is not None}
+    return Problem(stats, model, cands, node_key, _chains(stats, [c.fqn for c in cands]), unit, forward,
                    _key_cache={c.fqn: c.ops_key for c in cands}, _classes=class_cache)
 
 
