@@ -228,7 +228,7 @@ def _solve_once(prob: Problem, budget_bytes: float, baseline_bytes: float, opts:
             why = ("a module called more than once discards at every call" if prob.repeat_counts()
                    else "a module frontier is too large")
             raise ValueError(f"solver 'dp' does not apply to these stats ({why}); use 'milp'")
-    if (sol is not None and opts.solver == "auto" and prob.forward and sol.peak_bytes is not None
+    if (sol is not None and opts.solver == "auto" and prob.model.forward_ops and sol.peak_bytes is not None
             and sol.peak_bytes > budget_bytes + NEED_TOL_BYTES):
         sol = None  # the DP leaves out what a checkpointed module's own forward holds: the MILP has it exactly
     if sol is None:  # the MILP gets what is left of the time limit

@@ -37,8 +37,8 @@ from planner.highs import quiet_milp
 from planner.ops.knapsack import best_saved_within
 from planner.plan_format import PlanStatus
 from planner.solve.milp_offload import OffloadColumns, add_offload_columns, credited_windows, decode_offload, need_pairs
-from planner.solve.offload import OffloadSetup
-from planner.solve.problem import Candidate, Problem, need_rows
+from planner.solve.offload import OffloadSetup, offload_setup
+from planner.solve.problem import Candidate, Problem, need_rows, with_forward_rows
 from planner.memory_model import NEED_TOL_BYTES
 from planner.solve.solution import Decision, Solution, discards
 
@@ -141,6 +141,7 @@ def solve_budget(prob: Problem, budget_bytes: float, *, time_limit_s: float, mip
     # checkpointed modules share a held tensor (a plan's peak counts it once, the rows once per holder),
     # and its "optimum" would then be one of a looser problem than the other engines solve (issue 28).
     margin, bound = -NEED_TOL_BYTES, None
+    lazy: dict[int, dict[int, float]] = {}  # moment -> candidate -> what its save list added there beyond the rows
     deadline = time.perf_counter() + time_limit_s  # the retries share the time limit
     for attempt in range(6):
         left = deadline - time.perf_counter()
@@ -151,6 +152,8 @@ def solve_budget(prob: Problem, budget_bytes: float, *, time_limit_s: float, mip
         extra = [(_discard_entries(mat, k, terms, prob.unit, j), (v + margin) / prob.unit, np.inf)
                  for k, j, terms, v in multi]
         extra += [(entries, (v + margin) / prob.unit, np.inf) for entries, v, most in forward if v + margin + most > 0]
+        extra += [(_lazy_entries(prob, mat, offload, t, culprits), (float(need[t]) + margin) / prob.unit, np.inf)
+                  for t, culprits in lazy.items()]
         for k, j, v in rows:
             if j == 0:
                 lb[mat.s0 + k - 1] = max(lb[mat.s0 + k - 1], (v + margin) / prob.unit)
@@ -166,8 +169,55 @@ def solve_budget(prob: Problem, budget_bytes: float, *, time_limit_s: float, mip
         over = _over_budget(prob, sol, budget_bytes)
         if over <= 0:
             return sol if attempt == 0 else _against(sol, bound, mip_rel_gap)
-        margin = max(margin, 0.0) + 2 * over + 1
+        if attempt == 0 and not prob.forward and _forward_missed(prob, sol, budget_bytes):
+            split = with_forward_rows(prob)
+            if split is not None:  # the rows of the candidates' own forward moments: exact there
+                left = max(deadline - time.perf_counter(), 0.01)
+                setup = None if offload is None else offload_setup(split, offload.windows.link)
+                return solve_budget(split, budget_bytes, time_limit_s=left, mip_rel_gap=mip_rel_gap, offload=setup)
+        if not _add_lazy(prob, sol, budget_bytes, lazy):
+            margin = max(margin, 0.0) + 2 * over + 1
     return Solution.without_plan("error", _MISSED)
+
+
+def _forward_missed(prob: Problem, sol: Solution, budget_bytes: float) -> bool:
+    """Whether the plan is over the budget at a moment where a checkpointed module's own forward holds more than
+    the step without checkpointing (which the rows without :func:`with_forward_rows` leave out)."""
+    over = sol.profile > budget_bytes + NEED_TOL_BYTES
+    return any(np.any(prob.model.forward_excess(fqn, save)[over] > 0)
+               for fqn, (save, _, _) in sol.decisions.items() if fqn in prob.model.forward_ops)
+
+
+def _add_lazy(prob: Problem, sol: Solution, budget_bytes: float, lazy: dict[int, dict[int, float]]) -> bool:
+    """Note, per moment over the budget, what each checkpointed candidate's own save list adds there beyond the
+    rows (a recompute holding more than the engines' figure, which is its largest discard's); True if any is new.
+
+    The rows then ask that much of the discards when the candidate is checkpointed, whatever its save list: not
+    a valid cut (another save list may hold less), so such a plan is judged against the first bound (``_against``).
+    """
+    model, index = prob.model, {c.fqn: i for i, c in enumerate(prob.candidates)}
+    over = np.flatnonzero(sol.profile > budget_bytes + NEED_TOL_BYTES)
+    new = False
+    for fqn, (save, _, _) in sol.decisions.items():
+        added = model.transient_bytes(fqn, save) - model.transient_bytes(fqn, None)
+        if fqn in model.forward_ops and index[fqn] not in prob.forward:
+            added = added + model.forward_excess(fqn, save)  # a candidate without forward rows (too many ops)
+        for t in over[added[over] > 0].tolist():
+            known = lazy.setdefault(t, {}).get(index[fqn], 0.0)
+            if added[t] > known:
+                lazy[t][index[fqn]], new = float(added[t]), True
+    return new
+
+
+def _lazy_entries(prob: Problem, mat: _Matrix, offload: OffloadSetup | None, t: int,
+                  culprits: dict[int, float]) -> list[tuple[int, float]]:
+    """Moment t's row with ``culprits`` (candidate -> bytes) held beside what the rows count there."""
+    terms: dict = {i: float(c[t]) for i, c in prob.repeat_counts().items() if c[t] > 0}
+    terms["held"] = {i: float(b[t]) for i, b in prob.checkpointed_extra_bytes().items() if b[t] > 0}
+    for i, nbytes in culprits.items():
+        terms["held"][i] = terms["held"].get(i, 0.0) + nbytes
+    credited = 0 if offload is None else int(credited_windows(offload, prob.model.keys[t:t + 1])[0])
+    return _discard_entries(mat, int(prob.node_key[t]), terms, prob.unit, credited)
 
 
 def _over_budget(prob: Problem, sol: Solution, budget_bytes: float) -> float:
@@ -190,9 +240,9 @@ def _against(sol: Solution, bound: float | None, mip_rel_gap: float) -> Solution
     gap = max(cost - bound, 0.0) / cost if cost > 0 else 0.0
     if gap <= mip_rel_gap:
         return sol.with_status("optimal", sol.message, gap)
-    return sol.with_status("feasible", "plan meets the budget only with needs tightened for the solver's "
-                           "tolerances; its gap is against the untightened bound (solver='dp' is exact to the byte)",
-                           gap)
+    return sol.with_status("feasible", "plan meets the budget only with needs tightened (for the solver's "
+                           "tolerances, or for what a checkpointed module's recompute holds beyond the engines' "
+                           "figure); its gap is against the untightened bound", gap)
 
 
 def solve_min_peak(prob: Problem, *, time_limit_s: float, offload: OffloadSetup | None = None) -> Solution:
@@ -202,6 +252,9 @@ def solve_min_peak(prob: Problem, *, time_limit_s: float, offload: OffloadSetup 
     The planner uses the exact DP (:func:`planner.solve.min_peak.solve_min_peak_dp`) without offload; this
     is the independent cross-check the tests hold it to.
     """
+    split = with_forward_rows(prob)  # the least peak may lie in a checkpointed module's own forward
+    if split is not None:
+        prob, offload = split, None if offload is None else offload_setup(split, offload.windows.link)
     mat = _Matrix(prob, with_peak=True, offload=offload)
     cost = np.zeros(mat.n_var)
     cost[mat.p] = 1.0

@@ -17,7 +17,7 @@ import math
 from collections import Counter
 from operator import attrgetter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -31,7 +31,7 @@ from planner.solve.points import hull_vertices, lower_hull
 from planner.stats.format import ModuleStats, Stats
 
 __all__ = ["FRONTIER_ITEMS", "FRONTIER_LIMIT", "Candidate", "Frontiers", "Problem", "held_needs", "key_needs",
-           "need_rows", "prepare"]
+           "need_rows", "prepare", "with_forward_rows"]
 
 # Frontiers up to this many points are listed; larger modules use the exact
 # per-module knapsack MILP to land on a non-dominated point.
@@ -260,23 +260,42 @@ def prepare(
             entry = first_of[key] = (key, group_classes(op_groups(m.recompute_ops, m.force_store_random)))
             class_cache[key] = entry[1]
         key, classes = entry
-        if fqn in model.forward_ops and len(forward_columns(m, model.forward_most)):
-            # its own forward can bind: classes that also share what they hold there (planner.solve.forward_rows)
-            signature = group_signatures(m, classes.groups)
-            split_key = (key, "forward", tuple(signature))
-            if (entry := first_of.get(split_key)) is None:
-                entry = first_of[split_key] = (split_key, group_classes(classes.groups, signature))
-                class_cache[split_key] = entry[1]
-            key, classes = entry
         cand = Candidate(fqn, post[fqn], discardable_bytes(m), classes, key, m.checkpoint_overhead_ms or 0.0, m.calls)
         if cand.max_discard_bytes > 0:
             cands.append(cand)
     cand_post = np.array([c.post_pos for c in cands], dtype=np.int64)
     node_key = np.searchsorted(cand_post, model.keys, side="left")
-    forward = {i: rows for i, c in enumerate(cands) if c.fqn in model.forward_ops
-               and (rows := forward_rows(stats.module(c.fqn), c.classes, model.forward_most)) is not None}
-    return Problem(stats, model, cands, node_key, _chains(stats, [c.fqn for c in cands]), unit, forward,
+    return Problem(stats, model, cands, node_key, _chains(stats, [c.fqn for c in cands]), unit,
                    _key_cache={c.fqn: c.ops_key for c in cands}, _classes=class_cache)
+
+
+def with_forward_rows(prob: Problem) -> Problem | None:
+    """``prob`` with the rows of its candidates' own forward moments (:mod:`planner.solve.forward_rows`): the
+    candidates whose forward can go above the plain step's get op classes that also share what their groups hold
+    there, and ``forward`` their rows. None when no candidate has any (stats without forward moments). Built
+    once per problem; the MILP turns to it when a plan without the rows misses the budget in such a forward."""
+    def build(p: Problem) -> Problem | None:
+        model, cands, forward = p.model, list(p.candidates), {}
+        split: dict[tuple, GroupClasses] = {}
+        for i, c in enumerate(cands):
+            if c.fqn not in model.forward_ops:
+                continue
+            m = p.stats.module(c.fqn)
+            if not len(forward_columns(m, model.forward_most)):
+                continue
+            signature = group_signatures(m, c.classes.groups)
+            key = (c.ops_key, "forward", tuple(signature))
+            if key not in split:
+                split[key] = group_classes(c.classes.groups, signature)
+            rows = forward_rows(m, split[key], model.forward_most)
+            if rows is not None:
+                cands[i], forward[i] = replace(c, classes=split[key]), rows
+        if not forward:
+            return None
+        return Problem(p.stats, model, cands, p.node_key, p.chains, p.unit, forward, _frontier_cache=p._frontier_cache,
+                       _frontier_of=p._frontier_of, _key_cache=p._key_cache, _classes=p._classes,
+                       _hull_cache=p._hull_cache)
+    return prob.derived("forward_rows", build)
 
 
 def ops_key(m: ModuleStats) -> tuple:
