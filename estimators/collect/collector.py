@@ -34,8 +34,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from estimators.collect.assemble import build_stats
 from estimators.collect.compile_probe import CompiledProbe, mark_compiled, zero_gradient_outputs
-from estimators.collect.fake_step import (FakeConverter, fake_loss_fn, fakeify, forward_and_loss, optimizer_bytes,
-                                         traced_ops, with_zero_gradients)
+from estimators.collect.fake_step import (FakeConverter, eager_loss, fake_loss_fn, fakeify, forward_and_loss,
+                                         optimizer_bytes, traced_ops, with_zero_gradients)
 from estimators.collect.emulation import attention_emulation
 from estimators.collect.fsdp import (ShardedStep, fake_process_group, is_collective_op, record_sharding,
                                     run_collective, run_op)
@@ -52,6 +52,7 @@ from estimators.collect.settings_record import with_model_settings
 from estimators.collect.step_loop import (check_step_options, describe_loop, is_cached_cast, optimizer_name,
                                           scalar_stand_in, scratch_ops, scratch_records)
 from estimators.collect.timeline import BACKWARD, FORWARD, OPTIMIZER, TimelineRecorder
+from estimators.collect.unsaved_forward import ForwardLive, record_unsaved_lives
 from estimators.common import (ACT, BUFFER, GRAD, INPUT, OPT, PARAM, SAC_IGNORED_OPS, TEMP, FsdpSetup, ParallelDims,
                                StorageBook, TrainingLoop, is_inplace_op, is_random_op, is_view_op,
                                local_shards, make_optimizer, module_fqns, storages_of, switch_off_kv_cache,
@@ -82,7 +83,8 @@ class _Collector(TorchDispatchMode):
         self.under_autocast: str | None = None  # autocast's dtype when the innermost running module began or ended
         self.autocast_seen: str | None = None  # autocast's dtype at any non-leaf module's forward
         self.timeline = TimelineRecorder(self._running)
-        self._fw_most = 0  # most live activation bytes since the last op recorded (forward_live_bytes)
+        self.fw_live = ForwardLive()  # forward_live_bytes
+        book.on_alloc.append(self.fw_live.on_alloc)
         book.on_alloc.append(self._on_alloc)
         book.on_alloc.append(self.timeline.on_alloc)
 
@@ -91,8 +93,6 @@ class _Collector(TorchDispatchMode):
         return [m.fqn for m in (self.fw_stack if self.phase == ACT else self.bw_open if self.phase == TEMP else ())]
 
     def _on_alloc(self, category: str, live: dict[str, int]) -> None:
-        if self.phase == ACT:
-            self._fw_most = max(self._fw_most, sum(live.values()) - live[PARAM] - live[GRAD] - live[OPT])
         if category == TEMP:
             for m in self.bw_open:
                 if live[TEMP] > m.temp_peak:
@@ -139,12 +139,9 @@ class _Collector(TorchDispatchMode):
         # a compiled step's (aot_eager: TP is compiled with no other backend) ops as AOTAutograd traces them
         idx, name = len(self.ops), stats_op_name(func, self.life.compiled)
         random = is_random_op(func, args, kwargs) or (self.life.compiled and self.tp and is_seeded_op(func))
-        live = self.book.live
-        self._fw_most = max(self._fw_most, sum(live.values()) - live[PARAM] - live[GRAD] - live[OPT])
         self.ops.append(OpRecord(name, ms, 0 if view or inplace else out_bytes, frozenset(serials), view, random,
                                  inplace, mutated, fresh, cast, made, must_save=name in MUST_SAVE_OPS,
-                                 fw_count=self.timeline.position()[1], fw_live=self._fw_most))
-        self._fw_most = 0
+                                 fw_count=self.timeline.position()[1], fw_live=self.fw_live.take(self.book.live)))
         self.life.taken(self, (args, kwargs), idx)
         for m in self.fw_stack:
             if not m.is_leaf and not m.done_fw:
@@ -165,14 +162,6 @@ class _Collector(TorchDispatchMode):
                 self.saved.add(serial)
                 self.saved_in.setdefault(serial, set()).update(fqns)
         return t, fqns
-
-
-def _keep_nothing(_t: torch.Tensor) -> None:
-    return None
-
-
-def _unpack_nothing(_packed: None) -> None:
-    raise RuntimeError("the collector's forward without saved tensors has no backward")
 
 
 def collect_stats(
@@ -334,7 +323,7 @@ class _Step:
                 opt_bytes = self._training_step(fake_in, fake_loss, loss_fn, emulation, training, device, params)
             if self.probe is not None:  # after the step: a forward more before it would change the step's ops
                 with fake, traced_ops():
-                    self.probe.count_eager(model, lambda m: self._eager_loss(m, fake_in, fake_loss, loss_fn))
+                    self.probe.count_eager(model, lambda m: eager_loss(m, fake_in, fake_loss, loss_fn))
             stats = build_stats(model, self.mods, col, hooks, opt_bytes, book, metadata)
             stats.metadata.model_settings.update(routing.settings(model))
             tag_batch_values(stats, self.values)
@@ -365,8 +354,7 @@ class _Step:
             kernels = kernels if kernels is not None else dict(getattr(emulation, "kernels", {}))
         if hasattr(emulation, "kernels"):
             emulation.kernels = kernels  # one micro-batch's kernels
-        if self.setup is None and self.compile_backend is None:
-            self._unsaved_lives(fake_in, fake_loss, loss_fn, emulation, loop, device)
+        record_unsaved_lives(self, fake_in, fake_loss, loss_fn, emulation, loop, device)  # deaths, nothing saved
         col.phase = OPT
         col.timeline.enter(OPTIMIZER)
         foreach = device.type == "cuda" if optimizer_foreach is None else optimizer_foreach
@@ -376,39 +364,6 @@ class _Step:
             self.progress("optimizer", 1, 1)
         self.optimizer_built = opt
         return optimizer_bytes(opt, self.book)
-
-    def _unsaved_lives(self, fake_in: Any, fake_loss: Any, loss_fn: Any, emulation: Any, loop: TrainingLoop,
-                       device: torch.device) -> None:
-        """One more forward whose saved-tensor hooks keep nothing: when each forward storage dies where autograd
-        saves nothing, as under checkpointing for the ops a plan recomputes (``RecomputeLife.unsaved_freed_at``).
-
-        Its ops are recorded apart (as a later micro-batch's), off the timeline, and matched to the step's by
-        position; a forward that runs other ops leaves the figure out.
-        """
-        col, book, recorder, life = self.col, self.book, self.col.timeline, self.col.life
-        book.on_alloc.remove(recorder.on_alloc)
-        col.timeline, col.life, col.phase = TimelineRecorder(col._running), RecomputeLife(), ACT
-        hooks = ModuleHooks(col, book, scratch_records(self.mods), None)
-        self.values.active = True
-        shadow: list[OpRecord] = []
-        try:
-            with (hooks, scratch_ops(col), torch.autograd.graph.saved_tensors_hooks(_keep_nothing, _unpack_nothing),
-                  emulation, hf_fake_as_real(self.model, self.values), one_hot_as_on_device(),
-                  loop.autocast_context(device.type)):
-                shadow = col.ops
-                output, loss = forward_and_loss(self.model, fake_in, fake_loss, loss_fn)
-                del output, loss
-            unsaved = col.life
-        finally:
-            self.values.active = False
-            col.timeline, col.life = recorder, life
-            book.on_alloc.append(recorder.on_alloc)
-        life.match_unsaved(col.ops, shadow, unsaved)
-
-    @staticmethod
-    def _eager_loss(model: nn.Module, fake_in: Any, fake_loss: Any, loss_fn: Any) -> torch.Tensor:
-        with (values := InputValues()).activated(), hf_fake_as_real(model, values), one_hot_as_on_device():
-            return forward_and_loss(model, fake_in, fake_loss, loss_fn)[1]  # the batch's path, as the step's
 
     def _micro_batch(self, hooks: ModuleHooks, fake_in: Any, fake_loss: Any, loss_fn: Any, emulation: Any,
                      loop: TrainingLoop, scaler: Any, device: torch.device, params: list[nn.Parameter]) -> None:

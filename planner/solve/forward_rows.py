@@ -16,16 +16,21 @@ is the moment's own row. Only the columns where keeping every group would go abo
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from planner.ops.forward_moments import forward_held_bytes
 from planner.ops.groups import FREE, SAVE, OpGroups
-from planner.ops.knapsack import GroupClasses
+from planner.ops.knapsack import GroupClasses, group_classes
 from planner.stats.format import ModuleStats
 
-__all__ = ["MAX_COLUMNS", "ForwardRows", "forward_columns", "forward_rows", "group_signatures"]
+if TYPE_CHECKING:
+    from planner.solve.problem import Problem
+
+__all__ = ["MAX_COLUMNS", "ForwardRows", "forward_columns", "forward_rows", "forward_rows_of", "group_signatures",
+           "with_forward_rows"]
 
 # a candidate with more forward ops that can go above their moment than this gets no rows (its plans are checked)
 MAX_COLUMNS = 512
@@ -80,3 +85,35 @@ def forward_rows(m: ModuleStats, classes: GroupClasses, plain_most: Mapping[int,
     const = base - most + group_w[kept].sum(axis=0)
     weights = np.array([group_w[members[0]] for members in classes.members]).reshape(-1, len(cols))
     return ForwardRows(keys, const, weights)
+
+
+_ROWS = "forward rows"
+
+
+def forward_rows_of(prob: Problem) -> dict[int, ForwardRows]:
+    """Candidate index -> its forward rows: those of a problem from :func:`with_forward_rows`, else none."""
+    return prob.derived(_ROWS, lambda p: {})
+
+
+def with_forward_rows(prob: Problem) -> Problem | None:
+    """``prob`` with the rows of its candidates' own forward moments: the candidates whose forward can go above
+    the plain step's get op classes that also share what their groups hold there (:func:`group_signatures`), and
+    their rows (:func:`forward_rows_of`). None when no candidate has any (stats without forward moments). Built
+    once per problem; the MILP turns to it when a plan without the rows misses the budget in such a forward."""
+    def build(p: Problem) -> Problem | None:
+        model, cands, rows_of = p.model, list(p.candidates), {}
+        split: dict[tuple, GroupClasses] = {}
+        for i, c in enumerate(cands):
+            m = p.stats.module(c.fqn)
+            if c.fqn not in model.forward_ops or not len(forward_columns(m, model.forward_most)):
+                continue
+            signature = group_signatures(m, c.classes.groups)
+            key = (c.ops_key, tuple(signature))
+            if key not in split:
+                split[key] = group_classes(c.classes.groups, signature)
+            rows = forward_rows(m, split[key], model.forward_most)
+            if rows is not None:
+                cands[i], rows_of[i] = replace(c, classes=split[key]), rows
+        # the frontier and hull caches do not depend on the classes: shared; what was derived from them is not
+        return replace(p, candidates=cands, _derived={_ROWS: rows_of}) if rows_of else None
+    return prob.derived("with forward rows", build)

@@ -38,7 +38,9 @@ from planner.ops.knapsack import best_saved_within
 from planner.plan_format import PlanStatus
 from planner.solve.milp_offload import OffloadColumns, add_offload_columns, credited_windows, decode_offload, need_pairs
 from planner.solve.offload import OffloadSetup, offload_setup
-from planner.solve.problem import Candidate, Problem, need_rows, with_forward_rows
+from planner.solve.forward_rows import forward_rows_of, with_forward_rows
+from planner.solve.milp_rows import add_lazy, discard_entries, forward_missed, forward_moment_rows, lazy_entries
+from planner.solve.problem import Candidate, Problem, need_rows
 from planner.memory_model import NEED_TOL_BYTES
 from planner.solve.solution import Decision, Solution, discards
 
@@ -133,7 +135,7 @@ def solve_budget(prob: Problem, budget_bytes: float, *, time_limit_s: float, mip
     if rows and rows[0][:2] == (0, 0):
         return Solution.infeasible("modules before any checkpointable module already exceed the budget")
     mat = _Matrix(prob, with_peak=False, offload=offload)
-    forward = _forward_rows(prob, mat, need, offload)
+    forward = forward_moment_rows(prob, mat, need, offload)
     # First the needs as they are, to the byte the DP holds them to (NEED_TOL_BYTES): its optimum bounds
     # every plan, and it is optimal when it meets them. HiGHS's tolerance may let it miss one by a hair;
     # then the needs are raised until a plan meets the budget, and the gap is against the first bound.
@@ -149,16 +151,16 @@ def solve_budget(prob: Problem, budget_bytes: float, *, time_limit_s: float, mip
             return Solution.without_plan("time_limit", "time limit reached before a plan met the budget to the "
                                                        "byte; raise time_limit_s or use solver='dp' (exact)")
         lb = np.zeros(mat.n_var)
-        extra = [(_discard_entries(mat, k, terms, prob.unit, j), (v + margin) / prob.unit, np.inf)
+        extra = [(discard_entries(mat, k, terms, prob.unit, j), (v + margin) / prob.unit, np.inf)
                  for k, j, terms, v in multi]
         extra += [(entries, (v + margin) / prob.unit, np.inf) for entries, v, most in forward if v + margin + most > 0]
-        extra += [(_lazy_entries(prob, mat, offload, t, culprits), (float(need[t]) + margin) / prob.unit, np.inf)
+        extra += [(lazy_entries(prob, mat, offload, t, culprits), (float(need[t]) + margin) / prob.unit, np.inf)
                   for t, culprits in lazy.items()]
         for k, j, v in rows:
             if j == 0:
                 lb[mat.s0 + k - 1] = max(lb[mat.s0 + k - 1], (v + margin) / prob.unit)
             else:  # the running discard and the running offload of the windows credited then
-                extra.append((_discard_entries(mat, k, {"held": {}}, prob.unit, j), (v + margin) / prob.unit, np.inf))
+                extra.append((discard_entries(mat, k, {"held": {}}, prob.unit, j), (v + margin) / prob.unit, np.inf))
         sol = _run(prob, mat, mat.cost, lb, mat.constraint(extra), max(left, 0.01), mip_rel_gap)
         if attempt == 0:
             bound = sol.lower_bound if sol.status in ("optimal", "feasible") else None
@@ -169,55 +171,15 @@ def solve_budget(prob: Problem, budget_bytes: float, *, time_limit_s: float, mip
         over = _over_budget(prob, sol, budget_bytes)
         if over <= 0:
             return sol if attempt == 0 else _against(sol, bound, mip_rel_gap)
-        if attempt == 0 and not prob.forward and _forward_missed(prob, sol, budget_bytes):
+        if attempt == 0 and not forward_rows_of(prob) and forward_missed(prob, sol, budget_bytes):
             split = with_forward_rows(prob)
             if split is not None:  # the rows of the candidates' own forward moments: exact there
                 left = max(deadline - time.perf_counter(), 0.01)
                 setup = None if offload is None else offload_setup(split, offload.windows.link)
                 return solve_budget(split, budget_bytes, time_limit_s=left, mip_rel_gap=mip_rel_gap, offload=setup)
-        if not _add_lazy(prob, sol, budget_bytes, lazy):
+        if not add_lazy(prob, sol, budget_bytes, lazy):
             margin = max(margin, 0.0) + 2 * over + 1
     return Solution.without_plan("error", _MISSED)
-
-
-def _forward_missed(prob: Problem, sol: Solution, budget_bytes: float) -> bool:
-    """Whether the plan is over the budget at a moment where a checkpointed module's own forward holds more than
-    the step without checkpointing (which the rows without :func:`with_forward_rows` leave out)."""
-    over = sol.profile > budget_bytes + NEED_TOL_BYTES
-    return any(np.any(prob.model.forward_excess(fqn, save)[over] > 0)
-               for fqn, (save, _, _) in sol.decisions.items() if fqn in prob.model.forward_ops)
-
-
-def _add_lazy(prob: Problem, sol: Solution, budget_bytes: float, lazy: dict[int, dict[int, float]]) -> bool:
-    """Note, per moment over the budget, what each checkpointed candidate's own save list adds there beyond the
-    rows (a recompute holding more than the engines' figure, which is its largest discard's); True if any is new.
-
-    The rows then ask that much of the discards when the candidate is checkpointed, whatever its save list: not
-    a valid cut (another save list may hold less), so such a plan is judged against the first bound (``_against``).
-    """
-    model, index = prob.model, {c.fqn: i for i, c in enumerate(prob.candidates)}
-    over = np.flatnonzero(sol.profile > budget_bytes + NEED_TOL_BYTES)
-    new = False
-    for fqn, (save, _, _) in sol.decisions.items():
-        added = model.transient_bytes(fqn, save) - model.transient_bytes(fqn, None)
-        if fqn in model.forward_ops and index[fqn] not in prob.forward:
-            added = added + model.forward_excess(fqn, save)  # a candidate without forward rows (too many ops)
-        for t in over[added[over] > 0].tolist():
-            known = lazy.setdefault(t, {}).get(index[fqn], 0.0)
-            if added[t] > known:
-                lazy[t][index[fqn]], new = float(added[t]), True
-    return new
-
-
-def _lazy_entries(prob: Problem, mat: _Matrix, offload: OffloadSetup | None, t: int,
-                  culprits: dict[int, float]) -> list[tuple[int, float]]:
-    """Moment t's row with ``culprits`` (candidate -> bytes) held beside what the rows count there."""
-    terms: dict = {i: float(c[t]) for i, c in prob.repeat_counts().items() if c[t] > 0}
-    terms["held"] = {i: float(b[t]) for i, b in prob.checkpointed_extra_bytes().items() if b[t] > 0}
-    for i, nbytes in culprits.items():
-        terms["held"][i] = terms["held"].get(i, 0.0) + nbytes
-    credited = 0 if offload is None else int(credited_windows(offload, prob.model.keys[t:t + 1])[0])
-    return _discard_entries(mat, int(prob.node_key[t]), terms, prob.unit, credited)
 
 
 def _over_budget(prob: Problem, sol: Solution, budget_bytes: float) -> float:
@@ -259,10 +221,10 @@ def solve_min_peak(prob: Problem, *, time_limit_s: float, offload: OffloadSetup 
     cost = np.zeros(mat.n_var)
     cost[mat.p] = 1.0
     plain, multi = _need_rows(prob, prob.model.base_bytes, offload)
-    extra = [([(mat.p, 1.0)] + _discard_entries(mat, k, reps, prob.unit, j), v / prob.unit, np.inf)
+    extra = [([(mat.p, 1.0)] + discard_entries(mat, k, reps, prob.unit, j), v / prob.unit, np.inf)
              for k, j, reps, v in [(k, j, {"held": {}}, v) for k, j, v in plain] + multi]
     extra += [([(mat.p, 1.0)] + entries, v / prob.unit, np.inf)
-              for entries, v, _ in _forward_rows(prob, mat, prob.model.base_bytes, offload)]
+              for entries, v, _ in forward_moment_rows(prob, mat, prob.model.base_bytes, offload)]
     lb = np.zeros(mat.n_var)
     lb[mat.p] = -np.inf
     return _run(prob, mat, cost, lb, mat.constraint(extra), time_limit_s, 1e-9)
@@ -291,52 +253,6 @@ def _need_rows(prob: Problem, values: np.ndarray, offload: OffloadSetup | None =
         terms["held"] = {i: float(b[t]) for i, b in extra.items() if b[t] > 0}
         multi.append((int(prob.node_key[t]), int(credited[t]), terms, float(values[t])))
     return plain, multi
-
-
-def _forward_rows(prob: Problem, mat: _Matrix, values: np.ndarray, offload: OffloadSetup | None = None
-                  ) -> list[tuple[list[tuple[int, float]], float, float]]:
-    """(entries, value, most) per forward moment t of a candidate with forward rows (:mod:`planner.solve.forward_rows`)
-    and per column at its key: the row "discard at t less what the candidate's kept groups hold beyond the
-    plain step there >= values[t]"; ``most``: the largest that excess can be (a row with ``value + most <= 0``
-    never binds)."""
-    if not prob.forward:
-        return []
-    model = prob.model
-    forward = np.array([ph == "forward" for ph in model.phases], dtype=bool)
-    credited = credited_windows(offload, model.keys) if offload is not None else np.zeros(len(values), np.int64)
-    reps = prob.repeat_counts()
-    out = []
-    for i, rows in prob.forward.items():
-        cols = mat.k0 + mat.k_off[i] + np.arange(len(prob.candidates[i].classes.members))
-        for j, key in enumerate(rows.keys.tolist()):
-            const = float(rows.const[j])
-            if const <= 0:  # never above the moment's own row
-                continue
-            weights = [(int(c), float(w) / prob.unit) for c, w in zip(cols, rows.class_weights[:, j]) if w]
-            for t in np.flatnonzero(forward & (model.keys == key)).tolist():
-                terms: dict = {r: float(c[t]) for r, c in reps.items() if c[t] > 0}
-                terms["held"] = {}
-                entries = _discard_entries(mat, int(prob.node_key[t]), terms, prob.unit, int(credited[t]))
-                out.append((entries + [(mat.y0 + i, -const / prob.unit)] + weights, float(values[t]), const))
-    return out
-
-
-def _discard_entries(mat: _Matrix, key: int, terms: dict, unit: float, credited: int = 0) -> list[tuple[int, float]]:
-    """The discard in effect at a moment, less the inputs held then: the running sum at ``key``, plus
-    ``terms[i]`` times candidate i's own discard (``S_i - S_{i-1}``), less ``terms["held"][i] * y_i``; plus the
-    running offload of the first ``credited`` windows (with offload)."""
-    coef: dict[int, float] = {mat.s0 + key - 1: 1.0} if key > 0 else {}
-    if credited and mat.off is not None:
-        coef[mat.off.q(credited)] = 1.0
-    for i, r in terms.items():
-        if i == "held":
-            continue
-        coef[mat.s0 + i] = coef.get(mat.s0 + i, 0.0) + r
-        if i > 0:
-            coef[mat.s0 + i - 1] = coef.get(mat.s0 + i - 1, 0.0) - r
-    for i, nbytes in terms.get("held", {}).items():
-        coef[mat.y0 + i] = coef.get(mat.y0 + i, 0.0) - nbytes / unit
-    return list(coef.items())
 
 
 def _run(prob: Problem, mat: _Matrix, cost, lb, constraint, time_limit_s: float, mip_rel_gap: float) -> Solution:
@@ -380,7 +296,7 @@ def _decode(prob: Problem, mat: _Matrix, x: np.ndarray) -> dict[str, Decision]:
         rec = np.rint(x[mat.k0 + mat.k_off[i]: mat.k0 + mat.k_off[i + 1]]).astype(np.int64)
         saved_bytes = cand.op_bytes - cl.always_recomputed_bytes - int(rec @ cl.class_bytes)
         save, saved_bytes, saved_ms = _best_decision(prob, cand, saved_bytes)
-        if i in prob.forward:  # the frontier's pick only where its own forward holds no more than the solver's
+        if i in forward_rows_of(prob):  # the frontier's pick only where its own forward holds no more than the solver's
             solved = _counts_decision(prob, cand, rec)
             if _holds_more(prob, cand.fqn, save, solved[0]):
                 save, saved_bytes, saved_ms = solved

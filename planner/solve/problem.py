@@ -17,7 +17,7 @@ import math
 from collections import Counter
 from operator import attrgetter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -26,12 +26,11 @@ from planner.memory_model import MemoryModel, discardable_bytes, memory_model
 from planner.ops.frontier import Frontier, FrontierTooLarge, frontier_hull, module_frontier
 from planner.ops.groups import OpGroups, op_groups
 from planner.ops.knapsack import GroupClasses, group_classes
-from planner.solve.forward_rows import ForwardRows, forward_columns, forward_rows, group_signatures
 from planner.solve.points import hull_vertices, lower_hull
 from planner.stats.format import ModuleStats, Stats
 
 __all__ = ["FRONTIER_ITEMS", "FRONTIER_LIMIT", "Candidate", "Frontiers", "Problem", "held_needs", "key_needs",
-           "need_rows", "prepare", "with_forward_rows"]
+           "need_rows", "prepare"]
 
 # Frontiers up to this many points are listed; larger modules use the exact
 # per-module knapsack MILP to land on a non-dominated point.
@@ -116,8 +115,6 @@ class Problem:
     node_key: np.ndarray  # per module (pre-order): candidates finishing before it
     chains: list[list[int]]  # candidate index chains that may hold at most one checkpoint
     unit: float  # bytes per MILP memory unit: a power of two near the peak, so values are O(1)
-    # candidate index -> the rows of its own forward moments, where they can bind (planner.solve.forward_rows)
-    forward: dict[int, ForwardRows] = field(default_factory=dict)
     _frontier_cache: dict[tuple, Frontier | None] = field(default_factory=dict)
     _frontier_of: dict[str, Frontier | None] = field(default_factory=dict)  # fqn -> frontier: no ops_key hashed
     _key_cache: dict[str, tuple] = field(default_factory=dict)  # fqn -> ops_key
@@ -267,35 +264,6 @@ def prepare(
     node_key = np.searchsorted(cand_post, model.keys, side="left")
     return Problem(stats, model, cands, node_key, _chains(stats, [c.fqn for c in cands]), unit,
                    _key_cache={c.fqn: c.ops_key for c in cands}, _classes=class_cache)
-
-
-def with_forward_rows(prob: Problem) -> Problem | None:
-    """``prob`` with the rows of its candidates' own forward moments (:mod:`planner.solve.forward_rows`): the
-    candidates whose forward can go above the plain step's get op classes that also share what their groups hold
-    there, and ``forward`` their rows. None when no candidate has any (stats without forward moments). Built
-    once per problem; the MILP turns to it when a plan without the rows misses the budget in such a forward."""
-    def build(p: Problem) -> Problem | None:
-        model, cands, forward = p.model, list(p.candidates), {}
-        split: dict[tuple, GroupClasses] = {}
-        for i, c in enumerate(cands):
-            if c.fqn not in model.forward_ops:
-                continue
-            m = p.stats.module(c.fqn)
-            if not len(forward_columns(m, model.forward_most)):
-                continue
-            signature = group_signatures(m, c.classes.groups)
-            key = (c.ops_key, "forward", tuple(signature))
-            if key not in split:
-                split[key] = group_classes(c.classes.groups, signature)
-            rows = forward_rows(m, split[key], model.forward_most)
-            if rows is not None:
-                cands[i], forward[i] = replace(c, classes=split[key]), rows
-        if not forward:
-            return None
-        return Problem(p.stats, model, cands, p.node_key, p.chains, p.unit, forward, _frontier_cache=p._frontier_cache,
-                       _frontier_of=p._frontier_of, _key_cache=p._key_cache, _classes=p._classes,
-                       _hull_cache=p._hull_cache)
-    return prob.derived("forward_rows", build)
 
 
 def ops_key(m: ModuleStats) -> tuple:

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 pytest.importorskip("torch")
 
 import planner  # noqa: E402
 from estimators import CollectRequest, run_collection  # noqa: E402
-from planner.solve.problem import prepare, with_forward_rows  # noqa: E402
+from planner.solve.forward_rows import forward_rows_of, with_forward_rows  # noqa: E402
+from planner.solve.problem import prepare  # noqa: E402
 from planner.stats.format import stats_hash  # noqa: E402
 
 TINY_OPT = {"model_type": "opt", "vocab_size": 256, "hidden_size": 64, "ffn_dim": 128, "num_hidden_layers": 2,
@@ -67,7 +69,7 @@ def test_stats_without_the_fields_read_hash_and_plan_as_before(stats):
     assert stats_hash(again) == stats_hash(old)  # absent fields are left out of the document, not written null
     assert not any(name in old.model_dump_json() for name in NEW_FIELDS)
     assert planner.memory_model(old).forward_ops == {} and with_forward_rows(prepare(old)) is None
-    assert with_forward_rows(prepare(stats)).forward  # the attention's saved scores can go above the plain step
+    assert forward_rows_of(with_forward_rows(prepare(stats)))  # the attention's saved scores go above the step
 
 
 @pytest.mark.parametrize("fraction", [0.75, 0.8, 0.85, 0.9])
@@ -106,7 +108,7 @@ def test_where_the_forward_binds_the_dp_hands_over_to_the_milp(stats):
     attn = stats.module("OPTForCausalLM.model.decoder.layers.1.self_attn")
     key = max(op.forward_key for op in attn.ops)
     model = planner.memory_model(stats)
-    at = (model.keys == key) & (model._forward)
+    at = (model.keys == key) & np.array([ph == "forward" for ph in model.phases])
     loaded = _with_forward_load(stats, key, int(0.95 * model.base_bytes.max() - model.base_bytes[at].max()))
     budget = 0.75 * planner.plan(loaded, 1024.0).baseline_peak_bytes / planner.GIB
     by_name = planner.plan(loaded, budget, solver="dp")  # re-solved under a lowered budget: not proven
