@@ -72,6 +72,7 @@ class _Matrix:
                 rows.append(r), cols.append(c), vals.append(v)
             lo.append(lb), hi.append(ub)
 
+        self.s_row: list[int] = []  # per candidate: the row of S_i - S_{i-1} - D_c = 0
         cost = np.zeros(n_var)
         ub = np.full(n_var, np.inf)
         integrality = np.zeros(n_var)
@@ -89,6 +90,7 @@ class _Matrix:
                 d_entries.append((k, cl.class_bytes[q] / prob.unit))
             # S_i - S_{i-1} - D_c = 0 and D_c >= 0
             s_prev = [] if i == 0 else [(self.s0 + i - 1, 1.0)]
+            self.s_row.append(len(lo))  # (per-call offloads join this row: milp_offload)
             row([(self.s0 + i, 1.0)] + [(c, -1.0 * v) for c, v in s_prev] + [(c, -v) for c, v in d_entries], 0.0, 0.0)
             row(d_entries, 0.0, np.inf)
             rc_entries = [(y, cost[y])] + [(self.k0 + k_off[i] + q, cost[self.k0 + k_off[i] + q])

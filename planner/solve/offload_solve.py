@@ -38,6 +38,16 @@ def solve_with_offload(prob: Problem, budget_bytes: float, link: HostLinkFigures
     return trim_offloads(prob, sol if stacked is None else with_milp(stacked, sol, mip_rel_gap), budget_bytes)
 
 
+def _credited_times(prob: Problem, off, fqn: str) -> np.ndarray:
+    """Per moment, how many times a byte ``fqn`` offloads is off the device: once from its window's credit key
+    on; per call (a module called more than once) wherever each call's discard is."""
+    model = prob.model
+    if fqn in off.calls:
+        return (model.keys > model.post_pos[fqn]).astype(float) + model.repeats.get(fqn, 0.0)
+    j = int(np.searchsorted(off.windows.end_pos, model.post_pos[fqn], side="left"))
+    return (model.keys >= off.windows.credit_key[j]).astype(float)
+
+
 def trim_offloads(prob: Problem, sol: Solution, budget_bytes: float) -> Solution:
     """``sol`` without the offloads its budget does not need: an offloaded op group whose bytes fit the room
     left at every moment its window's credit covers stays on the device instead (still saved). Recompute is
@@ -56,16 +66,16 @@ def trim_offloads(prob: Problem, sol: Solution, budget_bytes: float) -> Solution
     cand_of = {c.fqn: c for c in prob.candidates}
     lists = {fqn: list(v) for fqn, v in off.modules.items()}
     for fqn in sorted(lists, key=model.post_pos.__getitem__):
-        j = int(np.searchsorted(windows.end_pos, model.post_pos[fqn], side="left"))
-        at = model.keys >= windows.credit_key[j]
+        times = _credited_times(prob, off, fqn)
+        at = times > 0
         ops = prob.stats.module(fqn).ops or []
         groups = [g for g in cand_of[fqn].classes.groups.members if lists[fqn][g[0]]]
         for group in sorted(groups, key=lambda g: -sum(ops[k].output_bytes for k in g)):
             nbytes = sum(ops[k].output_bytes for k in group)
-            if not at.any() or nbytes <= float(room[at].min()):
+            if not at.any() or bool(np.all(nbytes * times[at] <= room[at])):
                 for k in group:
                     lists[fqn][k] = 0
-                room[at] -= nbytes
+                room[at] -= nbytes * times[at]
     kept = offload_plan(prob, windows, {f: v for f, v in lists.items() if any(v)})
     return Solution.planned(prob, sol.decisions, sol.status, sol.message, sol.mip_gap or 0.0, sol.lower_bound,
                             kept)
