@@ -106,8 +106,10 @@ def _set_up_offload(model: nn.Module, doc: Mapping, plans: list[ModulePlan], by_
     install_windows(model, store, by_fqn)
     if compile_backend is not None:
         enable_compiled_offload(model, store)
+    per_call = {str(pm.get("fqn")) for pm in doc.get("modules") or () if (pm.get("offload_calls") or 1) > 1}
     for mp in plans:
         mp.host_store = store
+        mp.offload_per_call = mp.fqn in per_call
 
 
 def _applied_line(model: nn.Module, doc: Mapping, fqns: list[str]) -> str:
@@ -235,9 +237,14 @@ def _offload_contexts(mp: ModulePlan, compiled: bool, module: nn.Module) -> Any:
                                 f"pass): nothing would be offloaded; fix: apply_plan(model, plan, stats=stats, "
                                 f"example_inputs=batch, compile_backend=BACKEND) or check_plan(model, batch, "
                                 f"compile_backend=BACKEND) before torch.compile")
+    if compiled and mp.offload_per_call:
+        raise PlanMismatchError(f"module {mp.fqn!r} offloads per call (plan offload_calls: it is called more than "
+                                f"once), which runs eagerly only; fix: run the model without torch.compile, or plan "
+                                f"it with offload 'off'")
     if traced:
         return create_selective_checkpoint_contexts(mp.new_call(compiled), allow_cache_entry_mutation=True)
-    forward_ctx, recompute_ctx = offload_contexts(mp.new_call(compiled), mp.host_store, mp.fqn, module)
+    forward_ctx, recompute_ctx = offload_contexts(mp.new_call(compiled), mp.host_store, mp.fqn, module,
+                                                  mp.offload_per_call)
     if compiled:  # compile's eager backend runs checkpoint without preserve_rng_state
         return RngReplay(forward_ctx, recompute_ctx).contexts()
     return forward_ctx, guarded_recompute(module, recompute_ctx)
