@@ -30,7 +30,9 @@ def solve_with_offload(prob: Problem, budget_bytes: float, link: HostLinkFigures
     setup = offload_setup(prob, link)
     deadline = time.perf_counter() + time_limit_s
     # stacks of 16+ blocks: the count-space relaxation first (planner.solve.stack.offload_stack)
-    stacked = stack_first(prob, setup, budget_bytes, mip_rel_gap=mip_rel_gap, deadline=deadline)
+    # (not with modules offloading per call: the stack knows the windows only, the MILP both)
+    stacked = None if setup.per_call else stack_first(prob, setup, budget_bytes, mip_rel_gap=mip_rel_gap,
+                                                       deadline=deadline)
     if stacked is not None and stacked.plan is not None and stacked.plan.status == "optimal":
         return trim_offloads(prob, stacked.plan, budget_bytes)
     left = max(deadline - time.perf_counter(), 0.01)  # the MILP gets what is left, and the stack's bound
