@@ -101,12 +101,16 @@ def _set_up_offload(model: nn.Module, doc: Mapping, plans: list[ModulePlan], by_
         return
     if compile_backend is not None:
         refuse_offload_backend(compile_backend)
+    per_call = {str(pm.get("fqn")) for pm in doc.get("modules") or () if (pm.get("offload_calls") or 1) > 1}
+    if compile_backend is not None and per_call:
+        raise PlanMismatchError(f"module {min(per_call)!r} offloads per call (plan offload_calls: it is called more "
+                                f"than once), which runs eagerly only; fix: apply the plan without compile_backend "
+                                f"and run the model eagerly, or plan it with offload 'off'")
     root = next(fqn for fqn, mod in by_fqn.items() if mod is model)
     store = HostStore(window_ends(doc, root, [mp.fqn for mp in plans], by_fqn))
     install_windows(model, store, by_fqn)
     if compile_backend is not None:
         enable_compiled_offload(model, store)
-    per_call = {str(pm.get("fqn")) for pm in doc.get("modules") or () if (pm.get("offload_calls") or 1) > 1}
     for mp in plans:
         mp.host_store = store
         mp.offload_per_call = mp.fqn in per_call

@@ -20,7 +20,8 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
 import planner  # noqa: E402
-from estimators import RooflineCostModel, apply_plan, collect_stats, device_spec, make_optimizer  # noqa: E402
+from estimators import PlanMismatchError, RooflineCostModel, apply_plan, collect_stats, device_spec  # noqa: E402
+from estimators import make_optimizer  # noqa: E402
 from estimators import measure_steps  # noqa: E402
 from estimators.apply import planned_modules  # noqa: E402
 from planner.solve.offload import host_link, offload_setup  # noqa: E402
@@ -115,3 +116,9 @@ def test_real_steps_hold_the_plan_host_bytes_and_gradients(planned):
         m(x).backward()
         grads.append([p.grad for p in m.parameters()])
     assert all(torch.equal(a, b) for a, b in zip(*grads))
+
+
+def test_per_call_offloading_is_refused_under_compile(planned):
+    model, x, stats, plan = planned
+    with pytest.raises(PlanMismatchError, match="offloads per call .* runs eagerly only"):
+        apply_plan(copy.deepcopy(model), plan, stats=stats, example_inputs=(x,), compile_backend="aot_eager")
