@@ -48,6 +48,7 @@ from planner.solve.solution import Decision, Solution, discards
 from planner.solve.stack.multiset import CountWorkLimit
 from planner.solve.stack.offload_items import OffloadPoints, Stall, offload_points
 from planner.solve.stack.offload_joint import joint_block_options
+from planner.solve.stack.offload_split import SUFFIX_BLOCKS, solve_split
 from planner.solve.stack.relaxation import Stack, find_stack, solve_stack
 from planner.solve.stack.tail import TailStall
 
@@ -202,14 +203,18 @@ def _fits(prob: Problem, plan: Solution, budget_bytes: float) -> bool:
     return max(plan.peak_bytes, rows) <= budget_bytes + NEED_TOL_BYTES
 
 
-def _judged(plan: Solution, lower: float, mip_rel_gap: float) -> Solution:
+_RELAXED = ("count-space relaxation of a stack of identical blocks, offload counted at each module's end; its plan "
+            "meets the bound on the full model")
+_SPLIT = ("the stack's first blocks in count space, its last blocks and the rest exactly by MILP, offload credited "
+          "one window late there; its plan meets the bound on the full model")
+
+
+def _judged(plan: Solution, lower: float, mip_rel_gap: float, how: str = _RELAXED) -> Solution:
     """The plan, "optimal" when its cost is within ``mip_rel_gap`` of the bound, else "feasible" with its gap."""
     cost = plan.overhead_ms
     gap = max(cost - lower, 0.0) / cost if cost > 0 else 0.0
     if gap <= mip_rel_gap:
-        return replace(plan, lower_bound=lower).with_status("optimal", "optimal plan found (count-space relaxation of a stack of identical "
-                                           "blocks, offload counted at each module's end; its plan meets the bound "
-                                           "on the full model)", gap)
+        return replace(plan, lower_bound=lower).with_status("optimal", f"optimal plan found ({how})", gap)
     return replace(plan, lower_bound=lower).with_status("feasible", "best plan of the stack relaxation, with its "
                                                                  "proven gap", gap)
 
@@ -225,28 +230,46 @@ def stack_first(prob: Problem, setup: OffloadSetup, budget_bytes: float, *, mip_
     if model.stack is None or len(model.stack.blocks) < dp.STACK_FIRST_BLOCKS:  # read per call: tests lower it
         return None
     first = solve_offload_stack(prob, model, budget_bytes, mip_rel_gap=mip_rel_gap, deadline=deadline)
-    if first is None or first.plan is None or first.plan.status == "optimal":
+    if first is not None and first.plan is not None and first.plan.status == "optimal":
         return first
-    # A plan that meets the budget but not the bound: its modules may share their window's copy link (the
-    # modules' own stalls add up to less than the window's). Again with each window's stall on its total: slower,
-    # tighter. (A plan missing the budget misses it by where an offload is credited, which that does not change.)
-    joint = prob.derived(f"offload stack joint {link.d2h_gbps!r} {link.h2d_gbps!r}",
-                         lambda p: offload_stack(p, setup.windows, setup.options, joint=True))
-    if joint.stack is None:
-        return first
-    again = solve_offload_stack(prob, joint, budget_bytes, mip_rel_gap=mip_rel_gap, deadline=deadline)
-    return _better(first, again, mip_rel_gap)
+    best, items = first, model
+    if first is not None and first.plan is not None:
+        # A plan that meets the budget but not the bound: its modules may share their window's copy link (the
+        # modules' own stalls add up to less than the window's). Again with each window's stall on its total:
+        # slower, tighter. (A plan missing the budget misses it by where an offload is credited, which that does
+        # not change: the split below is for that.)
+        joint = prob.derived(f"offload stack joint {link.d2h_gbps!r} {link.h2d_gbps!r}",
+                             lambda p: offload_stack(p, setup.windows, setup.options, joint=True))
+        if joint.stack is not None:
+            best = _better(first, solve_offload_stack(prob, joint, budget_bytes, mip_rel_gap=mip_rel_gap,
+                                                      deadline=deadline), mip_rel_gap)
+            items = joint
+        if best.plan is not None and best.plan.status == "optimal":
+            return best
+    # Not proven: where the one-window-late credit binds (the last blocks), the first blocks in count space and
+    # the last ones exactly (planner.solve.stack.offload_split), with more exact blocks while not proven
+    for k in SUFFIX_BLOCKS:
+        split = solve_split(prob, setup, items, budget_bytes, k, mip_rel_gap=mip_rel_gap, deadline=deadline)
+        if split is None:
+            break
+        best = _better(best, StackOffloadResult(-math.inf if split.lower is None else split.lower, split.plan),
+                       mip_rel_gap, _SPLIT)
+        if best.plan is not None and best.plan.status == "optimal":
+            break
+    return best
 
 
-def _better(a: StackOffloadResult | None, b: StackOffloadResult | None, mip_rel_gap: float) -> StackOffloadResult | None:
-    """Two relaxations' results as one: the larger bound (both are bounds), the cheaper plan judged against it."""
+def _better(a: StackOffloadResult | None, b: StackOffloadResult | None, mip_rel_gap: float,
+            how: str = _RELAXED) -> StackOffloadResult | None:
+    """Two relaxations' results as one: the larger bound (both are bounds), the cheaper plan judged against it
+    (``how``: how the bound came, for the plan's message)."""
     if a is None or b is None:
         return b if a is None else a
     lower = max(a.lower, b.lower)
     plans = [p for p in (a.plan, b.plan) if p is not None]
     if not plans:
         return StackOffloadResult(lower)
-    return StackOffloadResult(lower, _judged(min(plans, key=lambda p: p.overhead_ms), lower, mip_rel_gap))
+    return StackOffloadResult(lower, _judged(min(plans, key=lambda p: p.overhead_ms), lower, mip_rel_gap, how))
 
 
 def with_milp(stacked: StackOffloadResult, sol: Solution, mip_rel_gap: float) -> Solution:

@@ -1,0 +1,178 @@
+"""Offload on deep stacks where the relaxation's credit binds: the first blocks in count space, the last ones exact.
+
+The stack relaxation (:mod:`planner.solve.stack.offload_stack`) credits a
+module's offload at its own end. The full model credits window j's offload
+only from the end of window j+1 on, so at every moment of block j+1 (its
+MLP's backward, say) the previous block's offload and the block's own are
+still on the device. Near a stack's end, where the needs grow faster than a
+block frees, that is what binds: the relaxation's plan misses the budget
+there, every block offloading all it can, and its bound is not tight. The
+cheapest fix recomputes instead of offloading in the last few blocks, which
+the relaxation cannot see (an option offloading less at the same freed bytes
+costs more in it, and is not even listed).
+
+So the stack is split, with K the last member blocks:
+
+* **The prefix**, the first n = len(blocks) - K member blocks, is relaxed as
+  in count space: everything it frees (discards and offloads) counts as freed
+  once it ends (``x`` bytes), its own memory constraints are dropped, and its
+  cost is at least ``n h(x / n)``, h the lower convex hull of one block's
+  options (freed bytes, recompute + stall: the stack's block items). Each
+  block costs at least h of what it frees and h is convex, so the blocks
+  together cost at least that; and the full model credits no byte of the
+  prefix earlier than at its end. Every plan's prefix is therefore feasible
+  here, at no more than its cost.
+* **Everything else** (the modules before the stack, the last K blocks and
+  what follows them) is the MILP of :mod:`planner.solve.milp_offload`, exact:
+  each free op group saved, recomputed or offloaded, each window's offload
+  credited one window late, each window's stall on its total, every memory
+  row from the prefix's end on counting ``x``.
+
+Its optimum is a lower bound on every plan (HiGHS's dual bound where it
+stops early). Its plan, with the prefix blocks taking the cheapest multiset
+of block options reaching ``x`` (on a hull vertex, one option for all,
+costing exactly ``n h(x / n)``), is checked on the full model: optimal when
+it meets the budget and costs within the gap of the bound. Where the
+relaxation's credit binds only near the stack's end, the prefix takes its
+relaxed optimum and the bound is the optimum (Llama-3 70B FSDP2 x32 at its
+smallest recompute-only budget: the last 6 layers recompute part of what the
+others offload).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+
+import numpy as np
+from scipy.optimize import Bounds
+
+from planner.highs import quiet_milp
+from planner.memory_model import NEED_TOL_BYTES
+from planner.solve.milp import _TOLERANCES, _Matrix, _discard_entries, _need_rows
+from planner.solve.milp_offload import decode_offload
+from planner.solve.offload import OffloadSetup, offload_plan
+from planner.solve.points import lower_hull
+from planner.solve.problem import Problem, held_needs, key_needs
+from planner.solve.solution import Solution
+from planner.solve.stack.multiset import CountWorkLimit, min_cost_counts
+from planner.solve.stack.options import back_to_back
+from planner.solve.stack.relaxation import exchange_order
+
+__all__ = ["SUFFIX_BLOCKS", "SplitResult", "solve_split"]
+
+SUFFIX_BLOCKS = (8, 16)  # K tried in turn (while not proven): the last blocks solved exactly
+
+
+class SplitResult:
+    """A bound (None: none proven) and a plan meeting the budget on the full model (or None), unjudged."""
+
+    def __init__(self, lower: float | None, plan: Solution | None = None):
+        self.lower, self.plan = lower, plan
+
+
+def solve_split(prob: Problem, setup: OffloadSetup, model, budget_bytes: float, suffix_blocks: int, *,
+                mip_rel_gap: float, deadline: float) -> SplitResult | None:
+    """The split's bound and plan with the last ``suffix_blocks`` member blocks exact (see the module
+    docstring); None where it does not apply (no stack of back-to-back blocks longer than the suffix, a
+    module spanning the prefix, a memory row tying a prefix module to a later moment).
+
+    ``model``: the :class:`planner.solve.stack.offload_stack.OffloadStack` whose block items bound the prefix.
+    """
+    fr, stack = model.frontiers, model.stack
+    if stack is None or len(stack.blocks) <= suffix_blocks or not back_to_back(fr, stack):
+        return None
+    prefix = stack.blocks[:-suffix_blocks]
+    lo, hi = fr.starts[prefix[0]], prefix[-1] + 1  # the prefix's candidates: lo .. hi - 1
+    if any(fr.starts[i] < hi for i in range(hi, len(fr.d))):
+        return None  # an ancestor of prefix blocks: its choice would be tied to theirs
+    need = prob.model.base_bytes - budget_bytes
+    plain, multi = _need_rows(prob, need, setup)
+    inside = range(lo + 1, hi)  # keys whose running sum holds part of the prefix: rows dropped
+    rows = [(k, j, v) for k, j, v in plain if v > 0 and k not in inside]
+    multi = [(k, j, terms, v) for k, j, terms, v in multi
+             if v + sum(terms["held"].values()) > 0 and k not in inside]
+    for _, _, terms, _ in multi:
+        if any(lo <= i < hi for i in (*terms["held"], *(t for t in terms if t != "held"))):
+            return None
+    mat = _Matrix(prob, with_peak=False, offload=setup)
+    n = len(prefix)
+    hx, hy, slopes = lower_hull(np.asarray(stack.d, dtype=np.float64), np.asarray(stack.rc, dtype=np.float64))
+    x_col, z_col = _add_prefix(mat, prob, lo, hi, n, hx)
+    lb = np.zeros(mat.n_var)
+    lb[z_col] = -np.inf
+    margin = -NEED_TOL_BYTES  # as the MILP: its optimum then bounds every plan meeting the needs to the byte
+    extra = [(_discard_entries(mat, k, terms, prob.unit, j), (v + margin) / prob.unit, np.inf)
+             for k, j, terms, v in multi]
+    for k, j, v in rows:
+        if j == 0:
+            lb[mat.s0 + k - 1] = max(lb[mat.s0 + k - 1], (v + margin) / prob.unit)
+        else:
+            extra.append((_discard_entries(mat, k, {"held": {}}, prob.unit, j), (v + margin) / prob.unit, np.inf))
+    # the prefix's cost: z >= n h(x / n), one row per hull edge (x in units)
+    for x0, y0, s in zip(hx[:-1].tolist(), hy[:-1].tolist(), slopes.tolist()):
+        extra.append(([(z_col, 1.0), (x_col, -s * prob.unit)], n * (y0 - s * x0), np.inf))
+    left = deadline - time.perf_counter()
+    if left <= 0:
+        return None
+    with warnings.catch_warnings():  # HiGHS options scipy does not name are passed on verbatim, with a warning
+        warnings.simplefilter("ignore", RuntimeWarning)
+        res = quiet_milp(mat.cost, integrality=mat.integrality, bounds=Bounds(lb, mat.ub),
+                         constraints=[mat.constraint(extra)],
+                         options={"time_limit": left, "mip_rel_gap": mip_rel_gap, "presolve": True, **_TOLERANCES})
+    bound = getattr(res, "mip_dual_bound", None)
+    lower = float(bound) if bound is not None and math.isfinite(bound) else None
+    if res.x is None or res.status not in (0, 1):
+        return SplitResult(lower)
+    return SplitResult(lower, _plan(prob, setup, model, budget_bytes, mat, res.x, prefix, float(res.x[x_col])))
+
+
+def _add_prefix(mat: _Matrix, prob: Problem, lo: int, hi: int, n: int, hx: np.ndarray) -> tuple[int, int]:
+    """Fix the prefix's columns at 0, and add x (what it frees, in units; counted in the running sum from its
+    last candidate on) and z (its cost, ms). Returns their columns."""
+    for i in range(lo, hi):
+        mat.ub[mat.y0 + i] = 0.0
+        mat.ub[mat.k0 + mat.k_off[i]: mat.k0 + mat.k_off[i + 1]] = 0.0
+    for (i, _), col in mat.off.f_col.items():
+        if lo <= i < hi:
+            mat.ub[col] = 0.0
+    x_col, z_col = mat.n_var, mat.n_var + 1
+    mat.n_var += 2
+    mat.cost = np.concatenate([mat.cost, [0.0, 1.0]])
+    mat.ub = np.concatenate([mat.ub, [n * float(hx[-1]) / prob.unit, np.inf]])
+    mat.integrality = np.concatenate([mat.integrality, [0.0, 0.0]])
+    # S_{hi-1} - S_{hi-2} - D_{hi-1} = 0 becomes ... - x = 0: the candidate's running-sum row is the first
+    # row holding its S column with coefficient 1 (the next candidate's holds it with -1)
+    s_col = mat.s0 + hi - 1
+    row = next(r for r, c, v in zip(mat.rows, mat.cols, mat.vals) if c == s_col and v == 1.0)
+    mat.rows.append(row), mat.cols.append(x_col), mat.vals.append(-1.0)
+    return x_col, z_col
+
+
+def _plan(prob: Problem, setup: OffloadSetup, model, budget_bytes: float, mat: _Matrix, x: np.ndarray,
+          prefix: list[int], freed_units: float) -> Solution | None:
+    """The full plan: the prefix blocks at the cheapest multiset of block options freeing the solver's x (dealt
+    in the exchange order), the rest as the solver says; None when there is none or it misses the budget."""
+    # imported here: offload_stack calls this module
+    from planner.solve.stack.offload_stack import _fits, evaluate
+    stack, fr = model.stack, model.frontiers
+    n = len(prefix)
+    target = freed_units * prob.unit - NEED_TOL_BYTES
+    try:
+        sol, _ = min_cost_counts(stack.d, stack.rc, n, np.array([target]), np.zeros(1), math.inf)
+    except CountWorkLimit:
+        return None
+    if sol is None:
+        return None
+    seq = [p for p, c in sol.counts.items() for _ in range(c)]
+    order = exchange_order(fr, stack, seq, key_needs(prob, budget_bytes), held_needs(prob, budget_bytes))
+    rep = stack.blocks[0]
+    choices = {i + root - rep: j for root, p in zip(prefix, order) for i, j in stack.choices[p]}
+    head = evaluate(prob, model, fr, choices)
+    decided, offloads = decode_offload(prob, mat, mat.off, x)
+    decided.update(head.decisions)
+    lists = {**offloads.modules, **(head.offload.modules if head.offload is not None else {})}
+    plan = Solution.planned(prob, decided, "feasible", "", 0.0,
+                            offload=offload_plan(prob, setup.windows, {f: v for f, v in lists.items() if any(v)}))
+    return plan if _fits(prob, plan, budget_bytes) else None
