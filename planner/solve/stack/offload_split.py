@@ -42,15 +42,17 @@ others offload).
 from __future__ import annotations
 
 import math
+import os
 import time
 import warnings
+from dataclasses import dataclass
 
 import numpy as np
 from scipy.optimize import Bounds
 
 from planner.highs import quiet_milp
 from planner.memory_model import NEED_TOL_BYTES
-from planner.solve.milp import _TOLERANCES, _Matrix, _discard_entries, _need_rows
+from planner.solve.milp import _TOLERANCES, _discard_entries, _Matrix, _need_rows
 from planner.solve.milp_offload import decode_offload
 from planner.solve.offload import OffloadSetup, offload_plan
 from planner.solve.points import lower_hull
@@ -62,7 +64,7 @@ from planner.solve.stack.relaxation import exchange_order
 
 __all__ = ["SUFFIX_BLOCKS", "SplitResult", "solve_split"]
 
-SUFFIX_BLOCKS = (8, 16)  # K tried in turn (while not proven): the last blocks solved exactly
+SUFFIX_BLOCKS = tuple(int(v) for v in os.environ.get("KS", "8,16").split(","))  # K tried in turn (while not proven): the last blocks solved exactly
 
 
 class SplitResult:
@@ -89,19 +91,20 @@ def solve_split(prob: Problem, setup: OffloadSetup, model, budget_bytes: float, 
         return None  # an ancestor of prefix blocks: its choice would be tied to theirs
     need = prob.model.base_bytes - budget_bytes
     plain, multi = _need_rows(prob, need, setup)
-    inside = range(lo + 1, hi)  # keys whose running sum holds part of the prefix: rows dropped
-    rows = [(k, j, v) for k, j, v in plain if v > 0 and k not in inside]
+    # rows whose running sum holds part of the prefix: dropped (the prefix's own constraints)
+    rows = [(k, j, v) for k, j, v in plain if v > 0 and not lo < k < hi]
     multi = [(k, j, terms, v) for k, j, terms, v in multi
-             if v + sum(terms["held"].values()) > 0 and k not in inside]
+             if v + sum(terms["held"].values()) > 0 and not lo < k < hi]
     for _, _, terms, _ in multi:
         if any(lo <= i < hi for i in (*terms["held"], *(t for t in terms if t != "held"))):
             return None
+    # (the subtrees before the blocks stay exact: relaxed like the blocks, their hull point rarely is a real
+    # option, and the plan then costs more than the bound by more than the gap)
+    parts = [_Part(len(prefix), *lower_hull(np.asarray(stack.d, dtype=np.float64),
+                                            np.asarray(stack.rc, dtype=np.float64)))]
     mat = _Matrix(prob, with_peak=False, offload=setup)
-    n = len(prefix)
-    hx, hy, slopes = lower_hull(np.asarray(stack.d, dtype=np.float64), np.asarray(stack.rc, dtype=np.float64))
-    x_col, z_col = _add_prefix(mat, prob, lo, hi, n, hx)
+    cols = _add_prefix(mat, prob, lo, hi, parts)
     lb = np.zeros(mat.n_var)
-    lb[z_col] = -np.inf
     margin = -NEED_TOL_BYTES  # as the MILP: its optimum then bounds every plan meeting the needs to the byte
     extra = [(_discard_entries(mat, k, terms, prob.unit, j), (v + margin) / prob.unit, np.inf)
              for k, j, terms, v in multi]
@@ -110,9 +113,10 @@ def solve_split(prob: Problem, setup: OffloadSetup, model, budget_bytes: float, 
             lb[mat.s0 + k - 1] = max(lb[mat.s0 + k - 1], (v + margin) / prob.unit)
         else:
             extra.append((_discard_entries(mat, k, {"held": {}}, prob.unit, j), (v + margin) / prob.unit, np.inf))
-    # the prefix's cost: z >= n h(x / n), one row per hull edge (x in units)
-    for x0, y0, s in zip(hx[:-1].tolist(), hy[:-1].tolist(), slopes.tolist()):
-        extra.append(([(z_col, 1.0), (x_col, -s * prob.unit)], n * (y0 - s * x0), np.inf))
+    for part, (x_col, z_col) in zip(parts, cols):  # each part's cost: z >= n h(x / n), one row per hull edge
+        lb[z_col] = -np.inf
+        for x0, y0, s in zip(part.hx[:-1].tolist(), part.hy[:-1].tolist(), part.slopes.tolist()):
+            extra.append(([(z_col, 1.0), (x_col, -s * prob.unit)], part.n * (y0 - s * x0), np.inf))
     left = deadline - time.perf_counter()
     if left <= 0:
         return None
@@ -125,42 +129,54 @@ def solve_split(prob: Problem, setup: OffloadSetup, model, budget_bytes: float, 
     lower = float(bound) if bound is not None and math.isfinite(bound) else None
     if res.x is None or res.status not in (0, 1):
         return SplitResult(lower)
-    return SplitResult(lower, _plan(prob, setup, model, budget_bytes, mat, res.x, prefix, float(res.x[x_col])))
+    freed = [float(res.x[x_col]) * prob.unit for x_col, _ in cols]
+    return SplitResult(lower, _plan(prob, setup, model, budget_bytes, mat, res.x, prefix, freed[0]))
 
 
-def _add_prefix(mat: _Matrix, prob: Problem, lo: int, hi: int, n: int, hx: np.ndarray) -> tuple[int, int]:
-    """Fix the prefix's columns at 0, and add x (what it frees, in units; counted in the running sum from its
-    last candidate on) and z (its cost, ms). Returns their columns."""
+@dataclass(frozen=True)
+class _Part:
+    """A part of the prefix: n copies of one option list, its lower hull (freed bytes -> least cost)."""
+
+    n: int
+    hx: np.ndarray
+    hy: np.ndarray
+    slopes: np.ndarray
+
+
+def _add_prefix(mat: _Matrix, prob: Problem, lo: int, hi: int, parts: list[_Part]) -> list[tuple[int, int]]:
+    """Fix the prefix's columns (candidates lo .. hi - 1) at 0, and add per part x (what it frees, in units;
+    counted in the running sum from the prefix's last candidate on) and z (its cost, ms). Returns their
+    columns."""
     for i in range(lo, hi):
         mat.ub[mat.y0 + i] = 0.0
         mat.ub[mat.k0 + mat.k_off[i]: mat.k0 + mat.k_off[i + 1]] = 0.0
     for (i, _), col in mat.off.f_col.items():
         if lo <= i < hi:
             mat.ub[col] = 0.0
-    x_col, z_col = mat.n_var, mat.n_var + 1
-    mat.n_var += 2
-    mat.cost = np.concatenate([mat.cost, [0.0, 1.0]])
-    mat.ub = np.concatenate([mat.ub, [n * float(hx[-1]) / prob.unit, np.inf]])
-    mat.integrality = np.concatenate([mat.integrality, [0.0, 0.0]])
-    # S_{hi-1} - S_{hi-2} - D_{hi-1} = 0 becomes ... - x = 0: the candidate's running-sum row is the first
+    cols = [(mat.n_var + 2 * p, mat.n_var + 2 * p + 1) for p in range(len(parts))]
+    mat.n_var += 2 * len(parts)
+    mat.cost = np.concatenate([mat.cost, [0.0, 1.0] * len(parts)])
+    mat.ub = np.concatenate([mat.ub] + [[p.n * float(p.hx[-1]) / prob.unit, np.inf] for p in parts])
+    mat.integrality = np.concatenate([mat.integrality, [0.0, 0.0] * len(parts)])
+    # S_{hi-1} - S_{hi-2} - D_{hi-1} = 0 becomes ... - sum x = 0: the candidate's running-sum row is the first
     # row holding its S column with coefficient 1 (the next candidate's holds it with -1)
     s_col = mat.s0 + hi - 1
     row = next(r for r, c, v in zip(mat.rows, mat.cols, mat.vals) if c == s_col and v == 1.0)
-    mat.rows.append(row), mat.cols.append(x_col), mat.vals.append(-1.0)
-    return x_col, z_col
+    for x_col, _ in cols:
+        mat.rows.append(row), mat.cols.append(x_col), mat.vals.append(-1.0)
+    return cols
 
 
 def _plan(prob: Problem, setup: OffloadSetup, model, budget_bytes: float, mat: _Matrix, x: np.ndarray,
-          prefix: list[int], freed_units: float) -> Solution | None:
+          prefix: list[int], freed_bytes: float) -> Solution | None:
     """The full plan: the prefix blocks at the cheapest multiset of block options freeing the solver's x (dealt
     in the exchange order), the rest as the solver says; None when there is none or it misses the budget."""
     # imported here: offload_stack calls this module
     from planner.solve.stack.offload_stack import _fits, evaluate
     stack, fr = model.stack, model.frontiers
     n = len(prefix)
-    target = freed_units * prob.unit - NEED_TOL_BYTES
     try:
-        sol, _ = min_cost_counts(stack.d, stack.rc, n, np.array([target]), np.zeros(1), math.inf)
+        sol, _ = min_cost_counts(stack.d, stack.rc, n, np.array([freed_bytes - NEED_TOL_BYTES]), np.zeros(1), math.inf)
     except CountWorkLimit:
         return None
     if sol is None:
