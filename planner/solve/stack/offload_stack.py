@@ -212,7 +212,7 @@ _SPLIT = ("the stack's first blocks in count space, its last blocks and the rest
 def _judged(plan: Solution, lower: float, mip_rel_gap: float, how: str = _RELAXED) -> Solution:
     """The plan, "optimal" when its cost is within ``mip_rel_gap`` of the bound, else "feasible" with its gap."""
     cost = plan.overhead_ms
-    gap = max(cost - lower, 0.0) / cost if cost > 0 else 0.0
+    gap = min(1.0, max(cost - lower, 0.0) / cost) if cost > 0 else 0.0
     if gap <= mip_rel_gap:
         return replace(plan, lower_bound=lower).with_status("optimal", f"optimal plan found ({how})", gap)
     return replace(plan, lower_bound=lower).with_status("feasible", "best plan of the stack relaxation, with its "
@@ -223,7 +223,8 @@ def stack_first(prob: Problem, setup: OffloadSetup, budget_bytes: float, *, mip_
                 deadline: float) -> StackOffloadResult | None:
     """The stack relaxation's bound and plan, for stacks of at least ``dp.STACK_FIRST_BLOCKS`` identical blocks
     (as without offload: shorter ones are the MILP's); None when it does not apply or gave up. Each module's own
-    stall first; each window's on its total when that plan fits but is not proven (the better of the two)."""
+    stall first; each window's on its total when that plan fits but is not proven (the better of the two); then,
+    still not proven, the split of :mod:`planner.solve.stack.offload_split` (the last blocks exact, by MILP)."""
     link = setup.windows.link
     model = prob.derived(f"offload stack {link.d2h_gbps!r} {link.h2d_gbps!r}",
                          lambda p: offload_stack(p, setup.windows, setup.options))
@@ -248,12 +249,13 @@ def stack_first(prob: Problem, setup: OffloadSetup, budget_bytes: float, *, mip_
             return best
     # Not proven: where the one-window-late credit binds (the last blocks), the first blocks in count space and
     # the last ones exactly (planner.solve.stack.offload_split), with more exact blocks while not proven
-    for k in SUFFIX_BLOCKS:
+    for k in sorted({min(k, len(items.stack.blocks) - 1) for k in SUFFIX_BLOCKS}):
         split = solve_split(prob, setup, items, budget_bytes, k, mip_rel_gap=mip_rel_gap, deadline=deadline)
         if split is None:
             break
-        best = _better(best, StackOffloadResult(-math.inf if split.lower is None else split.lower, split.plan),
-                       mip_rel_gap, _SPLIT)
+        lower = -math.inf if split.lower is None else split.lower
+        plan = None if split.plan is None else _judged(split.plan, lower, mip_rel_gap, _SPLIT)
+        best = _better(best, StackOffloadResult(lower, plan), mip_rel_gap, _SPLIT)
         if best.plan is not None and best.plan.status == "optimal":
             break
     return best
