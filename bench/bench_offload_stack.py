@@ -96,7 +96,7 @@ def main() -> None:
     if args.write:
         header = [f"`python bench/bench_offload_stack.py --write` (host link {args.host_link_gbps:g} GB/s per direction, "
                   f"MILP fallback limit {args.time_limit_s:g} s). CPU seconds (`time.process_time`) per `planner.plan` "
-                  "call on parsed stats; machine: 2-core CPU shared with other work running in parallel."]
+                  "call on parsed stats; machine: 2 CPUs (AMD EPYC), shared with other sessions' work running in parallel."]
         write(rows, header)
 
 
