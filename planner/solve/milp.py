@@ -42,14 +42,14 @@ from planner.solve.problem import Candidate, Problem, need_rows
 from planner.memory_model import NEED_TOL_BYTES
 from planner.solve.solution import Decision, Solution, discards
 
-__all__ = ["solve_budget", "solve_min_peak"]
+__all__ = ["HIGHS_TOLERANCES", "BudgetMatrix", "budget_need_rows", "discard_entries", "solve_budget", "solve_min_peak"]
 
 # HiGHS's defaults (1e-7) let a solution miss a need by 1e-7 of the memory unit:
 # kilobytes on a large model. Tighter tolerances make the retries below rare.
-_TOLERANCES = {"primal_feasibility_tolerance": 1e-9, "mip_feasibility_tolerance": 1e-9}
+HIGHS_TOLERANCES = {"primal_feasibility_tolerance": 1e-9, "mip_feasibility_tolerance": 1e-9}
 
 
-class _Matrix:
+class BudgetMatrix:
     """The budget-independent part of the MILP: columns y, k, S (and optionally peak P; with ``offload``, the
     offload columns of :mod:`planner.solve.milp_offload` after them)."""
 
@@ -125,14 +125,14 @@ def solve_budget(prob: Problem, budget_bytes: float, *, time_limit_s: float, mip
     """Least recompute with peak <= budget_bytes; with ``offload``, least recompute + offload stall, each free
     op group of a checkpointed module saved, recomputed or offloaded (:mod:`planner.solve.milp_offload`)."""
     need = prob.model.base_bytes - budget_bytes
-    plain, multi = _need_rows(prob, need, offload)
+    plain, multi = budget_need_rows(prob, need, offload)
     rows = [(k, j, v) for k, j, v in plain if v > 0]
     multi = [(k, j, terms, v) for k, j, terms, v in multi if v + sum(terms["held"].values()) > 0]
     if not rows and not any(v > 0 for _, _, _, v in multi):
         return Solution.unplanned(prob, "no checkpointing needed")
     if rows and rows[0][:2] == (0, 0):
         return Solution.infeasible("modules before any checkpointable module already exceed the budget")
-    mat = _Matrix(prob, with_peak=False, offload=offload)
+    mat = BudgetMatrix(prob, with_peak=False, offload=offload)
     # First the needs as they are, to the byte the DP holds them to (NEED_TOL_BYTES): its optimum bounds
     # every plan, and it is optimal when it meets them. HiGHS's tolerance may let it miss one by a hair;
     # then the needs are raised until a plan meets the budget, and the gap is against the first bound.
@@ -147,13 +147,13 @@ def solve_budget(prob: Problem, budget_bytes: float, *, time_limit_s: float, mip
             return Solution.without_plan("time_limit", "time limit reached before a plan met the budget to the "
                                                        "byte; raise time_limit_s or use solver='dp' (exact)")
         lb = np.zeros(mat.n_var)
-        extra = [(_discard_entries(mat, k, terms, prob.unit, j), (v + margin) / prob.unit, np.inf)
+        extra = [(discard_entries(mat, k, terms, prob.unit, j), (v + margin) / prob.unit, np.inf)
                  for k, j, terms, v in multi]
         for k, j, v in rows:
             if j == 0:
                 lb[mat.s0 + k - 1] = max(lb[mat.s0 + k - 1], (v + margin) / prob.unit)
             else:  # the running discard and the running offload of the windows credited then
-                extra.append((_discard_entries(mat, k, {"held": {}}, prob.unit, j), (v + margin) / prob.unit, np.inf))
+                extra.append((discard_entries(mat, k, {"held": {}}, prob.unit, j), (v + margin) / prob.unit, np.inf))
         sol = _run(prob, mat, mat.cost, lb, mat.constraint(extra), max(left, 0.01), mip_rel_gap)
         if attempt == 0:
             bound = sol.lower_bound if sol.status in ("optimal", "feasible") else None
@@ -200,18 +200,18 @@ def solve_min_peak(prob: Problem, *, time_limit_s: float, offload: OffloadSetup 
     The planner uses the exact DP (:func:`planner.solve.min_peak.solve_min_peak_dp`) without offload; this
     is the independent cross-check the tests hold it to.
     """
-    mat = _Matrix(prob, with_peak=True, offload=offload)
+    mat = BudgetMatrix(prob, with_peak=True, offload=offload)
     cost = np.zeros(mat.n_var)
     cost[mat.p] = 1.0
-    plain, multi = _need_rows(prob, prob.model.base_bytes, offload)
-    extra = [([(mat.p, 1.0)] + _discard_entries(mat, k, reps, prob.unit, j), v / prob.unit, np.inf)
+    plain, multi = budget_need_rows(prob, prob.model.base_bytes, offload)
+    extra = [([(mat.p, 1.0)] + discard_entries(mat, k, reps, prob.unit, j), v / prob.unit, np.inf)
              for k, j, reps, v in [(k, j, {"held": {}}, v) for k, j, v in plain] + multi]
     lb = np.zeros(mat.n_var)
     lb[mat.p] = -np.inf
     return _run(prob, mat, cost, lb, mat.constraint(extra), time_limit_s, 1e-9)
 
 
-def _need_rows(prob: Problem, values: np.ndarray, offload: OffloadSetup | None = None
+def budget_need_rows(prob: Problem, values: np.ndarray, offload: OffloadSetup | None = None
                ) -> tuple[list[tuple[int, int, float]], list[tuple[int, int, dict, float]]]:
     """Rows for "discard at moment t >= values[t]": (key, windows credited, value) bounds on the running sums
     where only they decide (:func:`need_rows`; without ``offload`` no window is credited), and (key, windows
@@ -236,7 +236,7 @@ def _need_rows(prob: Problem, values: np.ndarray, offload: OffloadSetup | None =
     return plain, multi
 
 
-def _discard_entries(mat: _Matrix, key: int, terms: dict, unit: float, credited: int = 0) -> list[tuple[int, float]]:
+def discard_entries(mat: BudgetMatrix, key: int, terms: dict, unit: float, credited: int = 0) -> list[tuple[int, float]]:
     """The discard in effect at a moment, less the inputs held then: the running sum at ``key``, plus
     ``terms[i]`` times candidate i's own discard (``S_i - S_{i-1}``), less ``terms["held"][i] * y_i``; plus the
     running offload of the first ``credited`` windows (with offload)."""
@@ -254,12 +254,12 @@ def _discard_entries(mat: _Matrix, key: int, terms: dict, unit: float, credited:
     return list(coef.items())
 
 
-def _run(prob: Problem, mat: _Matrix, cost, lb, constraint, time_limit_s: float, mip_rel_gap: float) -> Solution:
+def _run(prob: Problem, mat: BudgetMatrix, cost, lb, constraint, time_limit_s: float, mip_rel_gap: float) -> Solution:
     with warnings.catch_warnings():  # HiGHS options scipy does not name are passed on verbatim, with a warning
         warnings.simplefilter("ignore", RuntimeWarning)
         res = quiet_milp(cost, integrality=mat.integrality, bounds=Bounds(lb, mat.ub), constraints=[constraint],
                    options={"time_limit": time_limit_s, "mip_rel_gap": mip_rel_gap, "presolve": True,
-                            **_TOLERANCES})
+                            **HIGHS_TOLERANCES})
     status, message = _status(res)
     bound = getattr(res, "mip_dual_bound", None)
     bound = float(bound) if bound is not None and math.isfinite(bound) else None
@@ -285,7 +285,7 @@ def _status(res) -> tuple[PlanStatus, str]:
     return "error", f"solver failed: {res.message}"
 
 
-def _decode(prob: Problem, mat: _Matrix, x: np.ndarray) -> dict[str, Decision]:
+def _decode(prob: Problem, mat: BudgetMatrix, x: np.ndarray) -> dict[str, Decision]:
     """Chosen modules -> non-dominated op decisions at least as good as the solver's."""
     out = {}
     for i, cand in enumerate(prob.candidates):

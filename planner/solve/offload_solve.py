@@ -1,10 +1,11 @@
 """Planning with offload (``offload='on'``): the one entry point every budget goes through.
 
-Today it is the MILP with its offload columns (:mod:`planner.solve.milp_offload`), its plan then trimmed of
-the offloads the budget does not need (:func:`trim_offloads`). A faster engine (the count-space stack
-relaxation) goes in front of the MILP here: it must return a :class:`Solution` built by
-``Solution.planned(..., offload=...)`` (so peak, recompute and stall are derived from its lists), or None to
-leave the budget to the MILP.
+The MILP with its offload columns (:mod:`planner.solve.milp_offload`), its plan then trimmed of the offloads
+the budget does not need (:func:`trim_offloads`). On stacks of identical blocks faster engines go in front of it:
+the count-space stack relaxation (:mod:`planner.solve.stack.offload_stack`), then, where its early credit of
+offloads binds, the split (:mod:`planner.solve.stack.offload_split`: the first blocks in count space, the last
+ones exactly). Each returns plans built by ``Solution.planned(..., offload=...)`` (so peak, recompute and stall
+are derived from their lists) with a bound, or None to leave the budget to the MILP.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from planner.solve.milp import solve_budget
 from planner.solve.offload import HostLinkFigures, offload_plan, offload_setup
 from planner.solve.problem import Problem
 from planner.solve.solution import Solution, discards, save_lists
-from planner.solve.stack.offload_stack import stack_first, with_milp
+from planner.solve.stack.offload_split import split_first
+from planner.solve.stack.offload_stack import StackOffloadResult, stack_first, with_milp
 
 __all__ = ["solve_with_offload", "trim_offloads"]
 
@@ -31,11 +33,17 @@ def solve_with_offload(prob: Problem, budget_bytes: float, link: HostLinkFigures
     deadline = time.perf_counter() + time_limit_s
     # stacks of 16+ blocks: the count-space relaxation first (planner.solve.stack.offload_stack)
     stacked = stack_first(prob, setup, budget_bytes, mip_rel_gap=mip_rel_gap, deadline=deadline)
-    if stacked is not None and stacked.plan is not None and stacked.plan.status == "optimal":
+    if stacked is not None and not _proven(stacked):  # where the early credit binds: the last blocks exactly
+        stacked = split_first(prob, setup, stacked, budget_bytes, mip_rel_gap=mip_rel_gap, deadline=deadline)
+    if stacked is not None and _proven(stacked):
         return trim_offloads(prob, stacked.plan, budget_bytes)
     left = max(deadline - time.perf_counter(), 0.01)  # the MILP gets what is left, and the stack's bound
     sol = solve_budget(prob, budget_bytes, time_limit_s=left, mip_rel_gap=mip_rel_gap, offload=setup)
     return trim_offloads(prob, sol if stacked is None else with_milp(stacked, sol, mip_rel_gap), budget_bytes)
+
+
+def _proven(stacked: StackOffloadResult) -> bool:
+    return stacked.plan is not None and stacked.plan.status == "optimal"
 
 
 def trim_offloads(prob: Problem, sol: Solution, budget_bytes: float) -> Solution:

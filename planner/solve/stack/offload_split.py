@@ -51,7 +51,7 @@ from scipy.optimize import Bounds
 
 from planner.highs import quiet_milp
 from planner.memory_model import NEED_TOL_BYTES
-from planner.solve.milp import _TOLERANCES, _discard_entries, _Matrix, _need_rows
+from planner.solve.milp import HIGHS_TOLERANCES, discard_entries, BudgetMatrix, budget_need_rows
 from planner.solve.milp_offload import decode_offload
 from planner.solve.offload import OffloadSetup, offload_plan
 from planner.solve.points import lower_hull
@@ -59,13 +59,40 @@ from planner.solve.problem import Problem, held_needs, key_needs
 from planner.solve.solution import Solution
 from planner.solve.stack.multiset import CountWorkLimit, min_cost_counts
 from planner.solve.stack.options import back_to_back
+from planner.solve.stack.offload_stack import (OffloadStack, StackOffloadResult, better, evaluate, fits_budget,
+                                               judged, stack_items)
 from planner.solve.stack.relaxation import exchange_order
 
-__all__ = ["SUFFIX_BLOCKS", "SplitResult", "solve_split"]
+__all__ = ["SUFFIX_BLOCKS", "SplitResult", "solve_split", "split_first"]
 
 # K tried in turn while not proven (at most all blocks but one): the last member blocks solved exactly. Llama-3
 # 70B FSDP2 x32 at 52.4 GiB needs 6 (with 5, the prefix's early credit at its end lowers the bound by 2.5e-5)
 SUFFIX_BLOCKS = (6, 16)
+
+
+_HOW = ("the stack's first blocks in count space, its last blocks and the rest exactly by MILP, offload credited "
+        "one window late there; its plan meets the bound on the full model")
+
+
+def split_first(prob: Problem, setup: OffloadSetup, stacked: StackOffloadResult | None, budget_bytes: float, *,
+                mip_rel_gap: float, deadline: float) -> StackOffloadResult | None:
+    """``stacked`` (the stack engine's answer, not proven) with the split's (:func:`solve_split`, K from
+    :data:`SUFFIX_BLOCKS` while not proven): the better bound and the cheaper plan. ``stacked`` as it is where
+    the split does not apply."""
+    model = stack_items(prob, setup)
+    if model.stack is None or len(model.stack.blocks) < 2:
+        return stacked
+    best = stacked
+    for k in sorted({min(k, len(model.stack.blocks) - 1) for k in SUFFIX_BLOCKS}):
+        split = solve_split(prob, setup, model, budget_bytes, k, mip_rel_gap=mip_rel_gap, deadline=deadline)
+        if split is None:
+            break
+        lower = -math.inf if split.lower is None else split.lower
+        plan = None if split.plan is None else judged(split.plan, lower, mip_rel_gap, _HOW)
+        best = better(best, StackOffloadResult(lower, plan), mip_rel_gap, _HOW)
+        if best.plan is not None and best.plan.status == "optimal":
+            break
+    return best
 
 
 class SplitResult:
@@ -75,13 +102,14 @@ class SplitResult:
         self.lower, self.plan = lower, plan
 
 
-def solve_split(prob: Problem, setup: OffloadSetup, model, budget_bytes: float, suffix_blocks: int, *,
+def solve_split(prob: Problem, setup: OffloadSetup, model: OffloadStack, budget_bytes: float, suffix_blocks: int, *,
                 mip_rel_gap: float, deadline: float) -> SplitResult | None:
     """The split's bound and plan with the last ``suffix_blocks`` member blocks exact (see the module
     docstring); None where it does not apply (no stack of back-to-back blocks longer than the suffix, a
     module spanning the prefix, a memory row tying a prefix module to a later moment).
 
-    ``model``: the :class:`planner.solve.stack.offload_stack.OffloadStack` whose block items bound the prefix.
+    ``model``: the stack relaxation's items (:func:`planner.solve.stack.offload_stack.stack_items`), whose block
+    options bound the prefix.
     """
     fr, stack = model.frontiers, model.stack
     if stack is None or len(stack.blocks) <= suffix_blocks or not back_to_back(fr, stack):
@@ -91,7 +119,7 @@ def solve_split(prob: Problem, setup: OffloadSetup, model, budget_bytes: float, 
     if any(fr.starts[i] < hi for i in range(hi, len(fr.d))):
         return None  # an ancestor of prefix blocks: its choice would be tied to theirs
     need = prob.model.base_bytes - budget_bytes
-    plain, multi = _need_rows(prob, need, setup)
+    plain, multi = budget_need_rows(prob, need, setup)
     # rows whose running sum holds part of the prefix: dropped (the prefix's own constraints)
     rows = [(k, j, v) for k, j, v in plain if v > 0 and not lo < k < hi]
     multi = [(k, j, terms, v) for k, j, terms, v in multi
@@ -103,17 +131,17 @@ def solve_split(prob: Problem, setup: OffloadSetup, model, budget_bytes: float, 
     # option, and the plan then costs more than the bound by more than the gap)
     parts = [_Part(len(prefix), *lower_hull(np.asarray(stack.d, dtype=np.float64),
                                             np.asarray(stack.rc, dtype=np.float64)))]
-    mat = _Matrix(prob, with_peak=False, offload=setup)
+    mat = BudgetMatrix(prob, with_peak=False, offload=setup)
     cols = _add_prefix(mat, prob, lo, hi, parts)
     lb = np.zeros(mat.n_var)
     margin = -NEED_TOL_BYTES  # as the MILP: its optimum then bounds every plan meeting the needs to the byte
-    extra = [(_discard_entries(mat, k, terms, prob.unit, j), (v + margin) / prob.unit, np.inf)
+    extra = [(discard_entries(mat, k, terms, prob.unit, j), (v + margin) / prob.unit, np.inf)
              for k, j, terms, v in multi]
     for k, j, v in rows:
         if j == 0:
             lb[mat.s0 + k - 1] = max(lb[mat.s0 + k - 1], (v + margin) / prob.unit)
         else:
-            extra.append((_discard_entries(mat, k, {"held": {}}, prob.unit, j), (v + margin) / prob.unit, np.inf))
+            extra.append((discard_entries(mat, k, {"held": {}}, prob.unit, j), (v + margin) / prob.unit, np.inf))
     for part, (x_col, z_col) in zip(parts, cols):  # each part's cost: z >= n h(x / n), one row per hull edge
         lb[z_col] = -np.inf
         for x0, y0, s in zip(part.hx[:-1].tolist(), part.hy[:-1].tolist(), part.slopes.tolist()):
@@ -137,8 +165,8 @@ _QUIET_HEURISTICS = {"mip_heuristic_run_rens": False, "mip_heuristic_run_rins": 
                      "mip_heuristic_run_feasibility_jump": False}
 
 
-def _solve(mat: _Matrix, lb: np.ndarray, constraint, time_limit_s: float, mip_rel_gap: float):
-    options = {"time_limit": time_limit_s, "mip_rel_gap": mip_rel_gap, "presolve": True, **_TOLERANCES}
+def _solve(mat: BudgetMatrix, lb: np.ndarray, constraint, time_limit_s: float, mip_rel_gap: float):
+    options = {"time_limit": time_limit_s, "mip_rel_gap": mip_rel_gap, "presolve": True, **HIGHS_TOLERANCES}
     with warnings.catch_warnings():  # HiGHS options scipy does not name are passed on verbatim, with a warning
         warnings.simplefilter("ignore", RuntimeWarning)
         try:
@@ -159,7 +187,7 @@ class _Part:
     slopes: np.ndarray
 
 
-def _add_prefix(mat: _Matrix, prob: Problem, lo: int, hi: int, parts: list[_Part]) -> list[tuple[int, int]]:
+def _add_prefix(mat: BudgetMatrix, prob: Problem, lo: int, hi: int, parts: list[_Part]) -> list[tuple[int, int]]:
     """Fix the prefix's columns (candidates lo .. hi - 1) at 0, and add per part x (what it frees, in units;
     counted in the running sum from the prefix's last candidate on) and z (its cost, ms). Returns their
     columns."""
@@ -183,12 +211,10 @@ def _add_prefix(mat: _Matrix, prob: Problem, lo: int, hi: int, parts: list[_Part
     return cols
 
 
-def _plan(prob: Problem, setup: OffloadSetup, model, budget_bytes: float, mat: _Matrix, x: np.ndarray,
+def _plan(prob: Problem, setup: OffloadSetup, model: OffloadStack, budget_bytes: float, mat: BudgetMatrix, x: np.ndarray,
           prefix: list[int], freed_bytes: float) -> Solution | None:
     """The full plan: the prefix blocks at the cheapest multiset of block options freeing the solver's x (dealt
     in the exchange order), the rest as the solver says; None when there is none or it misses the budget."""
-    # imported here: offload_stack calls this module
-    from planner.solve.stack.offload_stack import _fits, evaluate
     stack, fr = model.stack, model.frontiers
     n = len(prefix)
     try:
@@ -207,4 +233,4 @@ def _plan(prob: Problem, setup: OffloadSetup, model, budget_bytes: float, mat: _
     lists = {**offloads.modules, **(head.offload.modules if head.offload is not None else {})}
     plan = Solution.planned(prob, decided, "feasible", "", 0.0,
                             offload=offload_plan(prob, setup.windows, {f: v for f, v in lists.items() if any(v)}))
-    return plan if _fits(prob, plan, budget_bytes) else None
+    return plan if fits_budget(prob, plan, budget_bytes) else None

@@ -48,11 +48,11 @@ from planner.solve.solution import Decision, Solution, discards
 from planner.solve.stack.multiset import CountWorkLimit
 from planner.solve.stack.offload_items import OffloadPoints, Stall, offload_points
 from planner.solve.stack.offload_joint import joint_block_options
-from planner.solve.stack.offload_split import SUFFIX_BLOCKS, solve_split
 from planner.solve.stack.relaxation import Stack, find_stack, solve_stack
 from planner.solve.stack.tail import TailStall
 
-__all__ = ["OffloadStack", "StackOffloadResult", "offload_stack", "solve_offload_stack", "stack_first", "with_milp"]
+__all__ = ["OffloadStack", "StackOffloadResult", "better", "evaluate", "fits_budget", "judged", "offload_stack",
+           "solve_offload_stack", "stack_first", "stack_items", "with_milp"]
 
 _WORK = 2e7  # as the DP's stack pass (planner.solve.dp): about a second at most
 
@@ -184,18 +184,19 @@ def solve_offload_stack(prob: Problem, model: OffloadStack, budget_bytes: float,
     plan = evaluate(prob, model, fr, choices)
     target = budget_bytes
     for _ in range(retries):
-        if _fits(prob, plan, budget_bytes):
-            return StackOffloadResult(lower, _judged(plan, lower, mip_rel_gap))
+        if fits_budget(prob, plan, budget_bytes):
+            return StackOffloadResult(lower, judged(plan, lower, mip_rel_gap))
         target -= plan.peak_bytes - budget_bytes + 1.0
         again = _relaxed(prob, model, target, {i: v - (budget_bytes - target) for i, v in held.items()},
                          mip_rel_gap, deadline)
         if again is None or again[2] is None:
             break
         plan = evaluate(prob, model, again[1], again[2])
-    return StackOffloadResult(lower, _judged(plan, lower, mip_rel_gap) if _fits(prob, plan, budget_bytes) else None)
+    fits = fits_budget(prob, plan, budget_bytes)
+    return StackOffloadResult(lower, judged(plan, lower, mip_rel_gap) if fits else None)
 
 
-def _fits(prob: Problem, plan: Solution, budget_bytes: float) -> bool:
+def fits_budget(prob: Problem, plan: Solution, budget_bytes: float) -> bool:
     """Whether the plan meets the budget as every engine counts it: by its peak, and with an input several
     checkpointed modules hold counted once per holder (the MILP's check, planner.solve.milp)."""
     rows = prob.model.peak_bytes(discards(prob, plan.decisions), shared_once=False,
@@ -205,11 +206,9 @@ def _fits(prob: Problem, plan: Solution, budget_bytes: float) -> bool:
 
 _RELAXED = ("count-space relaxation of a stack of identical blocks, offload counted at each module's end; its plan "
             "meets the bound on the full model")
-_SPLIT = ("the stack's first blocks in count space, its last blocks and the rest exactly by MILP, offload credited "
-          "one window late there; its plan meets the bound on the full model")
 
 
-def _judged(plan: Solution, lower: float, mip_rel_gap: float, how: str = _RELAXED) -> Solution:
+def judged(plan: Solution, lower: float, mip_rel_gap: float, how: str = _RELAXED) -> Solution:
     """The plan, "optimal" when its cost is within ``mip_rel_gap`` of the bound, else "feasible" with its gap."""
     cost = plan.overhead_ms
     gap = min(1.0, max(cost - lower, 0.0) / cost) if cost > 0 else 0.0
@@ -219,50 +218,39 @@ def _judged(plan: Solution, lower: float, mip_rel_gap: float, how: str = _RELAXE
                                                                  "proven gap", gap)
 
 
+def stack_items(prob: Problem, setup: OffloadSetup, joint: bool = False) -> OffloadStack:
+    """The problem's :func:`offload_stack` with ``setup``'s windows and options (each window's stall on its total
+    with ``joint``), built once per problem and link."""
+    link = setup.windows.link
+    name = "offload stack joint" if joint else "offload stack"
+    return prob.derived(f"{name} {link.d2h_gbps!r} {link.h2d_gbps!r}",
+                        lambda p: offload_stack(p, setup.windows, setup.options, joint=joint))
+
+
 def stack_first(prob: Problem, setup: OffloadSetup, budget_bytes: float, *, mip_rel_gap: float,
                 deadline: float) -> StackOffloadResult | None:
     """The stack relaxation's bound and plan, for stacks of at least ``dp.STACK_FIRST_BLOCKS`` identical blocks
     (as without offload: shorter ones are the MILP's); None when it does not apply or gave up. Each module's own
-    stall first; each window's on its total when that plan fits but is not proven (the better of the two); then,
-    still not proven, the split of :mod:`planner.solve.stack.offload_split` (the last blocks exact, by MILP)."""
-    link = setup.windows.link
-    model = prob.derived(f"offload stack {link.d2h_gbps!r} {link.h2d_gbps!r}",
-                         lambda p: offload_stack(p, setup.windows, setup.options))
+    stall first; each window's on its total when that plan fits but is not proven (the better of the two)."""
+    model = stack_items(prob, setup)
     if model.stack is None or len(model.stack.blocks) < dp.STACK_FIRST_BLOCKS:  # read per call: tests lower it
         return None
     first = solve_offload_stack(prob, model, budget_bytes, mip_rel_gap=mip_rel_gap, deadline=deadline)
-    if first is not None and first.plan is not None and first.plan.status == "optimal":
+    if first is None or first.plan is None or first.plan.status == "optimal":
         return first
-    best, items = first, model
-    if first is not None and first.plan is not None:
-        # A plan that meets the budget but not the bound: its modules may share their window's copy link (the
-        # modules' own stalls add up to less than the window's). Again with each window's stall on its total:
-        # slower, tighter. (A plan missing the budget misses it by where an offload is credited, which that does
-        # not change: the split below is for that.)
-        joint = prob.derived(f"offload stack joint {link.d2h_gbps!r} {link.h2d_gbps!r}",
-                             lambda p: offload_stack(p, setup.windows, setup.options, joint=True))
-        if joint.stack is not None:
-            best = _better(first, solve_offload_stack(prob, joint, budget_bytes, mip_rel_gap=mip_rel_gap,
-                                                      deadline=deadline), mip_rel_gap)
-            items = joint
-        if best.plan is not None and best.plan.status == "optimal":
-            return best
-    # Not proven: where the one-window-late credit binds (the last blocks), the first blocks in count space and
-    # the last ones exactly (planner.solve.stack.offload_split), with more exact blocks while not proven
-    for k in sorted({min(k, len(items.stack.blocks) - 1) for k in SUFFIX_BLOCKS}):
-        split = solve_split(prob, setup, items, budget_bytes, k, mip_rel_gap=mip_rel_gap, deadline=deadline)
-        if split is None:
-            break
-        lower = -math.inf if split.lower is None else split.lower
-        plan = None if split.plan is None else _judged(split.plan, lower, mip_rel_gap, _SPLIT)
-        best = _better(best, StackOffloadResult(lower, plan), mip_rel_gap, _SPLIT)
-        if best.plan is not None and best.plan.status == "optimal":
-            break
-    return best
+    # A plan that meets the budget but not the bound: its modules may share their window's copy link (the
+    # modules' own stalls add up to less than the window's). Again with each window's stall on its total: slower,
+    # tighter. (A plan missing the budget misses it by where an offload is credited, which that does not change:
+    # planner.solve.stack.offload_split is for that.)
+    joint = stack_items(prob, setup, joint=True)
+    if joint.stack is None:
+        return first
+    again = solve_offload_stack(prob, joint, budget_bytes, mip_rel_gap=mip_rel_gap, deadline=deadline)
+    return better(first, again, mip_rel_gap)
 
 
-def _better(a: StackOffloadResult | None, b: StackOffloadResult | None, mip_rel_gap: float,
-            how: str = _RELAXED) -> StackOffloadResult | None:
+def better(a: StackOffloadResult | None, b: StackOffloadResult | None, mip_rel_gap: float,
+           how: str = _RELAXED) -> StackOffloadResult | None:
     """Two relaxations' results as one: the larger bound (both are bounds), the cheaper plan judged against it
     (``how``: how the bound came, for the plan's message)."""
     if a is None or b is None:
@@ -271,7 +259,7 @@ def _better(a: StackOffloadResult | None, b: StackOffloadResult | None, mip_rel_
     plans = [p for p in (a.plan, b.plan) if p is not None]
     if not plans:
         return StackOffloadResult(lower)
-    return StackOffloadResult(lower, _judged(min(plans, key=lambda p: p.overhead_ms), lower, mip_rel_gap, how))
+    return StackOffloadResult(lower, judged(min(plans, key=lambda p: p.overhead_ms), lower, mip_rel_gap, how))
 
 
 def with_milp(stacked: StackOffloadResult, sol: Solution, mip_rel_gap: float) -> Solution:
