@@ -63,6 +63,7 @@ class BudgetMatrix:
         self.p = self.s0 + n_c if with_peak else None
         n_var = self.s0 + n_c + (1 if with_peak else 0)
         rows, cols, vals, lo, hi = [], [], [], [], []
+        running_rows: list[int] = []  # per candidate: the row of S_i - S_{i-1} - D_c = 0
 
         def row(entries, lb, ub):
             r = len(lo)
@@ -87,6 +88,7 @@ class BudgetMatrix:
                 d_entries.append((k, cl.class_bytes[q] / prob.unit))
             # S_i - S_{i-1} - D_c = 0 and D_c >= 0
             s_prev = [] if i == 0 else [(self.s0 + i - 1, 1.0)]
+            running_rows.append(len(lo))
             row([(self.s0 + i, 1.0)] + [(c, -1.0 * v) for c, v in s_prev] + [(c, -v) for c, v in d_entries], 0.0, 0.0)
             row(d_entries, 0.0, np.inf)
             rc_entries = [(y, cost[y])] + [(self.k0 + k_off[i] + q, cost[self.k0 + k_off[i] + q])
@@ -106,6 +108,7 @@ class BudgetMatrix:
         self.rows, self.cols, self.vals, self.lo, self.hi = rows, cols, vals, lo, hi
         self.n_var = n_var
         self.k_off = k_off
+        self.running_rows = running_rows
         self.off: OffloadColumns | None = None if offload is None else add_offload_columns(self, prob, offload)
 
     def constraint(self, extra_rows=()):
@@ -212,7 +215,7 @@ def solve_min_peak(prob: Problem, *, time_limit_s: float, offload: OffloadSetup 
 
 
 def budget_need_rows(prob: Problem, values: np.ndarray, offload: OffloadSetup | None = None
-               ) -> tuple[list[tuple[int, int, float]], list[tuple[int, int, dict, float]]]:
+                     ) -> tuple[list[tuple[int, int, float]], list[tuple[int, int, dict, float]]]:
     """Rows for "discard at moment t >= values[t]": (key, windows credited, value) bounds on the running sums
     where only they decide (:func:`need_rows`; without ``offload`` no window is credited), and (key, windows
     credited, terms, value) rows, one per moment, where later calls of a module discard too (terms: candidate ->
@@ -236,7 +239,8 @@ def budget_need_rows(prob: Problem, values: np.ndarray, offload: OffloadSetup | 
     return plain, multi
 
 
-def discard_entries(mat: BudgetMatrix, key: int, terms: dict, unit: float, credited: int = 0) -> list[tuple[int, float]]:
+def discard_entries(mat: BudgetMatrix, key: int, terms: dict, unit: float,
+                    credited: int = 0) -> list[tuple[int, float]]:
     """The discard in effect at a moment, less the inputs held then: the running sum at ``key``, plus
     ``terms[i]`` times candidate i's own discard (``S_i - S_{i-1}``), less ``terms["held"][i] * y_i``; plus the
     running offload of the first ``credited`` windows (with offload)."""

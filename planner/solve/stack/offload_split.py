@@ -202,17 +202,14 @@ def _add_prefix(mat: BudgetMatrix, prob: Problem, lo: int, hi: int, parts: list[
     mat.cost = np.concatenate([mat.cost, [0.0, 1.0] * len(parts)])
     mat.ub = np.concatenate([mat.ub] + [[p.n * float(p.hx[-1]) / prob.unit, np.inf] for p in parts])
     mat.integrality = np.concatenate([mat.integrality, [0.0, 0.0] * len(parts)])
-    # S_{hi-1} - S_{hi-2} - D_{hi-1} = 0 becomes ... - sum x = 0: the candidate's running-sum row is the first
-    # row holding its S column with coefficient 1 (the next candidate's holds it with -1)
-    s_col = mat.s0 + hi - 1
-    row = next(r for r, c, v in zip(mat.rows, mat.cols, mat.vals) if c == s_col and v == 1.0)
+    # S_{hi-1} - S_{hi-2} - D_{hi-1} = 0 becomes ... - sum x = 0
     for x_col, _ in cols:
-        mat.rows.append(row), mat.cols.append(x_col), mat.vals.append(-1.0)
+        mat.rows.append(mat.running_rows[hi - 1]), mat.cols.append(x_col), mat.vals.append(-1.0)
     return cols
 
 
-def _plan(prob: Problem, setup: OffloadSetup, model: OffloadStack, budget_bytes: float, mat: BudgetMatrix, x: np.ndarray,
-          prefix: list[int], freed_bytes: float) -> Solution | None:
+def _plan(prob: Problem, setup: OffloadSetup, model: OffloadStack, budget_bytes: float, mat: BudgetMatrix,
+          x: np.ndarray, prefix: list[int], freed_bytes: float) -> Solution | None:
     """The full plan: the prefix blocks at the cheapest multiset of block options freeing the solver's x (dealt
     in the exchange order), the rest as the solver says; None when there is none or it misses the budget."""
     stack, fr = model.stack, model.frontiers
