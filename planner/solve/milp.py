@@ -42,7 +42,8 @@ from planner.solve.problem import Candidate, Problem, need_rows
 from planner.memory_model import NEED_TOL_BYTES
 from planner.solve.solution import Decision, Solution, discards
 
-__all__ = ["HIGHS_TOLERANCES", "BudgetMatrix", "budget_need_rows", "discard_entries", "solve_budget", "solve_min_peak"]
+__all__ = ["HIGHS_TOLERANCES", "BudgetMatrix", "budget_need_rows", "discard_entries", "host_rows", "solve_budget",
+           "solve_min_peak"]
 
 # HiGHS's defaults (1e-7) let a solution miss a need by 1e-7 of the memory unit:
 # kilobytes on a large model. Tighter tolerances make the retries below rare.
@@ -124,9 +125,10 @@ class BudgetMatrix:
 
 
 def solve_budget(prob: Problem, budget_bytes: float, *, time_limit_s: float, mip_rel_gap: float,
-                 offload: OffloadSetup | None = None) -> Solution:
+                 offload: OffloadSetup | None = None, host_budget_bytes: float | None = None) -> Solution:
     """Least recompute with peak <= budget_bytes; with ``offload``, least recompute + offload stall, each free
-    op group of a checkpointed module saved, recomputed or offloaded (:mod:`planner.solve.milp_offload`)."""
+    op group of a checkpointed module saved, recomputed or offloaded (:mod:`planner.solve.milp_offload`), at most
+    ``host_budget_bytes`` of them in all (None: no cap)."""
     need = prob.model.base_bytes - budget_bytes
     plain, multi = budget_need_rows(prob, need, offload)
     rows = [(k, j, v) for k, j, v in plain if v > 0]
@@ -142,7 +144,7 @@ def solve_budget(prob: Problem, budget_bytes: float, *, time_limit_s: float, mip
     # Never relaxed by more: a plan missing the rows by kilobytes can still fit the budget where
     # checkpointed modules share a held tensor (a plan's peak counts it once, the rows once per holder),
     # and its "optimum" would then be one of a looser problem than the other engines solve (issue 28).
-    margin, bound = -NEED_TOL_BYTES, None
+    margin, bound, host_margin = -NEED_TOL_BYTES, None, 0.0
     deadline = time.perf_counter() + time_limit_s  # the retries share the time limit
     for attempt in range(6):
         left = deadline - time.perf_counter()
@@ -157,6 +159,7 @@ def solve_budget(prob: Problem, budget_bytes: float, *, time_limit_s: float, mip
                 lb[mat.s0 + k - 1] = max(lb[mat.s0 + k - 1], (v + margin) / prob.unit)
             else:  # the running discard and the running offload of the windows credited then
                 extra.append((discard_entries(mat, k, {"held": {}}, prob.unit, j), (v + margin) / prob.unit, np.inf))
+        extra += host_rows(mat, prob.unit, host_budget_bytes, host_margin)
         sol = _run(prob, mat, mat.cost, lb, mat.constraint(extra), max(left, 0.01), mip_rel_gap)
         if attempt == 0:
             bound = sol.lower_bound if sol.status in ("optimal", "feasible") else None
@@ -165,10 +168,23 @@ def solve_budget(prob: Problem, budget_bytes: float, *, time_limit_s: float, mip
                 return sol  # infeasible, or stopped before any plan
             return Solution.without_plan("error", _MISSED)
         over = _over_budget(prob, sol, budget_bytes)
-        if over <= 0:
+        host_over = 0.0 if host_budget_bytes is None or sol.offload is None else \
+            sol.offload.host_bytes - host_budget_bytes
+        if over <= 0 and host_over <= 0:
             return sol if attempt == 0 else _against(sol, bound, mip_rel_gap)
-        margin = max(margin, 0.0) + 2 * over + 1
+        if over > 0:
+            margin = max(margin, 0.0) + 2 * over + 1
+        if host_over > 0:  # the cap met to HiGHS's tolerance only: tightened by what it missed, as the needs
+            host_margin += 2 * host_over + 1
     return Solution.without_plan("error", _MISSED)
+
+
+def host_rows(mat: BudgetMatrix, unit: float, host_budget_bytes: float | None, margin: float = 0.0) -> list:
+    """The host memory cap as a row (none without a cap or without offload columns): what all windows offload,
+    the last running offload sum, at most the cap (less ``margin`` bytes)."""
+    if host_budget_bytes is None or mat.off is None or mat.off.n_w == 0:
+        return []
+    return [([(mat.off.q(mat.off.n_w), 1.0)], -np.inf, (host_budget_bytes - margin) / unit)]
 
 
 def _over_budget(prob: Problem, sol: Solution, budget_bytes: float) -> float:
@@ -196,9 +212,10 @@ def _against(sol: Solution, bound: float | None, mip_rel_gap: float) -> Solution
                            gap)
 
 
-def solve_min_peak(prob: Problem, *, time_limit_s: float, offload: OffloadSetup | None = None) -> Solution:
+def solve_min_peak(prob: Problem, *, time_limit_s: float, offload: OffloadSetup | None = None,
+                   host_budget_bytes: float | None = None) -> Solution:
     """The smallest peak any plan reaches (recompute and stall ignored), by MILP; with ``offload``, plans that
-    may offload.
+    may offload (at most ``host_budget_bytes`` in all; None: no cap).
 
     The planner uses the exact DP (:func:`planner.solve.min_peak.solve_min_peak_dp`) without offload; this
     is the independent cross-check the tests hold it to.
@@ -209,6 +226,7 @@ def solve_min_peak(prob: Problem, *, time_limit_s: float, offload: OffloadSetup 
     plain, multi = budget_need_rows(prob, prob.model.base_bytes, offload)
     extra = [([(mat.p, 1.0)] + discard_entries(mat, k, reps, prob.unit, j), v / prob.unit, np.inf)
              for k, j, reps, v in [(k, j, {"held": {}}, v) for k, j, v in plain] + multi]
+    extra += host_rows(mat, prob.unit, host_budget_bytes)
     lb = np.zeros(mat.n_var)
     lb[mat.p] = -np.inf
     return _run(prob, mat, cost, lb, mat.constraint(extra), time_limit_s, 1e-9)

@@ -82,7 +82,8 @@ def test_every_planner_option_is_a_request_field(client, example_id, count_rows)
     assert reserved["cached"] is True
     assert reserved["baseline_peak_bytes"] == first["baseline_peak_bytes"] + 2**28  # the reserve is counted
     # offload's options are in the key only with offload on (an off plan ignores them)
-    assert set(first["request"]) == set(planner.PlanOptions.model_fields) - {"offload", "host_link_gbps"} \
+    assert set(first["request"]) == set(planner.PlanOptions.model_fields) - {"offload", "host_link_gbps",
+                                                                               "host_budget_gib"} \
         | {"memory_budget_gib"}
     assert _plan(client, example_id, 4.5, **base, host_link_gbps=24).json()["cached"] is True  # unused when off
     # offload needs the step's timeline: the service's example document has one
