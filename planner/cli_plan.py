@@ -102,7 +102,8 @@ def _argument(name: str) -> dict[str, Any]:
     unit = name.rsplit("_", 1)[-1].upper()  # time_limit_s -> S, reserve_gib -> GIB
     if field.default is None:  # an optional number: absent means the stats' figure (host_link_gbps) or no cap
         absent = "the stats' figure" if name == "host_link_gbps" else "none"
-        return {"type": float, "default": None, "metavar": unit, "help": f"{help_text} (default: {absent})"}
+        return {"type": float, "default": None, "metavar": unit,
+                "help": f"{help_text} (default: {absent})"}
     return {"type": float, "default": field.default, "metavar": unit, "help": f"{help_text} (default {field.default:g})"}
 
 
