@@ -95,11 +95,12 @@ def split_first(prob: Problem, setup: OffloadSetup, stacked: StackOffloadResult 
     return best
 
 
+@dataclass(frozen=True)
 class SplitResult:
     """A bound (None: none proven) and a plan meeting the budget on the full model (or None), unjudged."""
 
-    def __init__(self, lower: float | None, plan: Solution | None = None):
-        self.lower, self.plan = lower, plan
+    lower: float | None
+    plan: Solution | None = None
 
 
 def solve_split(prob: Problem, setup: OffloadSetup, model: OffloadStack, budget_bytes: float, suffix_blocks: int, *,
@@ -118,22 +119,23 @@ def solve_split(prob: Problem, setup: OffloadSetup, model: OffloadStack, budget_
     lo, hi = fr.starts[prefix[0]], prefix[-1] + 1  # the prefix's candidates: lo .. hi - 1
     if any(fr.starts[i] < hi for i in range(hi, len(fr.d))):
         return None  # an ancestor of prefix blocks: its choice would be tied to theirs
+    # the moments whose running sum holds part of the prefix go (the prefix's own constraints), before the rows
+    # are made: else a row after the prefix implied by one inside it would go with it
     need = prob.model.base_bytes - budget_bytes
+    need = np.where((prob.node_key > lo) & (prob.node_key < hi), -np.inf, need)
     plain, multi = budget_need_rows(prob, need, setup)
-    # rows whose running sum holds part of the prefix: dropped (the prefix's own constraints)
-    rows = [(k, j, v) for k, j, v in plain if v > 0 and not lo < k < hi]
-    multi = [(k, j, terms, v) for k, j, terms, v in multi
-             if v + sum(terms["held"].values()) > 0 and not lo < k < hi]
+    rows = [(k, j, v) for k, j, v in plain if v > 0]
+    multi = [(k, j, terms, v) for k, j, terms, v in multi if v + sum(terms["held"].values()) > 0]
     for _, _, terms, _ in multi:
         if any(lo <= i < hi for i in (*terms["held"], *(t for t in terms if t != "held"))):
             return None
     # (the subtrees before the blocks stay exact: relaxed like the blocks, their hull point rarely is a real
     # option, and the plan then costs more than the bound by more than the gap)
-    parts = [_Part(len(prefix), *lower_hull(np.asarray(stack.d, dtype=np.float64),
-                                            np.asarray(stack.rc, dtype=np.float64)))]
+    hull = lower_hull(np.asarray(stack.d, dtype=np.float64), np.asarray(stack.rc, dtype=np.float64))
     mat = BudgetMatrix(prob, with_peak=False, offload=setup)
-    cols = _add_prefix(mat, prob, lo, hi, parts)
+    x_col, z_col = _add_prefix(mat, prob, lo, hi, len(prefix), hull[0][-1])
     lb = np.zeros(mat.n_var)
+    lb[z_col] = -np.inf
     margin = -NEED_TOL_BYTES  # as the MILP: its optimum then bounds every plan meeting the needs to the byte
     extra = [(discard_entries(mat, k, terms, prob.unit, j), (v + margin) / prob.unit, np.inf)
              for k, j, terms, v in multi]
@@ -142,10 +144,9 @@ def solve_split(prob: Problem, setup: OffloadSetup, model: OffloadStack, budget_
             lb[mat.s0 + k - 1] = max(lb[mat.s0 + k - 1], (v + margin) / prob.unit)
         else:
             extra.append((discard_entries(mat, k, {"held": {}}, prob.unit, j), (v + margin) / prob.unit, np.inf))
-    for part, (x_col, z_col) in zip(parts, cols):  # each part's cost: z >= n h(x / n), one row per hull edge
-        lb[z_col] = -np.inf
-        for x0, y0, s in zip(part.hx[:-1].tolist(), part.hy[:-1].tolist(), part.slopes.tolist()):
-            extra.append(([(z_col, 1.0), (x_col, -s * prob.unit)], part.n * (y0 - s * x0), np.inf))
+    n = len(prefix)
+    for x0, y0, s in zip(hull[0][:-1].tolist(), hull[1][:-1].tolist(), hull[2].tolist()):  # z >= n h(x / n)
+        extra.append(([(z_col, 1.0), (x_col, -s * prob.unit)], n * (y0 - s * x0), np.inf))
     left = deadline - time.perf_counter()
     if left <= 0:
         return None
@@ -154,8 +155,8 @@ def solve_split(prob: Problem, setup: OffloadSetup, model: OffloadStack, budget_
     lower = float(bound) if bound is not None and math.isfinite(bound) else None
     if res.x is None or res.status not in (0, 1):
         return SplitResult(lower)
-    freed = [float(res.x[x_col]) * prob.unit for x_col, _ in cols]
-    return SplitResult(lower, _plan(prob, setup, model, budget_bytes, mat, res.x, prefix, freed[0]))
+    return SplitResult(lower, _plan(prob, setup, model, budget_bytes, mat, res.x, prefix,
+                                    float(res.x[x_col]) * prob.unit))
 
 
 # HiGHS's large-neighbourhood heuristics (RENS, RINS) and feasibility jump spend most of the time on these small
@@ -177,35 +178,24 @@ def _solve(mat: BudgetMatrix, lb: np.ndarray, constraint, time_limit_s: float, m
                               constraints=[constraint], options=options)
 
 
-@dataclass(frozen=True)
-class _Part:
-    """A part of the prefix: n copies of one option list, its lower hull (freed bytes -> least cost)."""
-
-    n: int
-    hx: np.ndarray
-    hy: np.ndarray
-    slopes: np.ndarray
-
-
-def _add_prefix(mat: BudgetMatrix, prob: Problem, lo: int, hi: int, parts: list[_Part]) -> list[tuple[int, int]]:
-    """Fix the prefix's columns (candidates lo .. hi - 1) at 0, and add per part x (what it frees, in units;
-    counted in the running sum from the prefix's last candidate on) and z (its cost, ms). Returns their
-    columns."""
+def _add_prefix(mat: BudgetMatrix, prob: Problem, lo: int, hi: int, n: int, most_bytes: float) -> tuple[int, int]:
+    """Fix the prefix's columns (candidates lo .. hi - 1) at 0, and add x (what its n blocks free, in units, at
+    most n times ``most_bytes``; counted in the running sum from its last candidate on) and z (their cost, ms).
+    Returns their columns."""
     for i in range(lo, hi):
         mat.ub[mat.y0 + i] = 0.0
         mat.ub[mat.k0 + mat.k_off[i]: mat.k0 + mat.k_off[i + 1]] = 0.0
     for (i, _), col in mat.off.f_col.items():
         if lo <= i < hi:
             mat.ub[col] = 0.0
-    cols = [(mat.n_var + 2 * p, mat.n_var + 2 * p + 1) for p in range(len(parts))]
-    mat.n_var += 2 * len(parts)
-    mat.cost = np.concatenate([mat.cost, [0.0, 1.0] * len(parts)])
-    mat.ub = np.concatenate([mat.ub] + [[p.n * float(p.hx[-1]) / prob.unit, np.inf] for p in parts])
-    mat.integrality = np.concatenate([mat.integrality, [0.0, 0.0] * len(parts)])
-    # S_{hi-1} - S_{hi-2} - D_{hi-1} = 0 becomes ... - sum x = 0
-    for x_col, _ in cols:
-        mat.rows.append(mat.running_rows[hi - 1]), mat.cols.append(x_col), mat.vals.append(-1.0)
-    return cols
+    x_col, z_col = mat.n_var, mat.n_var + 1
+    mat.n_var += 2
+    mat.cost = np.concatenate([mat.cost, [0.0, 1.0]])
+    mat.ub = np.concatenate([mat.ub, [n * float(most_bytes) / prob.unit, np.inf]])
+    mat.integrality = np.concatenate([mat.integrality, [0.0, 0.0]])
+    # S_{hi-1} - S_{hi-2} - D_{hi-1} = 0 becomes ... - x = 0
+    mat.rows.append(mat.running_rows[hi - 1]), mat.cols.append(x_col), mat.vals.append(-1.0)
+    return x_col, z_col
 
 
 def _plan(prob: Problem, setup: OffloadSetup, model: OffloadStack, budget_bytes: float, mat: BudgetMatrix,
