@@ -19,9 +19,10 @@ So the stack is split, with K the last member blocks:
   cost is at least ``n h(x / n)``, h the lower convex hull of one block's
   options (freed bytes, recompute + stall: the stack's block items). Each
   block costs at least h of what it frees and h is convex, so the blocks
-  together cost at least that; and the full model credits no byte of the
-  prefix earlier than at its end. Every plan's prefix is therefore feasible
-  here, at no more than its cost.
+  together cost at least that; and at every moment kept (before the prefix,
+  and after it) the full model credits at most x of it: nothing before it,
+  at most all of it after it (the last block's offload only later still).
+  Every plan's prefix is therefore feasible here, at no more than its cost.
 * **Everything else** (the modules before the stack, the last K blocks and
   what follows them) is the MILP of :mod:`planner.solve.milp_offload`, exact:
   each free op group saved, recomputed or offloaded, each window's offload
