@@ -19,7 +19,9 @@ call in window ``j`` offloads is:
 
 So window ``j``'s bytes are off the device exactly from the forward end of
 window ``j+1``'s end module to the backward start of the same module, which is
-what the planner's memory model counts (docs/memory-model.md).
+what the planner's memory model counts (docs/memory-model.md). The hooks that
+mark these moments, eagerly or as ops of a compiled graph, are
+:mod:`estimators.apply.offload_windows`.
 
 Two ways to copy: on CUDA pinned host buffers, one copy stream per device and
 events, the device tensor kept in the stash until its copy is waited for
@@ -32,22 +34,22 @@ that returns the same storage, a relabel and no free.
 
 from __future__ import annotations
 
+import itertools
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch import nn
 
 from estimators.apply.policy import PlanMismatchError
 from estimators.common import host_side, tensors_in
 
-__all__ = ["Handle", "HostStore", "install_windows", "offload_decisions", "remove_windows", "window_ends"]
+__all__ = ["Handle", "HostStore", "offload_decisions"]
 
 _RUNNING: list[HostStore] = []  # the store whose model's forward runs now (compiled kernels find it here)
 _WITH_COPIES: weakref.WeakSet = weakref.WeakSet()  # stores whose host copies a compiled graph may hand back
-
-_WINDOW_HOOKS = "_sacplan_offload_hooks"  # the window hooks' handles, on the root module
+_BY_KEY: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # stores by key (the window ops' argument)
+_KEYS = itertools.count(1)  # never reused: a graph compiled for a store that is gone must not reach another
 
 
 @dataclass(eq=False)
@@ -67,6 +69,8 @@ class Handle:
     fetched: torch.Tensor | None = None
     arrived: Any = None  # CUDA: the event after the host-to-device copy
     users: int = 0  # cache entries still to take it in the recomputation
+    window: int = 0  # its window, and its forward's serial number (the in-graph prefetch finds it so)
+    serial: int = 0
 
 
 @dataclass(eq=False)
@@ -74,6 +78,7 @@ class _Pass:
     """One forward of the model: the handles of each window, and the window running now."""
 
     windows: list[list[Handle]]
+    serial: int = 0  # the store's count of forwards when this one started
     window: int = 0
     by_storage: dict[int, Handle] = field(default_factory=dict)  # stashed handles, by their storage's address
 
@@ -103,11 +108,28 @@ class HostStore:
         self.by_host: dict[int, Handle] = {}  # compiled path: handles by their host copy's address, until taken
         self.fqn_by_id: dict[int, str] = {}  # compiled path: module names for messages, by the module's id
         self.compiled = False  # apply_plan set up the compiled path (its joint pass) for this store's model
+        self.passes = 0  # forwards started (each pass's serial number)
+        self.on_host: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # handles in offload order,
+        # while a cache entry or a compiled graph holds them (the in-graph prefetch looks for its window here)
+        self.order = itertools.count()
+        self.stalled_fetches = 0  # copies a backward took before any prefetch brought them (each a wait)
+        self.key = next(_KEYS)  # an int a compiled graph can carry: the window ops' argument
+        _BY_KEY[self.key] = self
+
+    @staticmethod
+    def by_key(key: int) -> HostStore:
+        """The store whose :attr:`key` is ``key`` (the window ops of a compiled graph name their store so)."""
+        store = _BY_KEY.get(key)
+        if store is None:
+            raise RuntimeError(f"a sacplan window op names host store {key}, which is gone (the plan was removed "
+                               f"and the model not recompiled)")
+        return store
 
     # ---- forward ----
     def start_pass(self) -> None:
         """A forward of the model starts: new windows (the previous forward's handles stay with its graph)."""
-        self.current = _Pass([[] for _ in self.end_modules])
+        self.passes += 1
+        self.current = _Pass([[] for _ in self.end_modules], serial=self.passes)
         self.offloaded_bytes = 0
         _RUNNING[:] = [self]
 
@@ -135,12 +157,16 @@ class HostStore:
         key = h.host.untyped_storage().data_ptr()
         self.by_host[key] = h
         _WITH_COPIES.add(self)
-        # one view per call, each a user of the handle until it dies: the graph drops the ones its backward
+        # one alias per call, each a user of the handle until it dies: the graph drops the ones its backward
         # does not read in the forward, the others once its backward has fetched them (an op and its
-        # _unsafe_view share one storage, one copy, each with its own geometry)
-        view = h.host.as_strided(t.shape, t.stride(), t.storage_offset())
-        weakref.finalize(view, self._view_died, h, key)
-        return view
+        # _unsafe_view share one storage, one copy, each with its own geometry). Not a view (set_ on an empty
+        # tensor): AOTAutograd saves a view for the backward as a detached alias, so the object returned here
+        # would die in the forward while its storage lives on
+        with torch.no_grad():
+            alias = torch.empty((0,), dtype=t.dtype, device="cpu").set_(
+                h.host.untyped_storage(), t.storage_offset(), t.shape, t.stride())
+        weakref.finalize(alias, self._view_died, h, key)
+        return alias
 
     def _view_died(self, h: Handle, key: int) -> None:
         h.users -= 1
@@ -156,7 +182,7 @@ class HostStore:
         h = self.by_host[host.untyped_storage().data_ptr()]
         if h.stashed is not None:
             return _like(h.stashed, host)
-        self.fetch(h)
+        self._fetch_now(h)
         if h.arrived is not None:
             torch.cuda.current_stream(h.device).wait_event(h.arrived)
         return _like(h.fetched, host)
@@ -178,9 +204,10 @@ class HostStore:
                                     f"nothing; the plan must save it")
         host, copied = self.to_host(t)
         h = Handle(label, key, t.device, host, t, _version(t), weakref.ref(t), weakref.ref(t.untyped_storage()),
-                   t.untyped_storage().nbytes(), copied, users=1)
+                   t.untyped_storage().nbytes(), copied, users=1, window=p.window, serial=p.serial)
         p.windows[p.window].append(h)
         p.by_storage[key] = h
+        self.on_host[next(self.order)] = h
         self.offloaded_bytes += h.nbytes
         self.host_bytes += h.nbytes
         self.host_peak_bytes = max(self.host_peak_bytes, self.host_bytes)
@@ -210,17 +237,24 @@ class HostStore:
     def window_ended(self, index: int, outputs: Any) -> None:
         """The forward of end module ``index`` ended: the window after it starts; window ``index - 1`` leaves the
         device, and the backward of this module's call will bring it back first."""
-        p = self.current
-        if p is None or p.window != index:  # a repeated call of the end module, or a forward with no pass
-            return
-        p.window += 1
-        if index == 0:
-            return
-        self._drop(p, index - 1)
+        p = self.end_window(index)
         wanting = [t for t in tensors_in(outputs) if t.requires_grad]
-        if wanting and p.windows[index - 1]:
+        if p is not None and wanting and p.windows[index - 1]:
             torch.autograd.graph.register_multi_grad_hook(
                 wanting, lambda grads, p=p, j=index - 1: self._fetch_window(p, j), mode="any")
+
+    def end_window(self, index: int) -> _Pass | None:
+        """The forward moment of :meth:`window_ended`: the running pass's window ``index - 1`` is dropped from the
+        device; returns the pass if it did (None for window 0's end, a repeated call of the end module, or no
+        pass)."""
+        p = self.current
+        if p is None or p.window != index:  # a repeated call of the end module, or a forward with no pass
+            return None
+        p.window += 1
+        if index == 0:
+            return None
+        self._drop(p, index - 1)
+        return p
 
     def _drop(self, p: _Pass, j: int) -> None:
         t = None
@@ -250,6 +284,21 @@ class HostStore:
         for h in p.windows[j]:
             self.fetch(h)
 
+    def fetch_window(self, j: int) -> list[torch.Tensor]:
+        """The in-graph prefetch (an op of a compiled graph carries no pass): fetch window ``j`` of the latest
+        forward whose window ``j`` is still on the host; returns the fetched device tensors. Backwards run their
+        forwards' passes last first; a fetch this misses is made where the backward takes the copy (a stall,
+        never a wrong tensor)."""
+        waiting = [h for h in list(self.on_host.values())
+                   if h.window == j and h.host is not None and h.fetched is None]
+        latest = max((h.serial for h in waiting), default=None)
+        fetched = []
+        for h in waiting:
+            if h.serial == latest:
+                self.fetch(h)
+                fetched.append(h.fetched)
+        return fetched
+
     def fetch(self, h: Handle) -> None:
         """Bring ``h`` back to a fresh device tensor (a no-op if it is back or taken)."""
         if h.fetched is not None or h.host is None:
@@ -272,9 +321,14 @@ class HostStore:
         h.fetched, h.host = dev, None
         self.host_bytes -= h.nbytes
 
+    def _fetch_now(self, h: Handle) -> None:
+        if h.fetched is None and h.host is not None:
+            self.stalled_fetches += 1
+        self.fetch(h)
+
     def take(self, h: Handle) -> torch.Tensor:
         """The fetched device tensor for one cache entry of ``h`` (fetched now if no prefetch did: a stall)."""
-        self.fetch(h)
+        self._fetch_now(h)
         dev = h.fetched
         if dev is None:
             raise RuntimeError(f"{h.label}: its offloaded copy was already taken (a second backward through a "
@@ -301,23 +355,6 @@ class HostStore:
             self.host_bytes -= h.nbytes
 
 
-def install_windows(model: nn.Module, store: HostStore, by_fqn: dict[str, nn.Module]) -> None:
-    """Hooks for the window protocol: a new pass at the model's forward start, each end module's forward end."""
-    # outside compiled graphs (a graph break at each window end): the protocol's moments are eager ones
-    hooks = [model.register_forward_pre_hook(torch.compiler.disable(lambda mod, args: store.start_pass()))]
-    for index, fqn in enumerate(store.end_modules):
-        end = model if fqn == "" else by_fqn[fqn]
-        hooks.append(end.register_forward_hook(
-            torch.compiler.disable(lambda mod, args, out, index=index: store.window_ended(index, out))))
-    model.__dict__[_WINDOW_HOOKS] = hooks
-
-
-def remove_windows(model: nn.Module) -> None:
-    """Undo :func:`install_windows`."""
-    for h in model.__dict__.pop(_WINDOW_HOOKS, []):
-        h.remove()
-
-
 def offload_decisions(i: int, pm: Any, fqn: str, save: tuple[int, ...],
                       names: list[str] | None, view: list[bool] | None) -> tuple[int, ...] | None:
     """The plan's ``modules[i].offload`` list, checked against ``save`` and the ops' view flags; None if absent."""
@@ -337,29 +374,3 @@ def offload_decisions(i: int, pm: Any, fqn: str, save: tuple[int, ...],
             raise PlanMismatchError(f"module {fqn!r}: {what} is a view and has offload=1: views are recomputed, "
                                     f"offload the op that made its base (plan modules[{i}])")
     return tuple(int(o) for o in offload)
-
-
-def window_ends(doc: Any, root: str, planned: list[str], by_fqn: dict[str, nn.Module]) -> list[str]:
-    """The end modules of the plan's offload windows (the model's root as ""), checked: each a module of the
-    model, none strictly inside a planned module (its forward would end again in the recomputation), the last
-    the root."""
-    windows = doc.get("offload_windows")
-    if not windows:
-        raise ValueError("the plan offloads (modules[*].offload) but has no offload_windows: a plan from "
-                         "`sacplan plan --offload on` lists them")
-    distance = doc.get("prefetch_distance", 1)
-    if distance not in (None, 1):
-        raise ValueError(f"plan prefetch_distance {distance!r} is not supported: apply prefetches one window ahead "
-                         f"(1)")
-    ends = ["" if str(w.get("end_module", "")) in ("", root) else str(w.get("end_module")) for w in windows]
-    for j, fqn in enumerate(ends):
-        if fqn and fqn not in by_fqn:
-            raise ValueError(f"plan offload_windows[{j}].end_module {fqn!r} is not a module of the model")
-        inside = next((p for p in planned if (fqn or root).startswith(p + ".")), None)
-        if inside is not None:
-            raise ValueError(f"plan offload_windows[{j}].end_module {fqn!r} lies inside planned module {inside!r}: "
-                             f"a window must end outside every checkpointed region")
-    if ends[-1] != "":
-        raise ValueError(f"plan offload_windows[-1].end_module is {ends[-1]!r}: the last window ends with the "
-                         f"model's forward (\"\" or {root!r})")
-    return ends

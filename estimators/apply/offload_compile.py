@@ -15,15 +15,13 @@ so the forward graph hands ``x`` to the model's :class:`HostStore` (stashed
 in the current window, copied to a fresh host storage) and saves only the
 host copy for the backward, and the backward graph's ``from_host`` takes the
 device copy the window protocol prefetched. In the forward, ``from_host``
-returns the stashed ``x`` itself (no copy). The window hooks run outside the
-compiled graphs (they are ``torch.compiler.disable``-d: a graph break at each
-window end), so device bytes leave and come back at exactly the moments of
-the eager path.
+returns the stashed ``x`` itself (no copy). The window moments are ops in the
+same graph (:mod:`estimators.apply.offload_windows`: no graph break), so
+device bytes leave and come back at exactly the moments of the eager path.
 
 Compile's ``eager`` backend needs none of this: it runs checkpoint eagerly,
 so :mod:`estimators.apply.wrap` gives it our own context pair. Inductor is
-refused: it may reuse ``x``'s buffer after its last use in the graph
-(``to_host``), which the forward ``from_host`` aliases.
+refused (:data:`INDUCTOR_REFUSAL`, tried on torch 2.13 CPU, docs/apply.md).
 """
 
 from __future__ import annotations
@@ -39,7 +37,7 @@ from torch.utils.checkpoint import CheckpointPolicy
 from estimators.apply.offload import HostStore
 from estimators.common import module_fqns
 
-__all__ = ["OFFLOAD_COMPILE_BACKENDS", "disable_compiled_offload", "enable_compiled_offload", "offload_joint_pass",
+__all__ = ["INDUCTOR_REFUSAL", "OFFLOAD_COMPILE_BACKENDS", "disable_compiled_offload", "enable_compiled_offload", "offload_joint_pass",
            "refuse_offload_backend", "to_host", "from_host"]
 
 OFFLOAD_COMPILE_BACKENDS = ("eager", "aot_eager")  # eager: compile's eager backend runs our own context pair
@@ -128,13 +126,19 @@ def _chained(before: Callable | None) -> Callable:
     return both
 
 
+INDUCTOR_REFUSAL = (  # what failed when tried (torch 2.13, CPU; docs/apply.md "Under torch.compile")
+    "Inductor's generated forward writes in place into the buffer sacplan::from_host returns, which is the "
+    "stashed offloaded tensor itself, so the window drop finds its version bumped and the host copy stale; with "
+    "inplace_buffers off its wrapper frees a buffer before a fused kernel reads it, next to the effectful "
+    "sacplan::window_end; and its buffers (empty_strided_cpu) and fused kernels reach no dispatch mode, so no "
+    "step tracker could measure the plan")
+
+
 def refuse_offload_backend(backend: str) -> None:
     """ValueError unless a plan that offloads can run under ``torch.compile(backend=backend)``."""
     if backend in OFFLOAD_COMPILE_BACKENDS:
         return
-    why = {"inductor": "Inductor may reuse an offloaded tensor's buffer after its copy to the host, while the "
-                       "forward still reads it through sacplan::from_host (not made safe yet)"}.get(
-                           backend, "not a backend sacplan knows")
+    why = INDUCTOR_REFUSAL if backend == "inductor" else "not a backend sacplan knows"
     raise ValueError(f"compile_backend={backend!r}: a plan that offloads runs eagerly or under torch.compile with "
                      f"backend {' or '.join(repr(b) for b in OFFLOAD_COMPILE_BACKENDS)} only ({why}); compile with "
                      f"backend='aot_eager', train without torch.compile, or plan with offload off")

@@ -29,9 +29,10 @@ from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_conte
 from estimators.apply.alignment import StatsOps
 from estimators.apply.buffer_guard import guarded_recompute
 from estimators.apply.dry_check import check_plan
-from estimators.apply.offload import HostStore, install_windows, offload_decisions, remove_windows, window_ends
+from estimators.apply.offload import HostStore, offload_decisions
 from estimators.apply.offload_compile import disable_compiled_offload, enable_compiled_offload, refuse_offload_backend
 from estimators.apply.offload_modes import offload_contexts
+from estimators.apply.offload_windows import install_windows, remove_windows, window_ends
 from estimators.apply.policy import COMPILED, PLAN_MARK, TRACED, ModulePlan, PlanMismatchError, RngReplay, aot_tracing
 from estimators.apply.settings_match import match_compile_backend, match_model_settings
 from estimators.common import autocast_name, module_fqns

@@ -37,13 +37,14 @@ from planner.highs import quiet_milp
 from planner.ops.knapsack import best_saved_within
 from planner.plan_format import PlanStatus
 from planner.solve.milp_offload import OffloadColumns, add_offload_columns, credited_windows, decode_offload, need_pairs
-from planner.solve.offload import OffloadSetup
+from planner.solve.offload import OffloadSetup, offload_setup
+from planner.solve.forward_rows import forward_rows_of, with_forward_rows
+from planner.solve.milp_rows import add_lazy, discard_entries, forward_missed, forward_moment_rows, lazy_entries
 from planner.solve.problem import Candidate, Problem, need_rows
 from planner.memory_model import NEED_TOL_BYTES
 from planner.solve.solution import Decision, Solution, discards
 
-__all__ = ["HIGHS_TOLERANCES", "BudgetMatrix", "budget_need_rows", "discard_entries", "host_rows", "solve_budget",
-           "solve_min_peak"]
+__all__ = ["HIGHS_TOLERANCES", "BudgetMatrix", "budget_need_rows", "host_rows", "solve_budget", "solve_min_peak"]
 
 # HiGHS's defaults (1e-7) let a solution miss a need by 1e-7 of the memory unit:
 # kilobytes on a large model. Tighter tolerances make the retries below rare.
@@ -138,6 +139,7 @@ def solve_budget(prob: Problem, budget_bytes: float, *, time_limit_s: float, mip
     if rows and rows[0][:2] == (0, 0):
         return Solution.infeasible("modules before any checkpointable module already exceed the budget")
     mat = BudgetMatrix(prob, with_peak=False, offload=offload)
+    forward = forward_moment_rows(prob, mat, need, offload)
     # First the needs as they are, to the byte the DP holds them to (NEED_TOL_BYTES): its optimum bounds
     # every plan, and it is optimal when it meets them. HiGHS's tolerance may let it miss one by a hair;
     # then the needs are raised until a plan meets the budget, and the gap is against the first bound.
@@ -145,6 +147,7 @@ def solve_budget(prob: Problem, budget_bytes: float, *, time_limit_s: float, mip
     # checkpointed modules share a held tensor (a plan's peak counts it once, the rows once per holder),
     # and its "optimum" would then be one of a looser problem than the other engines solve (issue 28).
     margin, bound, host_margin = -NEED_TOL_BYTES, None, 0.0
+    lazy: dict[int, dict[int, float]] = {}  # moment -> candidate -> what its save list added there beyond the rows
     deadline = time.perf_counter() + time_limit_s  # the retries share the time limit
     for attempt in range(6):
         left = deadline - time.perf_counter()
@@ -154,6 +157,9 @@ def solve_budget(prob: Problem, budget_bytes: float, *, time_limit_s: float, mip
         lb = np.zeros(mat.n_var)
         extra = [(discard_entries(mat, k, terms, prob.unit, j), (v + margin) / prob.unit, np.inf)
                  for k, j, terms, v in multi]
+        extra += [(entries, (v + margin) / prob.unit, np.inf) for entries, v, most in forward if v + margin + most > 0]
+        extra += [(lazy_entries(prob, mat, offload, t, culprits), (float(need[t]) + margin) / prob.unit, np.inf)
+                  for t, culprits in lazy.items()]
         for k, j, v in rows:
             if j == 0:
                 lb[mat.s0 + k - 1] = max(lb[mat.s0 + k - 1], (v + margin) / prob.unit)
@@ -172,10 +178,19 @@ def solve_budget(prob: Problem, budget_bytes: float, *, time_limit_s: float, mip
             sol.offload.host_bytes - host_budget_bytes
         if over <= 0 and host_over <= 0:
             return sol if attempt == 0 else _against(sol, bound, mip_rel_gap)
-        if over > 0:
-            margin = max(margin, 0.0) + 2 * over + 1
         if host_over > 0:  # the cap met to HiGHS's tolerance only: tightened by what it missed, as the needs
             host_margin += 2 * host_over + 1
+        if over <= 0:
+            continue
+        if attempt == 0 and not forward_rows_of(prob) and forward_missed(prob, sol, budget_bytes):
+            split = with_forward_rows(prob)
+            if split is not None:  # the rows of the candidates' own forward moments: exact there
+                left = max(deadline - time.perf_counter(), 0.01)
+                setup = None if offload is None else offload_setup(split, offload.windows.link)
+                return solve_budget(split, budget_bytes, time_limit_s=left, mip_rel_gap=mip_rel_gap, offload=setup,
+                                    host_budget_bytes=host_budget_bytes)
+        if not add_lazy(prob, sol, budget_bytes, lazy):
+            margin = max(margin, 0.0) + 2 * over + 1
     return Solution.without_plan("error", _MISSED)
 
 
@@ -207,9 +222,9 @@ def _against(sol: Solution, bound: float | None, mip_rel_gap: float) -> Solution
     gap = max(cost - bound, 0.0) / cost if cost > 0 else 0.0
     if gap <= mip_rel_gap:
         return sol.with_status("optimal", sol.message, gap)
-    return sol.with_status("feasible", "plan meets the budget only with needs tightened for the solver's "
-                           "tolerances; its gap is against the untightened bound (solver='dp' is exact to the byte)",
-                           gap)
+    return sol.with_status("feasible", "plan meets the budget only with needs tightened (for the solver's "
+                           "tolerances, or for what a checkpointed module's recompute holds beyond the engines' "
+                           "figure); its gap is against the untightened bound", gap)
 
 
 def solve_min_peak(prob: Problem, *, time_limit_s: float, offload: OffloadSetup | None = None,
@@ -220,12 +235,17 @@ def solve_min_peak(prob: Problem, *, time_limit_s: float, offload: OffloadSetup 
     The planner uses the exact DP (:func:`planner.solve.min_peak.solve_min_peak_dp`) without offload; this
     is the independent cross-check the tests hold it to.
     """
+    split = with_forward_rows(prob)  # the least peak may lie in a checkpointed module's own forward
+    if split is not None:
+        prob, offload = split, None if offload is None else offload_setup(split, offload.windows.link)
     mat = BudgetMatrix(prob, with_peak=True, offload=offload)
     cost = np.zeros(mat.n_var)
     cost[mat.p] = 1.0
     plain, multi = budget_need_rows(prob, prob.model.base_bytes, offload)
     extra = [([(mat.p, 1.0)] + discard_entries(mat, k, reps, prob.unit, j), v / prob.unit, np.inf)
              for k, j, reps, v in [(k, j, {"held": {}}, v) for k, j, v in plain] + multi]
+    extra += [([(mat.p, 1.0)] + entries, v / prob.unit, np.inf)
+              for entries, v, _ in forward_moment_rows(prob, mat, prob.model.base_bytes, offload)]
     extra += host_rows(mat, prob.unit, host_budget_bytes)
     lb = np.zeros(mat.n_var)
     lb[mat.p] = -np.inf
@@ -233,7 +253,7 @@ def solve_min_peak(prob: Problem, *, time_limit_s: float, offload: OffloadSetup 
 
 
 def budget_need_rows(prob: Problem, values: np.ndarray, offload: OffloadSetup | None = None
-                     ) -> tuple[list[tuple[int, int, float]], list[tuple[int, int, dict, float]]]:
+               ) -> tuple[list[tuple[int, int, float]], list[tuple[int, int, dict, float]]]:
     """Rows for "discard at moment t >= values[t]": (key, windows credited, value) bounds on the running sums
     where only they decide (:func:`need_rows`; without ``offload`` no window is credited), and (key, windows
     credited, terms, value) rows, one per moment, where later calls of a module discard too (terms: candidate ->
@@ -255,25 +275,6 @@ def budget_need_rows(prob: Problem, values: np.ndarray, offload: OffloadSetup | 
         terms["held"] = {i: float(b[t]) for i, b in extra.items() if b[t] > 0}
         multi.append((int(prob.node_key[t]), int(credited[t]), terms, float(values[t])))
     return plain, multi
-
-
-def discard_entries(mat: BudgetMatrix, key: int, terms: dict, unit: float,
-                    credited: int = 0) -> list[tuple[int, float]]:
-    """The discard in effect at a moment, less the inputs held then: the running sum at ``key``, plus
-    ``terms[i]`` times candidate i's own discard (``S_i - S_{i-1}``), less ``terms["held"][i] * y_i``; plus the
-    running offload of the first ``credited`` windows (with offload)."""
-    coef: dict[int, float] = {mat.s0 + key - 1: 1.0} if key > 0 else {}
-    if credited and mat.off is not None:
-        coef[mat.off.q(credited)] = 1.0
-    for i, r in terms.items():
-        if i == "held":
-            continue
-        coef[mat.s0 + i] = coef.get(mat.s0 + i, 0.0) + r
-        if i > 0:
-            coef[mat.s0 + i - 1] = coef.get(mat.s0 + i - 1, 0.0) - r
-    for i, nbytes in terms.get("held", {}).items():
-        coef[mat.y0 + i] = coef.get(mat.y0 + i, 0.0) - nbytes / unit
-    return list(coef.items())
 
 
 def _run(prob: Problem, mat: BudgetMatrix, cost, lb, constraint, time_limit_s: float, mip_rel_gap: float) -> Solution:
@@ -317,10 +318,28 @@ def _decode(prob: Problem, mat: BudgetMatrix, x: np.ndarray) -> dict[str, Decisi
         rec = np.rint(x[mat.k0 + mat.k_off[i]: mat.k0 + mat.k_off[i + 1]]).astype(np.int64)
         saved_bytes = cand.op_bytes - cl.always_recomputed_bytes - int(rec @ cl.class_bytes)
         save, saved_bytes, saved_ms = _best_decision(prob, cand, saved_bytes)
+        if i in forward_rows_of(prob):  # the frontier's pick only where its own forward holds no more than the solver's
+            solved = _counts_decision(prob, cand, rec)
+            if _holds_more(prob, cand.fqn, save, solved[0]):
+                save, saved_bytes, saved_ms = solved
         if cand.act_saved_bytes - saved_bytes <= 0:
             continue  # frees nothing: checkpointing it would only cost time
         out[cand.fqn] = (save, saved_bytes, saved_ms)
     return out
+
+
+def _counts_decision(prob: Problem, cand: Candidate, recomputed: np.ndarray) -> Decision:
+    """The save list of the solver's own counts (``recomputed`` groups per class)."""
+    m, cl = prob.stats.module(cand.fqn), cand.classes
+    save = cl.save_list(cl.multiplicity - recomputed)
+    saved_bytes = sum(op.output_bytes for op, s in zip(m.ops, save) if s)
+    return save, saved_bytes, math.fsum(ms for ms, s in zip(m.recompute_runtimes_ms, save) if s)
+
+
+def _holds_more(prob: Problem, fqn: str, save: list[int], other: list[int]) -> bool:
+    """Whether checkpointed ``fqn`` with ``save`` adds more than with ``other`` at any of its forward moments."""
+    model = prob.model
+    return bool(np.any(model.forward_excess(fqn, save) > model.forward_excess(fqn, other)))
 
 
 def _best_decision(prob: Problem, cand: Candidate, max_saved_bytes: int) -> Decision:

@@ -364,6 +364,9 @@ def _check_ops(where: str, m: ModuleStats, consistent: set[tuple]) -> None:
             raise ValueError(f"{where}.ops[{k}].inplace_parent {p} is out of range for {n} ops")
         if p is not None and p > k:
             raise ValueError(f"{where}.ops[{k}].inplace_parent {p} comes after the op itself")
+        if op.unsaved_last_ops is not None and len(op.unsaved_last_ops) != len(op.storages or ()):
+            raise ValueError(f"{where}.ops[{k}].unsaved_last_ops has {len(op.unsaved_last_ops)} entries for "
+                             f"{len(op.storages or ())} storages")
     # The SAC conventions must leave every op a consistent decision. They read only the flags and the parents,
     # so an op list like one already checked (every block of a stack has the same) passes without a second look.
     shape = (m.force_store_random, *((op.view_like, op.random, op.inplace_parent) for op in ops))

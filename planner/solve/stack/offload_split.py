@@ -52,7 +52,8 @@ from scipy.optimize import Bounds
 
 from planner.highs import quiet_milp
 from planner.memory_model import NEED_TOL_BYTES
-from planner.solve.milp import HIGHS_TOLERANCES, discard_entries, BudgetMatrix, budget_need_rows
+from planner.solve.milp import HIGHS_TOLERANCES, BudgetMatrix, budget_need_rows
+from planner.solve.milp_rows import discard_entries
 from planner.solve.milp_offload import decode_offload
 from planner.solve.offload import OffloadSetup, offload_plan
 from planner.solve.points import lower_hull

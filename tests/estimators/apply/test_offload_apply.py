@@ -144,8 +144,9 @@ def test_refusals_name_the_module_and_the_op(net):
     with pytest.raises(PlanMismatchError, match=r"op 0 \(aten\.t\) is a view and has offload=1"):
         apply_plan(copy.deepcopy(model), _plan([1, 1, 1, 0, 1, 0], [1, 0, 0, 0, 0, 0]))
     with pytest.raises(ValueError, match=r"compile_backend='inductor': a plan that offloads runs eagerly or under "
-                                         r"torch.compile with backend 'eager' or 'aot_eager' only \(Inductor may "
-                                         r"reuse"):
+                                         r"torch.compile with backend 'eager' or 'aot_eager' only \(Inductor's "
+                                         r"generated forward writes in place into the buffer sacplan::from_host "
+                                         r"returns"):
         apply_plan(copy.deepcopy(model), _plan(SAVE, [0, 1, 0, 0, 0, 0]), compile_backend="inductor")
     no_windows = _plan(SAVE, [0, 1, 0, 0, 0, 0])
     del no_windows["offload_windows"]

@@ -71,6 +71,7 @@ def test_compiled_offload_keeps_the_eager_promise_and_frees_the_device_storages(
         planned.zero_grad(set_to_none=True)
         loss.backward()
     assert store.by_host == {} and store.host_bytes == 0  # every copy taken by the compiled backward
+    assert store.stalled_fetches == 0  # each window fetched by the in-graph prefetch, before the backward took it
     assert all(torch.equal(a, p.grad) for a, p in zip(unplanned, planned.parameters()))
 
     torch._dynamo.reset()  # layout: allow-private (a recompile: the pass is still set)
@@ -79,6 +80,56 @@ def test_compiled_offload_keeps_the_eager_promise_and_frees_the_device_storages(
     remove_plan(planned)
     remove_plan(kept_model)
     assert functorch_config.joint_custom_pass is before
+
+
+def test_an_offloading_plan_compiles_without_graph_breaks_the_window_moments_in_the_graph():
+    # the window hooks used to be torch.compiler.disable-d: a graph break at each of the N + 1 window ends, and
+    # per-window graphs that keep more than the whole-model graph the stats count (bench/RESULTS.md)
+    model, x, unplanned = _unplanned()
+    planned, _ = _compiled(model, x, OFFLOAD)
+    graphs = []
+
+    def counting(gm: torch.fx.GraphModule, example_inputs: list) -> object:
+        graphs.append([str(n.target) for n in gm.graph.nodes])
+        return torch._dynamo.lookup_backend("aot_eager")(gm, example_inputs)  # layout: allow-private (as above)
+
+    def step() -> None:
+        planned.zero_grad(set_to_none=True)
+        _loss(torch.compile(planned, backend=counting)(x)).backward()
+        assert all(torch.equal(a, p.grad) for a, p in zip(unplanned, planned.parameters()))
+
+    breaks = torch._dynamo.utils.counters["graph_break"]  # layout: allow-private (dynamo's break counter)
+    breaks.clear()
+    step()  # torch.compile(module) runs the root's own hooks as frames of their own, around its forward
+    assert not breaks and len(graphs) == 3, (dict(breaks), graphs)
+    assert graphs[0].count("sacplan.pass_start") == 1 and graphs[2].count("sacplan.window_end") == 1
+    assert graphs[1].count("sacplan.window_end") == N  # each block's end, in the forward's one graph
+    torch._dynamo.reset()  # layout: allow-private (as above)
+    graphs.clear()
+    with torch._dynamo.config.patch(wrap_top_frame=True):  # layout: allow-private (hooks and forward: one frame)
+        step()
+    assert not breaks and len(graphs) == 1
+    assert graphs[0].count("sacplan.pass_start") == 1 and graphs[0].count("sacplan.window_end") == N + 1
+    assert planned_modules(planned)[0].host_store.offloaded_bytes == N * 2 * UP_BYTES
+    remove_plan(planned)
+    torch._dynamo.reset()  # layout: allow-private (as above)
+
+
+def test_compiled_offload_steps_again_and_again():
+    # from the second step on AOTAutograd detaches the saved host copies it is handed as views, so a view's
+    # finalizer fired in the forward, the store forgot the copy and the backward's from_host failed
+    model, x, unplanned = _unplanned()
+    planned, compiled = _compiled(model, x, OFFLOAD)
+    store = planned_modules(planned)[0].host_store
+    for _ in range(3):
+        planned.zero_grad(set_to_none=True)
+        loss = _loss(compiled(x))
+        assert len(store.by_host) == N * 2 and store.host_bytes == N * 2 * UP_BYTES
+        loss.backward()
+        assert store.by_host == {} and store.host_bytes == 0
+        assert all(torch.equal(a, p.grad) for a, p in zip(unplanned, planned.parameters()))
+    remove_plan(planned)
+    torch._dynamo.reset()  # layout: allow-private (as above)
 
 
 def test_compile_eager_backend_runs_our_own_pair_and_offloads():
@@ -94,7 +145,7 @@ def test_compile_eager_backend_runs_our_own_pair_and_offloads():
         assert tracker.host_book.live_bytes() == N * 2 * UP_BYTES == store.offloaded_bytes
         assert len(handles) == N * 2 and all(h.storage() is None for h in handles)
         loss.backward()
-    assert store.host_bytes == 0
+    assert store.host_bytes == 0 and store.stalled_fetches == 0  # the window ops prefetch the eager pair's too
     assert all(torch.equal(a, p.grad) for a, p in zip(unplanned, planned.parameters()))
     remove_plan(planned)
     torch._dynamo.reset()  # layout: allow-private (as above)
