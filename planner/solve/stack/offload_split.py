@@ -79,12 +79,15 @@ _HOW = ("the stack's first blocks in count space, its last blocks and the rest e
 def split_first(prob: Problem, setup: OffloadSetup, stacked: StackOffloadResult | None, budget_bytes: float, *,
                 mip_rel_gap: float, deadline: float) -> StackOffloadResult | None:
     """``stacked`` (the stack engine's answer, not proven) with the split's (:func:`solve_split`, K from
-    :data:`SUFFIX_BLOCKS` while not proven): the better bound and the cheaper plan. ``stacked`` as it is where
-    the split does not apply."""
+    :data:`SUFFIX_BLOCKS` while not proven, in a third of the time left before ``deadline``): the better bound and
+    the cheaper plan. ``stacked`` as it is where the split does not apply."""
     model = stack_items(prob, setup)
     if model.stack is None or len(model.stack.blocks) < 2:
         return stacked
     best = stacked
+    # at most a third of the time left: the MILP after it keeps the rest where the split does not prove
+    now = time.perf_counter()
+    deadline = min(deadline, now + (deadline - now) / 3)
     for k in sorted({min(k, len(model.stack.blocks) - 1) for k in SUFFIX_BLOCKS}):
         split = solve_split(prob, setup, model, budget_bytes, k, mip_rel_gap=mip_rel_gap, deadline=deadline)
         if split is None:
