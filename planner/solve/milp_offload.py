@@ -42,7 +42,7 @@ class OffloadColumns:
 
 
 def add_offload_columns(mat, prob: Problem, setup: OffloadSetup) -> OffloadColumns:
-    """Append the offload columns and their rows to ``mat`` (the MILP's :class:`_Matrix`, built without them)."""
+    """Append the offload columns and their rows to ``mat`` (the MILP's :class:`BudgetMatrix`, built without them)."""
     windows = setup.windows
     n_w = len(windows) - 1
     f_col: dict[tuple[int, int], int] = {}
