@@ -251,14 +251,17 @@ def _solve_offloading(prob: Problem, budget_bytes: float, opts: PlanOptions, sta
                                                    "raise time_limit_s")
     link = host_link(prob.stats, opts.host_link_gbps)
     left = max(time_left_s - (time.perf_counter() - started), 1e-3)
-    return solve_with_offload(prob, budget_bytes, link, time_limit_s=left, mip_rel_gap=opts.effective_rel_gap)
+    return solve_with_offload(prob, budget_bytes, link, time_limit_s=left, mip_rel_gap=opts.effective_rel_gap,
+                              host_budget_bytes=opts.host_budget_bytes)
 
 
 def _min_feasible_offloading(prob: Problem, opts: PlanOptions) -> float | None:
     """The smallest budget with a plan that may offload (by the MILP, proven), or None if not proven in time."""
     setup = offload_setup(prob, host_link(prob.stats, opts.host_link_gbps))
-    sol = prob.derived(f"min_peak {id(setup)}", lambda p: solve_min_peak(p, time_limit_s=min(opts.time_limit_s, 30.0),
-                                                                         offload=setup))
+    cap = opts.host_budget_bytes
+    sol = prob.derived(f"min_peak {id(setup)} {cap!r}",
+                       lambda p: solve_min_peak(p, time_limit_s=min(opts.time_limit_s, 30.0), offload=setup,
+                                                host_budget_bytes=cap))
     if sol.status != "optimal" or sol.peak_bytes is None or sol.decisions is None:
         return None
     # as the engines count it: a held tensor several checkpointed modules take, once per module

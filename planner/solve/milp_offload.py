@@ -41,6 +41,7 @@ class OffloadColumns:
         self.f_col = f_col  # (candidate, class) -> column of f
         self.q0 = q0  # Q_0 (then Q_1 .. Q_{n_w - 1}, sf_0.., sb_0..)
         self.n_w = n_w  # windows that may offload: all but the last
+        self.per_call_host: list[tuple[int, float]] = []  # per-call f columns and their host bytes (units) each
 
     def q(self, credited: int) -> int | None:
         """The column of the running offload of the first ``credited`` windows (None for none)."""
@@ -48,7 +49,7 @@ class OffloadColumns:
 
 
 def add_offload_columns(mat, prob: Problem, setup: OffloadSetup) -> OffloadColumns:
-    """Append the offload columns and their rows to ``mat`` (the MILP's :class:`_Matrix`, built without them)."""
+    """Append the offload columns and their rows to ``mat`` (the MILP's :class:`BudgetMatrix`, built without them)."""
     windows = setup.windows
     n_w = len(windows) - 1
     f_col: dict[tuple[int, int], int] = {}
@@ -80,8 +81,9 @@ def add_offload_columns(mat, prob: Problem, setup: OffloadSetup) -> OffloadColum
         mult = float(len(cand.classes.members[q]))
         _row(mat, [(mat.k0 + mat.k_off[i] + q, 1.0), (c, 1.0), (mat.y0 + i, -mult)], -np.inf, 0.0)
         if i in setup.per_call:  # off the device wherever the call's discard is: more of S_i - S_{i-1}
-            mat.rows.append(mat.s_row[i]), mat.cols.append(c)
-            mat.vals.append(-float(cand.classes.class_bytes[q]) / prob.unit)
+            w = float(cand.classes.class_bytes[q]) / prob.unit
+            mat.rows.append(mat.running_rows[i]), mat.cols.append(c), mat.vals.append(-w)
+            cols.per_call_host.append((c, cand.calls * w))  # every call's copies are on the host at once
             continue
         per_window[int(windows.candidate_window[i])].append((c, float(cand.classes.class_bytes[q]) / prob.unit))
     for j in range(n_w):

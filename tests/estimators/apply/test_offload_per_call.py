@@ -122,3 +122,12 @@ def test_per_call_offloading_is_refused_under_compile(planned):
     model, x, stats, plan = planned
     with pytest.raises(PlanMismatchError, match="offloads per call .* runs eagerly only"):
         apply_plan(copy.deepcopy(model), plan, stats=stats, example_inputs=(x,), compile_backend="aot_eager")
+
+
+def test_a_host_memory_cap_counts_every_call(planned):
+    _, _, stats, plan = planned
+    cap = plan.host_bytes // 2  # every call's copies count against it: a per-call term left out would exceed it
+    capped = planner.plan(stats, plan.memory_budget_gib, offload="on", host_link_gbps=1e6,
+                          host_budget_gib=cap / planner.GIB)
+    assert capped.status == "optimal" and capped.host_bytes <= cap, (capped.status, capped.host_bytes, cap)
+    assert capped.peak_bytes <= plan.memory_budget_gib * planner.GIB
