@@ -3,10 +3,10 @@
 Two blocks, each applying its one MLP twice (``x + mlp(x)`` then ``x + mlp(x)`` again, as the fidelity set's
 ``twice_mlp``), collected with AdamW, planned at 75% of the predicted no-checkpointing peak with
 ``offload="on"`` and a link so fast that a copy never stalls (1e6 GB/s). At that budget the least plan
-checkpoints the MLPs and offloads what they save (found by running it: 60% needs the blocks checkpointed,
-whose window offloads nothing; 85% needs no offload). Known answers come from the plan and the stats: each call
-offloads the module's ``offloaded_bytes``, so the host holds ``calls`` x those bytes; each call's offloads are
-off the device exactly where that call's discard is (``MemoryModel.profile_bytes``).
+checkpoints both MLPs and offloads part of what they save, per call (found by running it: 2 x 262144 bytes
+each; 50-85% all offload per call). Known answers come from the plan and the stats: each call offloads the
+module's ``offloaded_bytes``, so the host holds ``calls`` x those bytes; each call's offloads are off the device
+exactly where that call's discard is (``MemoryModel.profile_bytes``).
 """
 
 from __future__ import annotations
