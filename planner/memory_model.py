@@ -105,11 +105,12 @@ class MemoryModel:
 
     def profile_bytes(self, discarded: Mapping[str, float] | None = None, *, held: bool = True,
                       shared_once: bool = True, saves: Mapping[str, Sequence[int]] | None = None,
-                      offloaded: Mapping[int, float] | None = None) -> np.ndarray:
+                      offloaded: Mapping[int | str, float] | None = None) -> np.ndarray:
         """m_t per moment (in step order) with ``discarded[fqn]`` bytes freed by each checkpointed module.
 
         ``offloaded``: credit key -> bytes offloaded to host memory, off the device at the moments whose key is
-        at least the credit key (an offload window's, :meth:`planner.solve.offload.OffloadWindows.credits`).
+        at least the credit key (an offload window's, :meth:`planner.solve.offload.OffloadWindows.credits`);
+        fqn -> bytes each call of a module offloading per call drops, off wherever its discard counts.
 
         A checkpointed module's discard counts from the end of its forward
         until its backward starts; its held inputs (step model) count on
@@ -143,6 +144,11 @@ class MemoryModel:
                 if fqn in discarded and fqn in saves and saves[fqn][op]:
                     m -= nbytes * (self.repeats.get(fqn, 0.0) + self.repeats_held.get(fqn, 0.0))
         for key, nbytes in (offloaded or {}).items():
+            if isinstance(key, str):  # a module offloading per call: off wherever each call's discard is
+                m[self.keys > self.post_pos[key]] -= nbytes
+                if key in self.repeats:
+                    m -= self.repeats[key] * nbytes
+                continue
             m[self.keys >= key] -= nbytes
         return m
 
@@ -209,7 +215,7 @@ class MemoryModel:
 
     def peak_bytes(self, discarded: Mapping[str, float] | None = None, *, held: bool = True,
                    shared_once: bool = True, saves: Mapping[str, Sequence[int]] | None = None,
-                   offloaded: Mapping[int, float] | None = None) -> float:
+                   offloaded: Mapping[int | str, float] | None = None) -> float:
         """The step's peak with ``discarded[fqn]`` bytes freed by each checkpointed module (and ``offloaded``
         as for :meth:`profile_bytes`)."""
         return float(self.profile_bytes(discarded, held=held, shared_once=shared_once, saves=saves,

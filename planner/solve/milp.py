@@ -90,7 +90,7 @@ class BudgetMatrix:
                 d_entries.append((k, cl.class_bytes[q] / prob.unit))
             # S_i - S_{i-1} - D_c = 0 and D_c >= 0
             s_prev = [] if i == 0 else [(self.s0 + i - 1, 1.0)]
-            running_rows.append(len(lo))
+            running_rows.append(len(lo))  # (the split adds its prefix there, per-call offloads their bytes)
             row([(self.s0 + i, 1.0)] + [(c, -1.0 * v) for c, v in s_prev] + [(c, -v) for c, v in d_entries], 0.0, 0.0)
             row(d_entries, 0.0, np.inf)
             rc_entries = [(y, cost[y])] + [(self.k0 + k_off[i] + q, cost[self.k0 + k_off[i] + q])
@@ -196,10 +196,14 @@ def solve_budget(prob: Problem, budget_bytes: float, *, time_limit_s: float, mip
 
 def host_rows(mat: BudgetMatrix, unit: float, host_budget_bytes: float | None, margin: float = 0.0) -> list:
     """The host memory cap as a row (none without a cap or without offload columns): what all windows offload,
-    the last running offload sum, at most the cap (less ``margin`` bytes)."""
-    if host_budget_bytes is None or mat.off is None or mat.off.n_w == 0:
+    the last running offload sum, plus every call's offload of the modules offloading per call, at most the cap
+    (less ``margin`` bytes)."""
+    if host_budget_bytes is None or mat.off is None:
         return []
-    return [([(mat.off.q(mat.off.n_w), 1.0)], -np.inf, (host_budget_bytes - margin) / unit)]
+    entries = ([(mat.off.q(mat.off.n_w), 1.0)] if mat.off.n_w else []) + mat.off.per_call_host
+    if not entries:
+        return []
+    return [(entries, -np.inf, (host_budget_bytes - margin) / unit)]
 
 
 def _over_budget(prob: Problem, sol: Solution, budget_bytes: float) -> float:

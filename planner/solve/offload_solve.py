@@ -36,8 +36,10 @@ def solve_with_offload(prob: Problem, budget_bytes: float, link: HostLinkFigures
     setup = offload_setup(prob, link)
     deadline = time.perf_counter() + time_limit_s
     # stacks of 16+ blocks: the count-space relaxation first (planner.solve.stack.offload_stack)
-    stacked = _capped(prob, stack_first(prob, setup, budget_bytes, mip_rel_gap=mip_rel_gap, deadline=deadline),
-                      budget_bytes, host_budget_bytes)
+    # (not with modules offloading per call: the stack engines know the windows only, the MILP both)
+    stacked = None if setup.per_call else _capped(
+        prob, stack_first(prob, setup, budget_bytes, mip_rel_gap=mip_rel_gap, deadline=deadline), budget_bytes,
+        host_budget_bytes)
     if stacked is not None and not _proven(stacked):  # where the early credit binds: the last blocks exactly
         stacked = _capped(prob, split_first(prob, setup, stacked, budget_bytes, mip_rel_gap=mip_rel_gap,
                                             deadline=deadline), budget_bytes, host_budget_bytes)
@@ -49,6 +51,16 @@ def solve_with_offload(prob: Problem, budget_bytes: float, link: HostLinkFigures
     if sol.decisions is None and sol.status in ("time_limit", "error") and host_budget_bytes is not None:
         sol = _without_offload(prob, setup, budget_bytes, sol, mip_rel_gap, deadline)
     return trim_offloads(prob, sol if stacked is None else with_milp(stacked, sol, mip_rel_gap), budget_bytes)
+
+
+def _credited_times(prob: Problem, off, fqn: str) -> np.ndarray:
+    """Per moment, how many times a byte ``fqn`` offloads is off the device: once from its window's credit key
+    on; per call (a module called more than once) wherever each call's discard is."""
+    model = prob.model
+    if fqn in off.calls:
+        return (model.keys > model.post_pos[fqn]).astype(float) + model.repeats.get(fqn, 0.0)
+    j = int(np.searchsorted(off.windows.end_pos, model.post_pos[fqn], side="left"))
+    return (model.keys >= off.windows.credit_key[j]).astype(float)
 
 
 def _without_offload(prob: Problem, setup, budget_bytes: float, sol: Solution, mip_rel_gap: float,
@@ -101,16 +113,16 @@ def trim_offloads(prob: Problem, sol: Solution, budget_bytes: float) -> Solution
     cand_of = {c.fqn: c for c in prob.candidates}
     lists = {fqn: list(v) for fqn, v in off.modules.items()}
     for fqn in sorted(lists, key=model.post_pos.__getitem__):
-        j = int(np.searchsorted(windows.end_pos, model.post_pos[fqn], side="left"))
-        at = model.keys >= windows.credit_key[j]
+        times = _credited_times(prob, off, fqn)
+        at = times > 0
         ops = prob.stats.module(fqn).ops or []
         groups = [g for g in cand_of[fqn].classes.groups.members if lists[fqn][g[0]]]
         for group in sorted(groups, key=lambda g: -sum(ops[k].output_bytes for k in g)):
             nbytes = sum(ops[k].output_bytes for k in group)
-            if not at.any() or nbytes <= float(room[at].min()):
+            if not at.any() or bool(np.all(nbytes * times[at] <= room[at])):
                 for k in group:
                     lists[fqn][k] = 0
-                room[at] -= nbytes
+                room[at] -= nbytes * times[at]
     kept = offload_plan(prob, windows, {f: v for f, v in lists.items() if any(v)})
     return Solution.planned(prob, sol.decisions, sol.status, sol.message, sol.mip_gap or 0.0, sol.lower_bound,
                             kept)
