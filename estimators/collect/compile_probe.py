@@ -11,6 +11,7 @@ it is the compiled run, not the model's outputs, that says which outputs get the
 
 from __future__ import annotations
 
+import operator
 import re
 from typing import Any
 
@@ -21,7 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from estimators.common import is_view_op, storages_of, tensors_in
 
 __all__ = ["mark_compiled", "zero_gradient_outputs", "CompiledProbe", "credit_compiled_saves",
-           "hold_shared_tensors"]
+           "hold_shared_tensors", "hold_for_takers"]
 
 _ZERO_MAKERS = {torch.ops.aten.zeros.default, torch.ops.aten.zeros_like.default, torch.ops.aten.new_zeros.default}
 
@@ -37,6 +38,8 @@ class _ZeroTangents(TorchDispatchMode):
         self.made: list[tuple[tuple[int, ...], torch.dtype]] = []
         self.compiled_saved: dict[str, int] = {}  # per module fqn (relative), what the partitioned forward saves
         self.shared: list[tuple[str, tuple[str, ...], int]] = []  # per tensor one forward op makes for several modules
+        # per module taking such a tensor: (the module making it, the taker, bytes: :func:`_kept_outside`)
+        self.kept_for: list[tuple[str, str, int]] = []
 
     @classmethod
     def ignore_compile_internals(cls) -> bool:
@@ -65,11 +68,18 @@ class _ZeroTangents(TorchDispatchMode):
         """``aot_eager``'s partition (the min-cut one), what it saves recorded per module in ``compiled_saved``."""
         from torch._functorch.partitioners import min_cut_rematerialization_partition
 
-        self.shared += shared_across_modules(joint)  # before the partition, which merges them
+        shared = shared_across_modules(joint)  # before the partition, which merges them
+        makers = {taker: maker for maker, others, _ in reversed(shared) for taker in others}
+        copies = {taker: _checkpointed_alone(joint, taker) for taker in sorted(makers)}
         fw, bw = min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
-        for path, nbytes in saved_by_module(fw, bw).items():
+        saved = saved_by_module(fw, bw)
+        for path, nbytes in saved.items():
             fqn = _relative_fqn(path)
             self.compiled_saved[fqn] = self.compiled_saved.get(fqn, 0) + nbytes
+        self.shared += shared
+        for taker, tagged in copies.items():
+            self.kept_for.append((makers[taker], taker, _kept_outside(taker, saved, saved_by_module(
+                *min_cut_rematerialization_partition(tagged, joint_inputs, **kwargs)))))
         return fw, bw
 
 
@@ -188,6 +198,45 @@ def shared_across_modules(joint: torch.fx.GraphModule) -> list[tuple[str, tuple[
             for node, paths in out.items()]
 
 
+def _within(path: str, fqn: str) -> bool:
+    return path == fqn or path.startswith(fqn + ".")
+
+
+def _checkpointed_alone(joint: torch.fx.GraphModule, fqn: str) -> torch.fx.GraphModule:
+    """A copy of the joint graph with the forward of module ``fqn`` (a relative path) tagged as a checkpointed
+    region saving nothing but its random ops, as a plan's policy tags it under compile (random ops and their
+    outputs left untagged: the partitioner never recomputes them)."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    graph = torch.fx.Graph()
+    graph._codegen = joint.graph._codegen  # layout: allow-private (the joint's pytree signature)
+    graph.output(graph.graph_copy(joint.graph, {}))  # a node's meta is copied: the joint's stays untagged
+    backward: set[torch.fx.Node] = set()
+    for node in graph.nodes:
+        if (node.op == "placeholder" and node.name.startswith("tangents")) or any(
+                a in backward for a in node.all_input_nodes):
+            backward.add(node)
+        elif node.op == "call_function" and _within(_module_path(node), fqn) and not _random(node):
+            node.meta["recompute"] = CheckpointPolicy.PREFER_RECOMPUTE
+            node.meta["ac_graph_id"] = 1
+    return torch.fx.GraphModule(joint, graph)
+
+
+def _random(node: torch.fx.Node) -> bool:
+    if node.target is operator.getitem and isinstance(node.args[0], torch.fx.Node):
+        node = node.args[0]
+    return torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ())
+
+
+def _kept_outside(fqn: str, unplanned: dict[str, int], planned: dict[str, int]) -> int:
+    """The bytes the forward saves outside module ``fqn`` beyond the unplanned graph's when ``fqn`` alone is
+    checkpointed (``saved_by_module`` of both partitions): what its recompute takes from the modules before it
+    instead of a tensor the compiled graph makes once for several modules (a causal mask's indices, kept where
+    the mask is made, when a later layer remakes the mask in its backward)."""
+    return sum(max(0, nbytes - unplanned.get(path, 0)) for path, nbytes in planned.items()
+               if not _within(_relative_fqn(path), fqn))
+
+
 def _hashable(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return tuple(_hashable(v) for v in value)
@@ -233,10 +282,12 @@ class CompiledProbe:
     """What one compiled step on the fake model showed (see :func:`zero_gradient_outputs`)."""
 
     def __init__(self, zero_gradients: list[tuple[tuple[int, ...], torch.dtype]], compiled_saved: dict[str, int],
-                 shared: list[tuple[str, tuple[str, ...], int]] | None = None):
+                 shared: list[tuple[str, tuple[str, ...], int]] | None = None,
+                 kept_for: list[tuple[str, str, int]] | None = None):
         self.zero_gradients = zero_gradients
         self.compiled_saved = compiled_saved  # per fqn relative to the compiled module: what its forward saves
         self.shared = shared or []  # forward ops run once for several modules (:func:`shared_across_modules`)
+        self.kept_for = kept_for or []  # what a taker of one, checkpointed alone, has kept before it
         self.fewer_saved: dict[str, int] = {}  # the same, what the eager forward saves more (:meth:`count_eager`)
 
     def count_eager(self, model: nn.Module, eager_step: Any) -> None:
@@ -278,7 +329,7 @@ def zero_gradient_outputs(model: nn.Module, run_step: Any, backend: str) -> Comp
         for p in model.parameters():
             p.grad = None
         torch._dynamo.reset()  # layout: allow-private (the probe's graphs hold the fake model)
-    return CompiledProbe(probe.made, probe.compiled_saved, probe.shared)
+    return CompiledProbe(probe.made, probe.compiled_saved, probe.shared, probe.kept_for)
 
 
 def _fqn_of(path: str, root: str, fqns: set[str]) -> str:
@@ -344,6 +395,32 @@ def hold_shared_tensors(stats: Any, shared: list[tuple[str, tuple[str, ...], int
         number += 1
 
 
+def hold_for_takers(stats: Any, kept_for: list[tuple[str, str, int]]) -> None:
+    """Count what the modules before a taker of a shared tensor keep when the taker is checkpointed
+    (``kept_for``: the module path making the tensor, the taker's, the bytes :func:`_kept_outside` found) as
+    held by the taker and every module around it short of one around the maker: checkpointed, it keeps them
+    until its backward remakes the tensor (the partitioner saves its ingredients, not the tensor). Takers
+    keeping the same bytes for one maker share a tensor number, so several checkpointed ones count it once."""
+    fqns = set(stats.fw_post_order)
+    root = next(m.fqn for m in stats.modules if m.parent is None)
+    number = 1 + max((k for m in stats.modules for k, _ in m.held_inputs or ()), default=0)
+    numbers: dict[tuple[str, int], int] = {}
+    for maker, taker, nbytes in kept_for:
+        made_in = _fqn_of(maker, root, fqns)
+        up: str | None = _fqn_of(taker, root, fqns)
+        if nbytes <= 0 or up == made_in:
+            continue
+        if (maker, nbytes) not in numbers:
+            numbers[(maker, nbytes)] = number
+            number += 1
+        while up is not None and up in fqns and not _within(made_in, up):
+            m = stats.module(up)
+            m.held_input_bytes += nbytes
+            if m.held_inputs is not None:
+                m.held_inputs = [*m.held_inputs, (numbers[(maker, nbytes)], nbytes)]
+            up = m.parent
+
+
 def mark_compiled(stats: Any, backend: str, probe: CompiledProbe | None = None) -> None:
     """Record the compile backend in the stats' model settings, and save every random op: a traced
     recomputation cannot replay the RNG on the CPU, so apply saves random ops under compile. Under
@@ -355,3 +432,4 @@ def mark_compiled(stats: Any, backend: str, probe: CompiledProbe | None = None) 
     if backend == "aot_eager" and probe is not None:
         credit_compiled_saves(stats, probe.fewer_saved)
         hold_shared_tensors(stats, probe.shared)
+        hold_for_takers(stats, probe.kept_for)
