@@ -268,6 +268,7 @@ def _op_stats(m: Any, col: Any, held_serials: set[int]) -> list[OpStats]:
                 if parent is None and op.fresh and not held_past_stop else None,
                 storages=[(nbytes, col.life.last_live_op(serial, m.ops), m.fqn in col.saved_in.get(serial, ()))
                           for serial, nbytes in op.new_storages] or None,
+                compiled_takers=col.life.compiled_takers(op.new_storages, m.ops, in_module, m.ops[k]),
             )
         )
     # PyTorch's SACEstimator zeroes the last op that is neither view-like nor

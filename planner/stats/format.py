@@ -364,6 +364,9 @@ def _check_ops(where: str, m: ModuleStats, consistent: set[tuple]) -> None:
             raise ValueError(f"{where}.ops[{k}].inplace_parent {p} is out of range for {n} ops")
         if p is not None and p > k:
             raise ValueError(f"{where}.ops[{k}].inplace_parent {p} comes after the op itself")
+        for j in op.compiled_takers or ():
+            if not k < j < n:
+                raise ValueError(f"{where}.ops[{k}].compiled_takers: {j} is not a later op of the {n}")
     # The SAC conventions must leave every op a consistent decision. They read only the flags and the parents,
     # so an op list like one already checked (every block of a stack has the same) passes without a second look.
     shape = (m.force_store_random, *((op.view_like, op.random, op.inplace_parent) for op in ops))

@@ -77,6 +77,12 @@ class OpStats(StrictModel):
         "output that only later modules save is not: the plain step has freed it when this module's backward "
         "starts). A recompute holds each as long (or to its "
         "early stop): what it holds beyond the backward's memory is added at recompute_key. Null: not known.")
+    compiled_takers: list[Annotated[Whole, Field(ge=0)]] | None = Field(
+        None, max_length=4096, exclude_if=lambda v: v is None, description="Stats of a step compiled with "
+        "aot_eager: the indices of the later ops of this module that take this op's outputs and may be recomputed "
+        "(not views, random ops, or the op making the module's output autograd saves). The compiled backward "
+        "reads an op's outputs only where a storage is saved (storages) or saved_by_autograd, or a taker it "
+        "recomputes needs them: a plan offloads no op it would not read. Null: not known (eager stats).")
 
 
 OP_FIELDS = ("name", "runtime_ms", "output_bytes", "view_like", "random", "inplace_parent", "saved_by_autograd")
@@ -126,6 +132,7 @@ class CompactOps:
         _set(op, "must_save", None)
         _set(op, "held_tensors", None)
         _set(op, "storages", None)
+        _set(op, "compiled_takers", None)
         if (fields_set := self._fields_set.get(given)) is None:
             fields_set = self._fields_set[given] = set(given)
         _set(op, "__pydantic_fields_set__", fields_set)
