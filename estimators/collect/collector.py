@@ -33,7 +33,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from estimators.collect.assemble import build_stats
-from estimators.collect.compile_probe import CompiledProbe, mark_compiled, zero_gradient_outputs
+from estimators.collect.compile_probe import CompiledProbe, zero_gradient_outputs
+from estimators.collect.compiled_stats import mark_compiled
 from estimators.collect.fake_step import (FakeConverter, fake_loss_fn, fakeify, forward_and_loss, optimizer_bytes,
                                          traced_ops, with_zero_gradients)
 from estimators.collect.emulation import attention_emulation

@@ -4,7 +4,7 @@
 ``aot_eager`` does (``inductor`` partitions alike; its kernels only change what runs inside), and the graphs
 run on the fake tensors. What the probe reads: the gradients of zeros the compiled backward is handed for
 graph outputs that get none, and, under ``aot_eager``, what its partitioner saves for the backward per module
-(:func:`credit_compiled_saves`). Where dynamo breaks the graph (Hugging Face's GPT-2 logs a warning before its
+(the stats are made to say so in :mod:`estimators.collect.compiled_stats`). Where dynamo breaks the graph (Hugging Face's GPT-2 logs a warning before its
 loss: the loss is a graph of its own, whose backward sends the logits their real gradient) there are none, so
 it is the compiled run, not the model's outputs, that says which outputs get them.
 """
@@ -21,8 +21,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from estimators.common import is_view_op, storages_of, tensors_in
 
-__all__ = ["mark_compiled", "zero_gradient_outputs", "CompiledProbe", "credit_compiled_saves",
-           "hold_shared_tensors", "hold_for_takers"]
+__all__ = ["zero_gradient_outputs", "CompiledProbe", "eager_saved_by_module", "saved_by_module",
+           "shared_across_modules"]
 
 _ZERO_MAKERS = {torch.ops.aten.zeros.default, torch.ops.aten.zeros_like.default, torch.ops.aten.new_zeros.default}
 
@@ -330,106 +330,3 @@ def zero_gradient_outputs(model: nn.Module, run_step: Any, backend: str) -> Comp
             p.grad = None
         torch._dynamo.reset()  # layout: allow-private (the probe's graphs hold the fake model)
     return CompiledProbe(probe.made, probe.compiled_saved, probe.shared, probe.kept_for)
-
-
-def _fqn_of(path: str, root: str, fqns: set[str]) -> str:
-    """The stats fqn of a module ``path`` relative to the root: the innermost module of the stats on it."""
-    parts = [p for p in path.split(".") if p]
-    while parts and ".".join([root, *parts]) not in fqns:
-        parts.pop()
-    return ".".join([root, *parts])
-
-
-def credit_compiled_saves(stats: Any, fewer_saved: dict[str, int]) -> None:
-    """Make the stats describe what the compiled step keeps: per module, ``fewer_saved`` bytes (eager saves less
-    the partitioner's, by the innermost module of the node that made them) come off ``act_saved_bytes`` of that
-    module and of every module around it, and off the live activations of every moment while its forward has
-    ended and its backward not begun (forward and backward moments whose key passes its fw_post_order position,
-    as a checkpointing discard is counted). A module a plan checkpoints discards from the compiled figure."""
-    order = stats.fw_post_order
-    fqns = set(order)
-    root = next(m.fqn for m in stats.modules if m.parent is None)
-    per_fqn: dict[str, int] = {}
-    for path, nbytes in fewer_saved.items():
-        fqn = _fqn_of(path, root, fqns)
-        fqn = fqn if fqn in fqns else root
-        per_fqn[fqn] = per_fqn.get(fqn, 0) + nbytes
-    inside: dict[str, int] = {}
-    for fqn, nbytes in per_fqn.items():
-        up: str | None = fqn
-        while up is not None:
-            inside[up] = inside.get(up, 0) + nbytes
-            up = stats.module(up).parent
-    for m in stats.modules:
-        m.act_saved_bytes = max(0, m.act_saved_bytes - inside.get(m.fqn, 0))
-    position = {fqn: k for k, fqn in enumerate(order)}
-    ended = [0] * (len(order) + 1)  # by key: bytes of the modules at positions below it
-    for fqn, nbytes in per_fqn.items():
-        ended[position[fqn] + 1] += nbytes
-    for k in range(1, len(ended)):
-        ended[k] += ended[k - 1]
-    for t in stats.timeline or ():
-        if t.phase in ("forward", "backward"):
-            t.activation_bytes = max(0, t.activation_bytes - ended[min(t.key, len(order))])
-
-
-def hold_shared_tensors(stats: Any, shared: list[tuple[str, tuple[str, ...], int]]) -> None:
-    """Count each tensor the compiled step makes once for several modules (``shared``: the module path making it,
-    the paths of the modules whose own op it replaces, its bytes) as held by the module that makes it and every
-    module around that one short of one around them all: checkpointed, such a module keeps the tensor under
-    compile when a later checkpointed region uses it (the partitioner saves a region's tensors a later region
-    uses), which no op of its eager save list says. Counted always (it bounds the real step from above by at most
-    those bytes when no later region uses it); it offsets the module's discard as its held inputs do."""
-    fqns = set(stats.fw_post_order)
-    root = next(m.fqn for m in stats.modules if m.parent is None)
-    number = 1 + max((k for m in stats.modules for k, _ in m.held_inputs or ()), default=0)
-    for path, others, nbytes in shared:
-        around = {_fqn_of(p, root, fqns) for p in others}
-        up: str | None = _fqn_of(path, root, fqns)
-        while up is not None and up in fqns and not all(o == up or o.startswith(up + ".") for o in around):
-            m = stats.module(up)
-            m.held_input_bytes += nbytes
-            if m.held_inputs is not None:
-                m.held_inputs = [*m.held_inputs, (number, nbytes)]
-            up = m.parent
-        number += 1
-
-
-def hold_for_takers(stats: Any, kept_for: list[tuple[str, str, int]]) -> None:
-    """Count what the modules before a taker of a shared tensor keep when the taker is checkpointed
-    (``kept_for``: the module path making the tensor, the taker's, the bytes :func:`_kept_outside` found) as
-    held by the taker and every module around it short of one around the maker: checkpointed, it keeps them
-    until its backward remakes the tensor (the partitioner saves its ingredients, not the tensor). Takers
-    keeping the same bytes for one maker share a tensor number, so several checkpointed ones count it once."""
-    fqns = set(stats.fw_post_order)
-    root = next(m.fqn for m in stats.modules if m.parent is None)
-    number = 1 + max((k for m in stats.modules for k, _ in m.held_inputs or ()), default=0)
-    numbers: dict[tuple[str, int], int] = {}
-    for maker, taker, nbytes in kept_for:
-        made_in = _fqn_of(maker, root, fqns)
-        up: str | None = _fqn_of(taker, root, fqns)
-        if nbytes <= 0 or up == made_in:
-            continue
-        if (maker, nbytes) not in numbers:
-            numbers[(maker, nbytes)] = number
-            number += 1
-        while up is not None and up in fqns and not _within(made_in, up):
-            m = stats.module(up)
-            m.held_input_bytes += nbytes
-            if m.held_inputs is not None:
-                m.held_inputs = [*m.held_inputs, (numbers[(maker, nbytes)], nbytes)]
-            up = m.parent
-
-
-def mark_compiled(stats: Any, backend: str, probe: CompiledProbe | None = None) -> None:
-    """Record the compile backend in the stats' model settings, and save every random op: a traced
-    recomputation cannot replay the RNG on the CPU, so apply saves random ops under compile. Under
-    ``aot_eager``, the stats then count what its partitioner saves (``probe``: :func:`credit_compiled_saves`);
-    inductor's partitioner runs with settings of its own, not followed here."""
-    stats.metadata.model_settings["compile_backend"] = backend
-    for m in stats.modules:
-        m.force_store_random = m.force_store_random or any(op.random for op in m.ops or ())
-    if backend == "aot_eager" and probe is not None:
-        credit_compiled_saves(stats, probe.fewer_saved)
-        hold_shared_tensors(stats, probe.shared)
-        hold_for_takers(stats, probe.kept_for)
