@@ -70,14 +70,15 @@ class _ZeroTangents(TorchDispatchMode):
 
         shared = shared_across_modules(joint)  # before the partition, which merges them
         makers = {taker: maker for maker, others, _ in reversed(shared) for taker in others}
-        copies = {taker: _checkpointed_alone(joint, taker) for taker in sorted(makers)}
+        untagged = _tagged_copy(joint, "") if makers else None  # the partition changes the joint graph
         fw, bw = min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
         saved = saved_by_module(fw, bw)
         for path, nbytes in saved.items():
             fqn = _relative_fqn(path)
             self.compiled_saved[fqn] = self.compiled_saved.get(fqn, 0) + nbytes
         self.shared += shared
-        for taker, tagged in copies.items():
+        for taker in sorted(makers):  # one copy at a time: a large model's joint graph is large
+            tagged = _tagged_copy(untagged, taker)
             self.kept_for.append((makers[taker], taker, _kept_outside(taker, saved, saved_by_module(
                 *min_cut_rematerialization_partition(tagged, joint_inputs, **kwargs)))))
         return fw, bw
@@ -202,10 +203,10 @@ def _within(path: str, fqn: str) -> bool:
     return path == fqn or path.startswith(fqn + ".")
 
 
-def _checkpointed_alone(joint: torch.fx.GraphModule, fqn: str) -> torch.fx.GraphModule:
-    """A copy of the joint graph with the forward of module ``fqn`` (a relative path) tagged as a checkpointed
-    region saving nothing but its random ops, as a plan's policy tags it under compile (random ops and their
-    outputs left untagged: the partitioner never recomputes them)."""
+def _tagged_copy(joint: torch.fx.GraphModule, fqn: str) -> torch.fx.GraphModule:
+    """A copy of the joint graph with the forward of module ``fqn`` (a relative path; ``""``: none) tagged as a
+    checkpointed region saving nothing but its random ops, as a plan's policy tags it under compile (random ops
+    and their outputs left untagged: the partitioner never recomputes them)."""
     from torch.utils.checkpoint import CheckpointPolicy
 
     graph = torch.fx.Graph()
@@ -216,7 +217,7 @@ def _checkpointed_alone(joint: torch.fx.GraphModule, fqn: str) -> torch.fx.Graph
         if (node.op == "placeholder" and node.name.startswith("tangents")) or any(
                 a in backward for a in node.all_input_nodes):
             backward.add(node)
-        elif node.op == "call_function" and _within(_module_path(node), fqn) and not _random(node):
+        elif fqn and node.op == "call_function" and _within(_module_path(node), fqn) and not _random(node):
             node.meta["recompute"] = CheckpointPolicy.PREFER_RECOMPUTE
             node.meta["ac_graph_id"] = 1
     return torch.fx.GraphModule(joint, graph)
