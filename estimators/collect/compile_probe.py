@@ -40,6 +40,7 @@ class _ZeroTangents(TorchDispatchMode):
         self.shared: list[tuple[str, tuple[str, ...], int]] = []  # per tensor one forward op makes for several modules
         # per module taking such a tensor: (the module making it, the taker, bytes: :func:`_kept_outside`)
         self.kept_for: list[tuple[str, str, int]] = []
+        self.graph_ops: set[str] = set()  # the names of the ops the compiled forward graphs run
 
     @classmethod
     def ignore_compile_internals(cls) -> bool:
@@ -69,6 +70,8 @@ class _ZeroTangents(TorchDispatchMode):
         from torch._functorch.partitioners import min_cut_rematerialization_partition
 
         shared = shared_across_modules(joint)  # before the partition, which merges them
+        self.graph_ops.update(str(n.target.overloadpacket) for n in joint.graph.nodes
+                              if n.op == "call_function" and hasattr(n.target, "overloadpacket"))
         makers = {taker: maker for maker, others, _ in reversed(shared) for taker in others}
         untagged = _tagged_copy(joint, "") if makers else None  # the partition changes the joint graph
         fw, bw = min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
@@ -284,11 +287,12 @@ class CompiledProbe:
 
     def __init__(self, zero_gradients: list[tuple[tuple[int, ...], torch.dtype]], compiled_saved: dict[str, int],
                  shared: list[tuple[str, tuple[str, ...], int]] | None = None,
-                 kept_for: list[tuple[str, str, int]] | None = None):
+                 kept_for: list[tuple[str, str, int]] | None = None, graph_ops: set[str] | None = None):
         self.zero_gradients = zero_gradients
         self.compiled_saved = compiled_saved  # per fqn relative to the compiled module: what its forward saves
         self.shared = shared or []  # forward ops run once for several modules (:func:`shared_across_modules`)
         self.kept_for = kept_for or []  # what a taker of one, checkpointed alone, has kept before it
+        self.graph_ops = graph_ops or set()  # the names of the ops the compiled graphs run
         self.fewer_saved: dict[str, int] = {}  # the same, what the eager forward saves more (:meth:`count_eager`)
 
     def count_eager(self, model: nn.Module, eager_step: Any) -> None:
@@ -330,4 +334,4 @@ def zero_gradient_outputs(model: nn.Module, run_step: Any, backend: str) -> Comp
         for p in model.parameters():
             p.grad = None
         torch._dynamo.reset()  # layout: allow-private (the probe's graphs hold the fake model)
-    return CompiledProbe(probe.made, probe.compiled_saved, probe.shared, probe.kept_for)
+    return CompiledProbe(probe.made, probe.compiled_saved, probe.shared, probe.kept_for, probe.graph_ops)

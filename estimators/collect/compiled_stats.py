@@ -12,7 +12,8 @@ from typing import Any
 
 from estimators.collect.compile_probe import CompiledProbe
 
-__all__ = ["mark_compiled", "credit_compiled_saves", "hold_shared_tensors", "hold_for_takers"]
+__all__ = ["mark_compiled", "credit_compiled_saves", "hold_shared_tensors", "hold_for_takers",
+           "free_ops_compile_never_runs"]
 
 
 def _fqn_of(path: str, root: str, fqns: set[str]) -> str:
@@ -104,6 +105,22 @@ def hold_for_takers(stats: Any, kept_for: list[tuple[str, str, int]]) -> None:
             up = m.parent
 
 
+def free_ops_compile_never_runs(stats: Any, graph_ops: set[str]) -> None:
+    """Make each op of the stats that no compiled graph runs at all (``graph_ops``: the names of the ops the
+    joint graphs run) cost nothing saved or offloaded: the collected step runs model code that takes another
+    path under dynamo (Hugging Face's attention builds SDPA's causal mask with ``ones`` and ``tril`` there; the
+    compiled graph makes the mask in the root from other ops), so the compiled step never keeps it. Only
+    out-of-place ATen ops (not views, in-place or random ones, not communication), whose names functionalization
+    does not change; nothing when no graph was seen."""
+    if not graph_ops:
+        return
+    for m in stats.modules:
+        for op in m.ops or ():
+            if op.output_bytes and op.name.startswith("aten.") and op.name not in graph_ops and not (
+                    op.view_like or op.random or op.must_save or op.inplace_parent is not None):
+                op.output_bytes = 0
+
+
 def mark_compiled(stats: Any, backend: str, probe: CompiledProbe | None = None) -> None:
     """Record the compile backend in the stats' model settings, and save every random op: a traced
     recomputation cannot replay the RNG on the CPU, so apply saves random ops under compile. Under
@@ -116,3 +133,4 @@ def mark_compiled(stats: Any, backend: str, probe: CompiledProbe | None = None) 
         credit_compiled_saves(stats, probe.fewer_saved)
         hold_shared_tensors(stats, probe.shared)
         hold_for_takers(stats, probe.kept_for)
+        free_ops_compile_never_runs(stats, probe.graph_ops)
