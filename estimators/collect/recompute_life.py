@@ -69,7 +69,8 @@ class RecomputeLife:
         if not self.compiled:
             return None
         taken = {j for serial, _ in new_storages for j in self.taken_by.get(serial, ()) if j > after}
-        return [k for k, j in enumerate(module_ops) if j in taken and j in may_recompute]
+        takers = [k for k, j in enumerate(module_ops) if j in taken and j in may_recompute]
+        return takers if len(takers) <= 4096 else None  # the format's limit; unknown counts as read
 
     def watch(self, st: torch.UntypedStorage, serial: int, col: Any) -> None:
         """Note when a storage made in the first micro-batch's forward dies."""
