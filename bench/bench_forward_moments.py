@@ -10,7 +10,9 @@ op returns). One markdown row per forward key: the plan's memory there (its time
 difference; then, per checkpointed module, the bytes of its saved ops' storages that the step without
 checkpointing frees inside the module (``storages`` of the stats' ops: not saved for backward, dead before the
 module's last op), which SAC keeps from the op on: the most a checkpointed module's own forward can hold beyond
-the plain step's forward (the memory model counts none of it).
+the plain step's forward; the memory model counts what the plan's save list holds there (docs/memory-model.md,
+"Forward moments inside a checkpointed module"), so with stats that carry the forward-moment fields every real
+forward moment is at most its prediction.
 
     PYTHONPATH=. python bench/bench_forward_moments.py --model opt --fraction 0.4 --offload on --host-link-gbps 1e6
 """

@@ -1,6 +1,7 @@
 """Offloading on collected Llama-3 8B / 70B stats (H100-SXM): keep / recompute / offload against recompute only.
 
-    python bench/bench_offload_stack.py [--stats-dir /tmp/scale-stats] [--host-link-gbps 50] [--write]
+    python bench/bench_offload_stack.py [--stats-dir /tmp/scale-stats] [--host-link-gbps 50]
+                                        [--host-budget-gib 32] [--write]
 
 For each input (bench/collected_llama.py's files: 8B --world-size 2 and FSDP2 x4, 70B --world-size 16 and
 FSDP2 x32) and 5 budgets from the smallest one a recompute-only plan meets to just under the no-checkpointing
@@ -8,8 +9,9 @@ peak, two ``planner.plan`` calls on the parsed stats, as a user makes them (noth
 ``offload='off'`` (the best recompute-only plan) and ``offload='on'`` with the host link at ``--host-link-gbps``
 (50 GB/s per direction: PCIe Gen5 x16 on an H100-SXM board, docs/notes' link table; the collected stats carry
 no link figure). Printed per budget: the predicted step-time overhead of each plan (recompute, plus offload
-stall when on), the plan's status and proven gap, and the CPU seconds of each call. ``--write`` replaces the
-subsection "Planner: collected Llama-3 8B/70B" of bench/RESULTS.md's section "Offloading".
+stall when on), the plan's status and proven gap, and the CPU seconds of each call. Then 70B FSDP2 x32 at its
+two tightest budgets again with a host memory cap (``host_budget_gib``, ``--host-budget-gib``). ``--write``
+replaces the subsection "Planner: collected Llama-3 8B/70B" of bench/RESULTS.md's section "Offloading".
 """
 
 from __future__ import annotations
@@ -66,6 +68,31 @@ def run(stats_dir: Path, gbps: float, time_limit_s: float, log) -> list[str]:
     return rows
 
 
+def run_capped(stats_dir: Path, gbps: float, time_limit_s: float, cap_gib: float, log) -> list[str]:
+    """70B FSDP2 x32 at its smallest recompute-only budget and one looser one, with a host memory cap."""
+    rows = ["| input | budget GiB | host cap GiB | keep/recompute/offload: ms = recompute + stall (status, gap, s) | "
+            "host GiB | uncapped: ms (host GiB) |", "|---|---|---|---|---|---|"]
+    name, ws, label = INPUTS[-1]
+    stats = planner.load_stats(stats_dir / name)
+    least = planner.min_feasible_budget_gib(stats, world_size=ws)
+    top = planner.plan(stats, 1e6, world_size=ws).baseline_peak_bytes / GIB
+    for frac in FRACTIONS[:2]:
+        budget = round(least + (top - least) * frac, 3)
+        free = planner.plan(stats, budget, world_size=ws, offload="on", host_link_gbps=gbps, time_limit_s=time_limit_s)
+        t = time.process_time()
+        on = planner.plan(stats, budget, world_size=ws, offload="on", host_link_gbps=gbps, time_limit_s=time_limit_s,
+                          host_budget_gib=cap_gib)
+        t_on = time.process_time() - t
+        stall = on.offload_stall_ms or 0.0
+        overhead = on.step_overhead_ms if on.step_overhead_ms is not None else on.recompute_ms
+        row = (f"| {label} | {budget:.3f} | {cap_gib:g} | {overhead:.2f} = {on.recompute_ms:.2f} + {stall:.2f} "
+               f"({on.status}, {on.mip_gap or 0:.1e}, {t_on:.3f}) | {(on.host_bytes or 0) / GIB:.2f} | "
+               f"{free.step_overhead_ms:.2f} ({(free.host_bytes or 0) / GIB:.2f}) |")
+        log(row)
+        rows.append(row)
+    return rows
+
+
 def write(rows: list[str], header: list[str]) -> None:
     """Replace the subsection (or add it, and the section "## Offloading" if need be) in bench/RESULTS.md."""
     path = REPO / "bench" / "RESULTS.md"
@@ -89,14 +116,17 @@ def main() -> None:
     ap.add_argument("--stats-dir", type=Path, default=Path("/tmp/scale-stats"))
     ap.add_argument("--host-link-gbps", type=float, default=50.0)
     ap.add_argument("--time-limit-s", type=float, default=20.0, help="per offload plan (the MILP fallback's limit)")
+    ap.add_argument("--host-budget-gib", type=float, default=32.0, help="the host memory cap of the capped rows")
     ap.add_argument("--write", action="store_true")
     args = ap.parse_args()
     rows = run(args.stats_dir, args.host_link_gbps, args.time_limit_s, print)
     print("\n".join(rows[-1:]))
+    rows += ["", f"With a host memory cap (`host_budget_gib`, `--host-budget-gib {args.host_budget_gib:g}`):", "",
+             *run_capped(args.stats_dir, args.host_link_gbps, args.time_limit_s, args.host_budget_gib, print)]
     if args.write:
         header = [f"`python bench/bench_offload_stack.py --write` (host link {args.host_link_gbps:g} GB/s per direction, "
                   f"MILP fallback limit {args.time_limit_s:g} s). CPU seconds (`time.process_time`) per `planner.plan` "
-                  "call on parsed stats; machine: 2-core CPU shared with other work running in parallel."]
+                  "call on parsed stats; machine: 2 CPUs (AMD EPYC), shared with other sessions' work running in parallel."]
         write(rows, header)
 
 

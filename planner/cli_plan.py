@@ -100,8 +100,10 @@ def _argument(name: str) -> dict[str, Any]:
     if field.annotation is int:
         return {"type": int, "default": field.default, "metavar": "N", "help": f"{help_text} (default {field.default})"}
     unit = name.rsplit("_", 1)[-1].upper()  # time_limit_s -> S, reserve_gib -> GIB
-    if field.default is None:  # an optional number (host_link_gbps): absent means "from the stats"
-        return {"type": float, "default": None, "metavar": unit, "help": f"{help_text} (default: the stats' figure)"}
+    if field.default is None:  # an optional number: absent means the stats' figure (host_link_gbps) or no cap
+        absent = "the stats' figure" if name == "host_link_gbps" else "none"
+        return {"type": float, "default": None, "metavar": unit,
+                "help": f"{help_text} (default: {absent})"}
     return {"type": float, "default": field.default, "metavar": unit, "help": f"{help_text} (default {field.default:g})"}
 
 

@@ -36,6 +36,7 @@ from typing import Literal
 import numpy as np
 
 from planner.ops.frontier import max_discard_decision
+from planner.ops.forward_moments import forward_excess_bytes, forward_moments_known
 from planner.ops.recompute import recompute_transient_bytes
 from planner.pipeline_interleaved import interleaved_stage_model
 from planner.pipeline_schedule import schedule_stage_model
@@ -91,6 +92,11 @@ class MemoryModel:
     # per moment, base_bytes by what the memory is: parameters, gradients, optimizer state, activations (everything
     # else live: activation gradients, temporaries, inputs, buffers) and reserve; they add up to base_bytes
     base_by_kind: Mapping[str, np.ndarray] = field(default_factory=dict)
+    # step model: fqn -> its stats, for the modules whose ops say where in the forward they run and what they hold
+    # (planner.ops.forward_moments), and per forward key the plain step's most live bytes but parameters,
+    # gradients and optimizer memory there (the first micro-batch's)
+    forward_ops: Mapping[str, ModuleStats] = field(default_factory=dict)
+    forward_most: Mapping[int, float] = field(default_factory=dict)
 
     @cached_property
     def _backward(self) -> np.ndarray:
@@ -99,11 +105,12 @@ class MemoryModel:
 
     def profile_bytes(self, discarded: Mapping[str, float] | None = None, *, held: bool = True,
                       shared_once: bool = True, saves: Mapping[str, Sequence[int]] | None = None,
-                      offloaded: Mapping[int, float] | None = None) -> np.ndarray:
+                      offloaded: Mapping[int | str, float] | None = None) -> np.ndarray:
         """m_t per moment (in step order) with ``discarded[fqn]`` bytes freed by each checkpointed module.
 
         ``offloaded``: credit key -> bytes offloaded to host memory, off the device at the moments whose key is
-        at least the credit key (an offload window's, :meth:`planner.solve.offload.OffloadWindows.credits`).
+        at least the credit key (an offload window's, :meth:`planner.solve.offload.OffloadWindows.credits`);
+        fqn -> bytes each call of a module offloading per call drops, off wherever its discard counts.
 
         A checkpointed module's discard counts from the end of its forward
         until its backward starts; its held inputs (step model) count on
@@ -128,6 +135,8 @@ class MemoryModel:
                 m[backward & (self.keys <= post) & (self.keys >= self.first_pos[fqn])] += self.held_bytes[fqn]
             if held and fqn in self.recompute_at:
                 m += self.transient_bytes(fqn, None if saves is None else saves.get(fqn))
+            if saves is not None and fqn in self.forward_ops and fqn in saves:
+                m += self.forward_excess(fqn, saves[fqn])
         if held and shared_once and discarded and self.held_inputs:
             m -= self._held_more_than_once(discarded, saves or {})
         if held and shared_once and discarded and saves:
@@ -135,8 +144,30 @@ class MemoryModel:
                 if fqn in discarded and fqn in saves and saves[fqn][op]:
                     m -= nbytes * (self.repeats.get(fqn, 0.0) + self.repeats_held.get(fqn, 0.0))
         for key, nbytes in (offloaded or {}).items():
+            if isinstance(key, str):  # a module offloading per call: off wherever each call's discard is
+                m[self.keys > self.post_pos[key]] -= nbytes
+                if key in self.repeats:
+                    m -= self.repeats[key] * nbytes
+                continue
             m[self.keys >= key] -= nbytes
         return m
+
+    @cached_property
+    def _forward(self) -> np.ndarray:
+        """Per moment, whether it is in the forward."""
+        return np.array([p == "forward" for p in self.phases], dtype=bool)
+
+    def forward_excess(self, fqn: str, save: Sequence[int]) -> np.ndarray:
+        """Per moment, what checkpointed ``fqn`` with ``save`` holds in its own forward beyond the step without
+        checkpointing (:func:`planner.ops.forward_moments.forward_excess_bytes`; every micro-batch's forward alike;
+        0 where the stats do not say)."""
+        out = np.zeros(len(self.keys))
+        module = self.forward_ops.get(fqn)
+        if module is None:
+            return out
+        for key, nbytes in forward_excess_bytes(module, save, self.forward_most).items():
+            out[self._forward & (self.keys == key)] += nbytes
+        return out
 
     def transient_bytes(self, fqn: str, save: Sequence[int] | None) -> np.ndarray:
         """Per moment, what a recompute of checkpointed ``fqn`` with ``save`` adds (the engines' figure without)."""
@@ -184,7 +215,7 @@ class MemoryModel:
 
     def peak_bytes(self, discarded: Mapping[str, float] | None = None, *, held: bool = True,
                    shared_once: bool = True, saves: Mapping[str, Sequence[int]] | None = None,
-                   offloaded: Mapping[int, float] | None = None) -> float:
+                   offloaded: Mapping[int | str, float] | None = None) -> float:
         """The step's peak with ``discarded[fqn]`` bytes freed by each checkpointed module (and ``offloaded``
         as for :meth:`profile_bytes`)."""
         return float(self.profile_bytes(discarded, held=held, shared_once=shared_once, saves=saves,
@@ -289,11 +320,17 @@ def _step(stats: Stats, post: dict[str, int], world_size: int, first_step_only: 
                     if m.recompute_key is not None and m.ops and any(op.storages for op in m.ops)}
     engine_transient = {f: float(recompute_transient_bytes(m, max_discard_decision(m.ops, m.force_store_random)[0]))
                         for f, (_, m) in recompute_at.items()}
+    forward_ops = {m.fqn: m for m in stats.modules if not m.is_leaf and forward_moments_known(m)}
+    forward_most: dict[int, float] = {}
+    for t in moments:  # the first micro-batch's: the ops' figures are its
+        if t.phase == "forward" and t.micro_batch in (None, 1):
+            forward_most[t.key] = min(forward_most.get(t.key, np.inf), float(t.activation_bytes))
     return MemoryModel("step", f"the collected step's timeline, {when}", np.array([t.key for t in moments]), base,
                        tuple(t.phase for t in moments), tuple(t.module for t in moments), post, held, first,
                        _per_moment(moments, "repeat_calls_discarding"), _per_moment(moments, "repeat_calls_in_backward"),
                        held_inputs, op_held, chained, tuple(t.micro_batch for t in moments),
-                       stats.metadata.grad_accumulation or 1, recompute_at, engine_transient, kinds)
+                       stats.metadata.grad_accumulation or 1, recompute_at, engine_transient, kinds,
+                       forward_ops if forward_most else {}, forward_most)
 
 
 _HELD_TENSORS = attrgetter("held_tensors")

@@ -75,6 +75,10 @@ class PlanOptions(BaseModel):
         None, ge=MIN_HOST_LINK_GBPS, allow_inf_nan=False,
         description="Host link bandwidth with offload='on', GB/s (1e9 bytes/s) per direction, both directions alike; "
                     "overrides the stats' figure (metadata.host_link_gbps), needed when the stats carry none.")
+    host_budget_gib: float | None = Field(
+        None, gt=0.0, le=MAX_BYTES / GIB, allow_inf_nan=False,
+        description="With offload='on': the most pinned host memory a plan may offload to, GiB per rank (its "
+                    "host_bytes, the sum of its windows' offloaded bytes); none: no cap.")
 
     @field_validator("world_size", mode="before")
     @classmethod
@@ -145,6 +149,19 @@ class PlanOptions(BaseModel):
                              f"got {v!r}")
         return v
 
+    @field_validator("host_budget_gib", mode="before")
+    @classmethod
+    def _host_budget(cls, v: Any) -> Any:
+        if v is not None and (not _number(v) or not math.isfinite(v) or not 0 < v <= MAX_BYTES / GIB):
+            raise ValueError(f"host_budget_gib must be a positive number of GiB (at most {MAX_BYTES // GIB}), "
+                             f"got {v!r}")
+        return v
+
+    @property
+    def host_budget_bytes(self) -> float | None:
+        """``host_budget_gib`` in bytes (None: no cap)."""
+        return None if self.host_budget_gib is None else self.host_budget_gib * GIB
+
     @property
     def effective_rel_gap(self) -> float:
         """The gap the engines work to: ``mip_rel_gap``, at least ``MIN_REL_GAP``."""
@@ -153,14 +170,18 @@ class PlanOptions(BaseModel):
     def cache_fields(self) -> dict[str, Any]:
         """The options as a plan cache keys them: unit lists as sorted sets, numbers as floats where they are.
 
-        With offload off, neither offload nor host_link_gbps is in the key: they cannot change such a plan, and
-        keys made before the options existed stay valid.
+        With offload off, neither offload nor host_link_gbps nor host_budget_gib is in the key: they cannot change
+        such a plan, and keys made before the options existed stay valid; host_budget_gib is in it only when set.
         """
         out = {name: getattr(self, name) for name in PlanOptions.model_fields}  # not a request body's other fields
         if self.offload == "off":
             del out["offload"], out["host_link_gbps"]
         elif self.host_link_gbps is not None:
             out["host_link_gbps"] = float(self.host_link_gbps)
+        if self.offload == "off" or self.host_budget_gib is None:
+            del out["host_budget_gib"]
+        else:
+            out["host_budget_gib"] = float(self.host_budget_gib)
         for name in ("ac_units", "fsdp_units"):
             if out[name] is not None:
                 out[name] = sorted(set(out[name]))

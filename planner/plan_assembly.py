@@ -140,7 +140,8 @@ def _planned_modules(prob: Problem, decisions: dict[str, Decision] | None,
     if offload is not None:  # the modules that offload: their lists and bytes
         out = [pm if pm.fqn not in offload.modules else
                pm.model_copy(update={"offload": offload.modules[pm.fqn],
-                                     "offloaded_bytes": offload.module_bytes[pm.fqn]}) for pm in out]
+                                     "offloaded_bytes": offload.module_bytes[pm.fqn],
+                                     "offload_calls": offload.calls.get(pm.fqn)}) for pm in out]
     return out
 
 

@@ -40,6 +40,11 @@ class PlannedModule(BaseModel):
         "absent: nothing offloaded.")
     offloaded_bytes: int | None = Field(None, exclude_if=lambda v: v is None, description="With offload: bytes of "
                                         "the module's offloaded op outputs (part of saved_bytes).")
+    offload_calls: int | None = Field(None, exclude_if=lambda v: v is None, description="With offload, a module "
+                                      "called more than once: its calls, each of which offloads these ops (copied "
+                                      "when the call's forward ends and dropped then, fetched in that call's "
+                                      "backward; the host holds offload_calls x offloaded_bytes); absent: the "
+                                      "window protocol.")
 
     @model_validator(mode="after")
     def _offload_saved(self) -> PlannedModule:

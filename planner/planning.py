@@ -171,13 +171,15 @@ def _plans_gc_paused(stats: Stats, budgets: list[float], opts: PlanOptions,
 
 def _solve(prob: Problem, budget_bytes: float, baseline_bytes: float, opts: PlanOptions, started: float,
            time_left_s: float) -> Solution:
-    """One budget, in ``time_left_s``; a plan over the budget (a safety net: never seen) is solved again.
+    """One budget, in ``time_left_s``; a plan over the budget is solved again.
 
     The engines count what a checkpointed module holds through its own
-    backward (``held_input_bytes``), so their plans meet the budget with it.
-    Should one not (a bug), it is solved again under the budget lowered by
-    the excess: a plan that fits, ``feasible`` (not proven optimal), with a
-    message saying so. Every retry shares the one time limit.
+    backward (``held_input_bytes``), and the MILP what it holds in its own
+    forward, so their plans meet the budget with them. Should one not (the
+    DP asked for by name, whose frontiers leave the forward out; or a bug),
+    it is solved again under the budget lowered by the excess: a plan that
+    fits, ``feasible`` (not proven optimal), with a message saying so. Every
+    retry shares the one time limit.
     """
     deadline = started + time_left_s
     target = budget_bytes
@@ -190,8 +192,8 @@ def _solve(prob: Problem, budget_bytes: float, baseline_bytes: float, opts: Plan
             if target == budget_bytes:
                 return sol
             return sol.with_status("feasible", f"{sol.message}; solved under a budget lowered by "
-                                   f"{budget_bytes - target:.0f} bytes for the inputs checkpointed modules hold "
-                                   "through their own backward (not proven optimal)", sol.mip_gap)
+                                   f"{budget_bytes - target:.0f} bytes for what checkpointed modules hold in their "
+                                   "own forward or backward (not proven optimal)", sol.mip_gap)
         target -= sol.peak_bytes - budget_bytes + 1
     least = _smallest_peak(prob)  # the plan of least peak may still fit
     if least.peak_bytes is not None and least.peak_bytes <= budget_bytes + NEED_TOL_BYTES:
@@ -226,6 +228,9 @@ def _solve_once(prob: Problem, budget_bytes: float, baseline_bytes: float, opts:
             why = ("a module called more than once discards at every call" if prob.repeat_counts()
                    else "a module frontier is too large")
             raise ValueError(f"solver 'dp' does not apply to these stats ({why}); use 'milp'")
+    if (sol is not None and opts.solver == "auto" and prob.model.forward_ops and sol.peak_bytes is not None
+            and sol.peak_bytes > budget_bytes + NEED_TOL_BYTES):
+        sol = None  # the DP leaves out what a checkpointed module's own forward holds: the MILP has it exactly
     if sol is None:  # the MILP gets what is left of the time limit
         spent = time.perf_counter() - started
         left = time_left_s - spent if spent < time_left_s else min(time_left_s, 1e-3)
@@ -246,14 +251,17 @@ def _solve_offloading(prob: Problem, budget_bytes: float, opts: PlanOptions, sta
                                                    "raise time_limit_s")
     link = host_link(prob.stats, opts.host_link_gbps)
     left = max(time_left_s - (time.perf_counter() - started), 1e-3)
-    return solve_with_offload(prob, budget_bytes, link, time_limit_s=left, mip_rel_gap=opts.effective_rel_gap)
+    return solve_with_offload(prob, budget_bytes, link, time_limit_s=left, mip_rel_gap=opts.effective_rel_gap,
+                              host_budget_bytes=opts.host_budget_bytes)
 
 
 def _min_feasible_offloading(prob: Problem, opts: PlanOptions) -> float | None:
     """The smallest budget with a plan that may offload (by the MILP, proven), or None if not proven in time."""
     setup = offload_setup(prob, host_link(prob.stats, opts.host_link_gbps))
-    sol = prob.derived(f"min_peak {id(setup)}", lambda p: solve_min_peak(p, time_limit_s=min(opts.time_limit_s, 30.0),
-                                                                         offload=setup))
+    cap = opts.host_budget_bytes
+    sol = prob.derived(f"min_peak {id(setup)} {cap!r}",
+                       lambda p: solve_min_peak(p, time_limit_s=min(opts.time_limit_s, 30.0), offload=setup,
+                                                host_budget_bytes=cap))
     if sol.status != "optimal" or sol.peak_bytes is None or sol.decisions is None:
         return None
     # as the engines count it: a held tensor several checkpointed modules take, once per module

@@ -17,6 +17,11 @@ call in window ``j`` offloads is:
   recomputation of its call, which holds it like a saved output until its last
   use.
 
+A module called more than once (the plan's ``offload_calls``) offloads per call instead: each call's
+offloaded outputs are copied and dropped from the device when that call's forward ends
+(:meth:`HostStore.drop_call`), and its recomputation fetches them back when it takes them, so they are off the
+device exactly where that call's discard is (docs/memory-model.md, "Offloading").
+
 So window ``j``'s bytes are off the device exactly from the forward end of
 window ``j+1``'s end module to the backward start of the same module, which is
 what the planner's memory model counts (docs/memory-model.md). The hooks that
@@ -187,8 +192,10 @@ class HostStore:
             torch.cuda.current_stream(h.device).wait_event(h.arrived)
         return _like(h.fetched, host)
 
-    def offload(self, t: torch.Tensor, label: str) -> Handle:
-        """Copy ``t`` to the host (once per storage per window) and stash it in the window running now."""
+    def offload(self, t: torch.Tensor, label: str, per_call: bool = False) -> Handle:
+        """Copy ``t`` to the host (once per storage per window) and stash it in the window running now; with
+        ``per_call`` (a module called more than once) in no window: :meth:`drop_call` drops it when the call's
+        forward ends."""
         p = self.current
         if p is None:
             self.start_pass()
@@ -198,14 +205,16 @@ class HostStore:
         if same is not None:
             same.users += 1
             return same
-        if p.window >= len(p.windows) - 1:
+        if not per_call and p.window >= len(p.windows) - 1:
             raise PlanMismatchError(f"{label} is offloaded in the last offload window (it ends with the model's "
                                     f"forward, '{self.end_modules[-1]}'): no later window drops it, so it frees "
                                     f"nothing; the plan must save it")
         host, copied = self.to_host(t)
         h = Handle(label, key, t.device, host, t, _version(t), weakref.ref(t), weakref.ref(t.untyped_storage()),
-                   t.untyped_storage().nbytes(), copied, users=1, window=p.window, serial=p.serial)
-        p.windows[p.window].append(h)
+                   t.untyped_storage().nbytes(), copied, users=1, window=-1 if per_call else p.window,
+                   serial=p.serial)
+        if not per_call:  # (window -1: no in-graph prefetch takes it; its call's recomputation fetches it)
+            p.windows[p.window].append(h)
         p.by_storage[key] = h
         self.on_host[next(self.order)] = h
         self.offloaded_bytes += h.nbytes
@@ -256,9 +265,19 @@ class HostStore:
         self._drop(p, index - 1)
         return p
 
+    def drop_call(self, handles: list[Handle]) -> None:
+        """A call of a module offloading per call ended its forward: its offloaded storages leave the device now
+        (on CUDA the compute stream first waits for their copies), checked freed as a window's are."""
+        p = self.current
+        if p is not None and handles:
+            self._drop_handles(p, handles, "its call")
+
     def _drop(self, p: _Pass, j: int) -> None:
+        self._drop_handles(p, p.windows[j], f"window {j}")
+
+    def _drop_handles(self, p: _Pass, handles: list[Handle], where: str) -> None:
         t = None
-        for h in p.windows[j]:
+        for h in handles:
             t = h.stashed
             if t is not None and _version(t) != h.version:
                 raise PlanMismatchError(f"{h.label} is written in place after its copy to the host (version "
@@ -271,11 +290,11 @@ class HostStore:
             if h.users <= 0:  # compiled: no graph saved a view of its copy for the backward
                 self._let_go(h)
         del t
-        alive = [h for h in p.windows[j] if h.storage() is not None]
+        alive = [h for h in handles if h.storage() is not None]
         if alive:
             raise PlanMismatchError(
                 f"{alive[0].label}: offloading it frees nothing, its device storage is still referenced after "
-                f"the window protocol dropped it ({len(alive)} such storage(s) in window {j}). Likely cause: it "
+                f"the window protocol dropped it ({len(alive)} such storage(s) in {where}). Likely cause: it "
                 f"is the module's output or aliases a region input, which the next module or autograd outside "
                 f"the checkpoint still holds; the plan must save it instead")
 

@@ -85,9 +85,12 @@ class _Forward(TorchDispatchMode):
     def ignore_compile_internals(cls) -> bool:
         return True
 
-    def __init__(self, policy: Any, cache: dict, store: HostStore, fqn: str, module: nn.Module):
+    def __init__(self, policy: Any, cache: dict, store: HostStore, fqn: str, module: nn.Module,
+                 per_call: bool = False):
         super().__init__()
         self.policy, self.cache, self.store, self.fqn, self.module = policy, cache, store, fqn, module
+        self.per_call = per_call  # a module called more than once: this call's offloads leave when it ends
+        self.handles: list[Handle] = []
         self.count = 0
         self.owned: set[int] = set()
 
@@ -120,7 +123,10 @@ class _Forward(TorchDispatchMode):
     def __exit__(self, *exc: Any) -> Any:
         out = super().__exit__(*exc)  # off the mode stack first: the copies are not ops of the region
         if exc[0] is None:
-            self._offload_entries()
+            self._offload_entries()  # (its locals gone: a drop checks that nothing else holds the storages)
+            if self.per_call:
+                handles, self.handles = self.handles, []
+                self.store.drop_call(list({id(h): h for h in handles}.values()))
         return out
 
     def _check(self, e: _Offloaded, t: torch.Tensor) -> None:
@@ -159,7 +165,10 @@ class _Forward(TorchDispatchMode):
         if not isinstance(x, torch.Tensor) or x.untyped_storage().nbytes() == 0:
             return x  # an empty tensor frees nothing (and has no address to tell it apart): kept as saved
         offloaded.add(_storage_key(x))
-        return _Alias(self.store.offload(x, label), tuple(x.shape), x.stride(), x.storage_offset())
+        h = self.store.offload(x, label, self.per_call)
+        if self.per_call:
+            self.handles.append(h)
+        return _Alias(h, tuple(x.shape), x.stride(), x.storage_offset())
 
 
 def _dense(t: torch.Tensor) -> bool:
@@ -220,8 +229,10 @@ class _Recompute(TorchDispatchMode):
         return super().__exit__(*exc)
 
 
-def offload_contexts(policy: Any, store: HostStore, fqn: str, module: nn.Module) -> tuple[Any, Any]:
+def offload_contexts(policy: Any, store: HostStore, fqn: str, module: nn.Module,
+                     per_call: bool = False) -> tuple[Any, Any]:
     """The (forward, recomputation) context pair for one checkpointed call of ``module`` (``fqn``), whose
-    ``policy`` (a selective-checkpoint policy function) may return ``MUST_CPU_OFFLOAD``."""
+    ``policy`` (a selective-checkpoint policy function) may return ``MUST_CPU_OFFLOAD``; ``per_call``: the
+    module is called more than once, and this call's offloads leave the device when its forward ends."""
     cache: dict[Any, list] = {}
-    return _Forward(policy, cache, store, fqn, module), _Recompute(cache, store, fqn)
+    return _Forward(policy, cache, store, fqn, module, per_call), _Recompute(cache, store, fqn)

@@ -80,6 +80,7 @@ class ModulePlan:
     # the plan's offload decisions, parallel to save (1: the saved output goes to host memory), or None
     offload: tuple[int, ...] | None = None
     host_store: Any = None  # the estimators.apply.offload.HostStore of the model, when the plan offloads
+    offload_per_call: bool = False  # the plan's offload_calls: a module called more than once offloads per call
 
     def new_call(self, compiled: bool) -> CallPolicy:
         call = CallPolicy(self, compiled)

@@ -101,6 +101,11 @@ def _set_up_offload(model: nn.Module, doc: Mapping, plans: list[ModulePlan], by_
         return
     if compile_backend is not None:
         refuse_offload_backend(compile_backend)
+    per_call = {str(pm.get("fqn")) for pm in doc.get("modules") or () if (pm.get("offload_calls") or 1) > 1}
+    if compile_backend is not None and per_call:
+        raise PlanMismatchError(f"module {min(per_call)!r} offloads per call (plan offload_calls: it is called more "
+                                f"than once), which runs eagerly only; fix: apply the plan without compile_backend "
+                                f"and run the model eagerly, or plan it with offload 'off'")
     root = next(fqn for fqn, mod in by_fqn.items() if mod is model)
     store = HostStore(window_ends(doc, root, [mp.fqn for mp in plans], by_fqn))
     install_windows(model, store, by_fqn)
@@ -108,6 +113,7 @@ def _set_up_offload(model: nn.Module, doc: Mapping, plans: list[ModulePlan], by_
         enable_compiled_offload(model, store)
     for mp in plans:
         mp.host_store = store
+        mp.offload_per_call = mp.fqn in per_call
 
 
 def _applied_line(model: nn.Module, doc: Mapping, fqns: list[str]) -> str:
@@ -235,9 +241,14 @@ def _offload_contexts(mp: ModulePlan, compiled: bool, module: nn.Module) -> Any:
                                 f"pass): nothing would be offloaded; fix: apply_plan(model, plan, stats=stats, "
                                 f"example_inputs=batch, compile_backend=BACKEND) or check_plan(model, batch, "
                                 f"compile_backend=BACKEND) before torch.compile")
+    if compiled and mp.offload_per_call:
+        raise PlanMismatchError(f"module {mp.fqn!r} offloads per call (plan offload_calls: it is called more than "
+                                f"once), which runs eagerly only; fix: run the model without torch.compile, or plan "
+                                f"it with offload 'off'")
     if traced:
         return create_selective_checkpoint_contexts(mp.new_call(compiled), allow_cache_entry_mutation=True)
-    forward_ctx, recompute_ctx = offload_contexts(mp.new_call(compiled), mp.host_store, mp.fqn, module)
+    forward_ctx, recompute_ctx = offload_contexts(mp.new_call(compiled), mp.host_store, mp.fqn, module,
+                                                  mp.offload_per_call)
     if compiled:  # compile's eager backend runs checkpoint without preserve_rng_state
         return RngReplay(forward_ctx, recompute_ctx).contexts()
     return forward_ctx, guarded_recompute(module, recompute_ctx)

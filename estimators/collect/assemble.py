@@ -28,6 +28,7 @@ def build_stats(model: nn.Module, mods: dict, col: Any, hooks: Any, opt_bytes: d
     held_serials = {serial for held in held_of.values() for serial, _ in held}
     per_call = _described_per_call(pre_order, by_fqn, hooks)
     post_order = [f for f in hooks.post_order if f not in left_out]
+    fw_keys = col.timeline.forward_keys(post_order)
     modules = []
     for fqn in pre_order:
         mod, m = by_fqn[fqn]
@@ -41,7 +42,7 @@ def build_stats(model: nn.Module, mods: dict, col: Any, hooks: Any, opt_bytes: d
             while p is not None and by_fqn[p][1].grad_total is None:
                 p = by_fqn[p][1].parent
             grad_total = by_fqn[p][1].grad_total if p is not None else book.live[GRAD]
-        ops = None if m.is_leaf else _op_stats(m, col, held_serials)
+        ops = None if m.is_leaf else _op_stats(m, col, held_serials, fw_keys)
         held = held_of[fqn]
         modules.append(
             ModuleStats(
@@ -230,8 +231,16 @@ def _bytes_beside_output(op: Any, module_output: frozenset[int]) -> int:
     return sum(nbytes for serial, nbytes in op.new_storages if serial not in module_output)
 
 
-def _op_stats(m: Any, col: Any, held_serials: set[int]) -> list[OpStats]:
+def _forward_moment(op: Any, fw_keys: list[int]) -> tuple[int | None, int | None]:
+    """(forward_key, forward_live_bytes) of an op of the first micro-batch's forward, or (None, None)."""
+    if op.fw_count is None or op.fw_live is None or not 0 <= op.fw_count < len(fw_keys):
+        return None, None
+    return fw_keys[op.fw_count], op.fw_live
+
+
+def _op_stats(m: Any, col: Any, held_serials: set[int], fw_keys: list[int]) -> list[OpStats]:
     ops = [col.ops[i] for i in m.ops]
+    unsaved = col.life.unsaved_freed_at is not None
     out: list[OpStats] = []
     # the ops whose recompute may take an op's output under compile: not views (their takers take the storage), not
     # random ones (saved there), not the one making the module's output that autograd saves (kept anyway: never
@@ -253,6 +262,9 @@ def _op_stats(m: Any, col: Any, held_serials: set[int]) -> list[OpStats]:
         if col.life.compiled and op.fresh:  # under aot_eager: what its partitioner keeps of the op saved
             nbytes = min(nbytes, col.life.compiled_kept_bytes(op.new_storages, m.fqn, col.saved_in, in_module,
                                                               m.ops[k]))
+        key, live = _forward_moment(op, fw_keys)
+        storages = [(nbytes, col.life.last_live_op(serial, m.ops), m.fqn in col.saved_in.get(serial, ()))
+                    for serial, nbytes in op.new_storages]
         out.append(
             OpStats(
                 name=op.name,
@@ -266,8 +278,11 @@ def _op_stats(m: Any, col: Any, held_serials: set[int]) -> list[OpStats]:
                 must_save=op.must_save or None,
                 held_tensors=(sorted(op.out_serials & held_serials) or None)
                 if parent is None and op.fresh and not held_past_stop else None,
-                storages=[(nbytes, col.life.last_live_op(serial, m.ops), m.fqn in col.saved_in.get(serial, ()))
-                          for serial, nbytes in op.new_storages] or None,
+                storages=storages or None,
+                unsaved_last_ops=[col.life.last_live_op(serial, m.ops, unsaved=True) for serial, _ in op.new_storages]
+                if unsaved and storages else None,
+                forward_key=key,
+                forward_live_bytes=live,
                 compiled_takers=col.life.compiled_takers(op.new_storages, m.ops, in_module, m.ops[k]),
             )
         )

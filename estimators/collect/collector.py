@@ -34,8 +34,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from estimators.collect.assemble import build_stats
 from estimators.collect import compile_probe, compiled_stats
-from estimators.collect.fake_step import (FakeConverter, fake_loss_fn, fakeify, forward_and_loss, optimizer_bytes,
-                                         traced_ops, with_zero_gradients)
+from estimators.collect.fake_step import (FakeConverter, eager_loss, fake_loss_fn, fakeify, forward_and_loss,
+                                         optimizer_bytes, traced_ops, with_zero_gradients)
 from estimators.collect.emulation import attention_emulation
 from estimators.collect.fsdp import (ShardedStep, fake_process_group, is_collective_op, record_sharding,
                                     run_collective, run_op)
@@ -52,6 +52,7 @@ from estimators.collect.settings_record import with_model_settings
 from estimators.collect.step_loop import (check_step_options, describe_loop, is_cached_cast, optimizer_name,
                                           scalar_stand_in, scratch_ops, scratch_records)
 from estimators.collect.timeline import BACKWARD, FORWARD, OPTIMIZER, TimelineRecorder
+from estimators.collect.unsaved_forward import ForwardLive, record_unsaved_lives
 from estimators.common import (ACT, BUFFER, GRAD, INPUT, OPT, PARAM, SAC_IGNORED_OPS, TEMP, FsdpSetup, ParallelDims,
                                StorageBook, TrainingLoop, is_inplace_op, is_random_op, is_view_op,
                                local_shards, make_optimizer, module_fqns, storages_of, switch_off_kv_cache,
@@ -82,6 +83,8 @@ class _Collector(TorchDispatchMode):
         self.under_autocast: str | None = None  # autocast's dtype when the innermost running module began or ended
         self.autocast_seen: str | None = None  # autocast's dtype at any non-leaf module's forward
         self.timeline = TimelineRecorder(self._running)
+        self.fw_live = ForwardLive()  # forward_live_bytes
+        book.on_alloc.append(self.fw_live.on_alloc)
         book.on_alloc.append(self._on_alloc)
         book.on_alloc.append(self.timeline.on_alloc)
 
@@ -137,7 +140,8 @@ class _Collector(TorchDispatchMode):
         idx, name = len(self.ops), stats_op_name(func, self.life.compiled)
         random = is_random_op(func, args, kwargs) or (self.life.compiled and self.tp and is_seeded_op(func))
         self.ops.append(OpRecord(name, ms, 0 if view or inplace else out_bytes, frozenset(serials), view, random,
-                                 inplace, mutated, fresh, cast, made, must_save=name in MUST_SAVE_OPS))
+                                 inplace, mutated, fresh, cast, made, must_save=name in MUST_SAVE_OPS,
+                                 fw_count=self.timeline.position()[1], fw_live=self.fw_live.take(self.book.live)))
         self.life.taken(self, (args, kwargs), idx)
         for m in self.fw_stack:
             if not m.is_leaf and not m.done_fw:
@@ -319,7 +323,7 @@ class _Step:
                 opt_bytes = self._training_step(fake_in, fake_loss, loss_fn, emulation, training, device, params)
             if self.probe is not None:  # after the step: a forward more before it would change the step's ops
                 with fake, traced_ops():
-                    self.probe.count_eager(model, lambda m: self._eager_loss(m, fake_in, fake_loss, loss_fn))
+                    self.probe.count_eager(model, lambda m: eager_loss(m, fake_in, fake_loss, loss_fn))
             stats = build_stats(model, self.mods, col, hooks, opt_bytes, book, metadata)
             stats.metadata.model_settings.update(routing.settings(model))
             tag_batch_values(stats, self.values)
@@ -350,6 +354,7 @@ class _Step:
             kernels = kernels if kernels is not None else dict(getattr(emulation, "kernels", {}))
         if hasattr(emulation, "kernels"):
             emulation.kernels = kernels  # one micro-batch's kernels
+        record_unsaved_lives(self, fake_in, fake_loss, loss_fn, emulation, loop, device)  # deaths, nothing saved
         col.phase = OPT
         col.timeline.enter(OPTIMIZER)
         foreach = device.type == "cuda" if optimizer_foreach is None else optimizer_foreach
@@ -359,11 +364,6 @@ class _Step:
             self.progress("optimizer", 1, 1)
         self.optimizer_built = opt
         return optimizer_bytes(opt, self.book)
-
-    @staticmethod
-    def _eager_loss(model: nn.Module, fake_in: Any, fake_loss: Any, loss_fn: Any) -> torch.Tensor:
-        with (values := InputValues()).activated(), hf_fake_as_real(model, values), one_hot_as_on_device():
-            return forward_and_loss(model, fake_in, fake_loss, loss_fn)[1]  # the batch's path, as the step's
 
     def _micro_batch(self, hooks: ModuleHooks, fake_in: Any, fake_loss: Any, loss_fn: Any, emulation: Any,
                      loop: TrainingLoop, scaler: Any, device: torch.device, params: list[nn.Parameter]) -> None:

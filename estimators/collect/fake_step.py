@@ -12,10 +12,12 @@ from torch._subclasses.fake_tensor import FakeTensorMode, is_fake
 from torch.utils._pytree import tree_flatten, tree_map
 
 from estimators.collect.emulation import flex_attention_error
-from estimators.collect.input_values import attach
+from estimators.collect.input_values import InputValues, attach
+from estimators.collect.models import hf_fake_as_real
+from estimators.collect.moe import one_hot_as_on_device
 from estimators.common import StorageBook, call_model, default_loss, storages_of, tensors_in
 
-__all__ = ["fakeify", "FakeConverter", "fake_loss_fn", "unconverted_tensor_error", "forward_and_loss",
+__all__ = ["fakeify", "FakeConverter", "fake_loss_fn", "unconverted_tensor_error", "eager_loss", "forward_and_loss",
            "optimizer_bytes", "COMPILE_BACKENDS", "traced_ops", "with_zero_gradients"]
 
 # The torch.compile backends a step can be collected under (``eager``: dynamo's graph run eagerly, as the eager step).
@@ -132,6 +134,12 @@ def unconverted_tensor_error(exc: BaseException, model: nn.Module, loss_fn: Any)
         f"fake the model's parameters and buffers, the inputs the factory returns and the tensors loss_fn "
         f"captures in its closure: return the tensor in the inputs, capture it in loss_fn's closure, or "
         f"register it as a buffer (module.register_buffer(name, tensor, persistent=False))")
+
+
+def eager_loss(model: nn.Module, fake_in: Any, fake_loss: Any, loss_fn: Any) -> torch.Tensor:
+    """The loss of an eager forward on the fake inputs, down the batch's path as the step's (the compile probe's)."""
+    with (values := InputValues()).activated(), hf_fake_as_real(model, values), one_hot_as_on_device():
+        return forward_and_loss(model, fake_in, fake_loss, loss_fn)[1]
 
 
 def forward_and_loss(model: nn.Module, fake_in: Any, fake_loss: Any, loss_fn: Any) -> tuple[Any, torch.Tensor]:

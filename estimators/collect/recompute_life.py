@@ -39,6 +39,9 @@ class RecomputeLife:
         # under aot_eager: serial -> the ops (global indices) of the first micro-batch's forward that took it
         self.compiled: bool = False
         self.taken_by: dict[int, list[int]] = {}
+        # serial -> recorded ops when freed in a forward whose autograd saved nothing (as under checkpointing for
+        # the ops a plan recomputes); None: not known (no such forward, or it ran other ops)
+        self.unsaved_freed_at: dict[int, int] | None = None
 
     def taken(self, col: Any, args: Any, index: int) -> None:
         """Op ``index`` of the forward takes the tensors in ``args`` (noted under ``aot_eager`` only)."""
@@ -100,10 +103,20 @@ class RecomputeLife:
         for fqn in fqns:
             self.first_unpack.setdefault(fqn, (*timeline.position(), live_bytes))
 
-    def last_live_op(self, serial: int, module_ops: list[int]) -> int:
+    def match_unsaved(self, ops: list, shadow: list, shadow_life: RecomputeLife) -> None:
+        """Take the deaths of a forward run again with nothing saved (``shadow``, its storages watched by
+        ``shadow_life``) for the step's storages, op by op and storage by storage, when it ran the same ops."""
+        if len(ops) != len(shadow) or any(a.name != b.name or len(a.new_storages) != len(b.new_storages)
+                                          for a, b in zip(ops, shadow)):
+            return
+        freed = shadow_life.freed_at
+        self.unsaved_freed_at = {serial: freed[other] for a, b in zip(ops, shadow)
+                                 for (serial, _), (other, _) in zip(a.new_storages, b.new_storages) if other in freed}
+
+    def last_live_op(self, serial: int, module_ops: list[int], *, unsaved: bool = False) -> int:
         """The index among ``module_ops`` (global op indices, ascending) of the last op run while the storage was
-        live; ``len(module_ops)`` if it outlived them."""
-        freed = self.freed_at.get(serial)
+        live; ``len(module_ops)`` if it outlived them. ``unsaved``: in the forward that saved nothing."""
+        freed = (self.unsaved_freed_at or {}).get(serial) if unsaved else self.freed_at.get(serial)
         if freed is None or freed > module_ops[-1]:
             return len(module_ops)
         lo, hi = 0, len(module_ops)  # the last k with module_ops[k] < freed

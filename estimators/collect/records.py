@@ -23,6 +23,8 @@ class OpRecord:
     cached_cast: bool = False  # autocast's cast of a parameter, which its cache holds until autocast exits
     new_storages: tuple[tuple[int, int], ...] = ()  # (serial, bytes) of the storages it made
     must_save: bool = False  # a collective inside a module (tensor parallel's): never recomputed
+    fw_count: int | None = None  # the first micro-batch's forward: module finishes before it (its moment)
+    fw_live: int | None = None  # most live bytes but parameters, gradients and optimizer state since the op before
 
 
 @dataclass

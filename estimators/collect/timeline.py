@@ -100,6 +100,14 @@ class TimelineRecorder:
         events = {ph: self.events[(micro_batch, ph)] for ph in (FORWARD, BACKWARD)}
         return _states(events, {f: i for i, f in enumerate(fw_post_order)}, ())[BACKWARD][count][0]
 
+    def forward_keys(self, fw_post_order: Sequence[str]) -> list[int]:
+        """The first micro-batch's forward: per count of its events so far, the key of its moment."""
+        micro_batch = 1 if (1, FORWARD) in self.events else None
+        if (micro_batch, FORWARD) not in self.events:
+            return []
+        events = {ph: self.events[(micro_batch, ph)] for ph in (FORWARD, BACKWARD)}
+        return [state[0] for state in _states(events, {f: i for i, f in enumerate(fw_post_order)}, ())[FORWARD]]
+
     def on_alloc(self, category: str, live: dict[str, int]) -> None:
         """A :attr:`StorageBook.on_alloc` callback: keep the instant if it is the most memory of its count."""
         total = sum(live.values())

@@ -6,6 +6,7 @@ per class instead of chosen one by one: the same problem with far less symmetry.
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,13 +45,15 @@ class GroupClasses:
         return g.op_decisions(group_save)
 
 
-def group_classes(groups: OpGroups) -> GroupClasses:
-    """Bucket free groups; free groups of zero bytes are saved, of zero ms recomputed (both exact)."""
+def group_classes(groups: OpGroups, signature: Sequence[Hashable] | None = None) -> GroupClasses:
+    """Bucket free groups; free groups of zero bytes are saved, of zero ms recomputed (both exact). With
+    ``signature`` (per group), groups of one class also share it (what they hold in the forward)."""
     groups, _ = settle_trivial(groups)
     fixed = groups.fixed
-    buckets: dict[tuple[int, float], list[int]] = {}
+    buckets: dict[tuple, list[int]] = {}
     for gi in np.flatnonzero(fixed == FREE):
-        buckets.setdefault((int(groups.group_bytes[gi]), float(groups.group_ms[gi])), []).append(int(gi))
+        extra = () if signature is None else (signature[gi],)
+        buckets.setdefault((int(groups.group_bytes[gi]), float(groups.group_ms[gi]), *extra), []).append(int(gi))
     keys = list(buckets)
     saved, rec = fixed == SAVE, fixed == RECOMPUTE
     return GroupClasses(

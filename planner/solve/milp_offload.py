@@ -13,6 +13,12 @@ A checkpointed module's discard D_c is unchanged (offloaded groups count as save
 so the hull cuts stay valid: (D_c, RC_c) of a decision with offloads is that of the same decision saving them.
 A memory row at a moment with key k becomes ``S_{nk(k)} + Q_{J(k)} >= need``, J(k) the windows whose credit
 key is at most k (:func:`credited_windows`).
+
+A candidate called more than once offloads per call (``OffloadSetup.per_call``,
+:mod:`planner.solve.offload`): its ``f_cq`` join no window sum; ``sum_q w_q f_cq`` joins its running-sum row
+(``S_i - S_{i-1} - D_c - sum_q w_q f_cq = 0``), so every row counting its discard, the later calls' included,
+counts its offload alike, while ``D_c`` and the hull cuts stay those of the decision saving them; each ``f_cq``
+costs ``calls * w_q * (1/d2h + 1/h2d)`` ms (no copy hidden).
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ class OffloadColumns:
         self.f_col = f_col  # (candidate, class) -> column of f
         self.q0 = q0  # Q_0 (then Q_1 .. Q_{n_w - 1}, sf_0.., sb_0..)
         self.n_w = n_w  # windows that may offload: all but the last
+        self.per_call_host: list[tuple[int, float]] = []  # per-call f columns and their host bytes (units) each
 
     def q(self, credited: int) -> int | None:
         """The column of the running offload of the first ``credited`` windows (None for none)."""
@@ -42,18 +49,23 @@ class OffloadColumns:
 
 
 def add_offload_columns(mat, prob: Problem, setup: OffloadSetup) -> OffloadColumns:
-    """Append the offload columns and their rows to ``mat`` (the MILP's :class:`_Matrix`, built without them)."""
+    """Append the offload columns and their rows to ``mat`` (the MILP's :class:`BudgetMatrix`, built without them)."""
     windows = setup.windows
     n_w = len(windows) - 1
     f_col: dict[tuple[int, int], int] = {}
     cost, ub, integ = [], [], []
     col = mat.n_var
-    for i, opts in sorted(setup.options.items()):
+    link = windows.link
+    for i, opts in sorted([*setup.options.items(), *setup.per_call.items()]):
+        calls = prob.candidates[i].calls if i in setup.per_call else 0
         for q, n in enumerate(opts.counts.tolist()):
             if n:
                 f_col[(i, q)] = col
                 col += 1
-                cost.append(0.0), ub.append(float(n)), integ.append(1.0)
+                # per call: both copies of every call are stall (nothing hides them); windows: their sf, sb
+                group = float(prob.candidates[i].classes.class_bytes[q])
+                cost.append(calls * group * (1 / link.d2h_bytes_per_ms + 1 / link.h2d_bytes_per_ms))
+                ub.append(float(n)), integ.append(1.0)
     q0 = col
     cost += [0.0] * n_w + [1.0] * (2 * n_w)  # Q, sf, sb
     ub += [np.inf] * (3 * n_w)
@@ -68,6 +80,11 @@ def add_offload_columns(mat, prob: Problem, setup: OffloadSetup) -> OffloadColum
         cand = prob.candidates[i]
         mult = float(len(cand.classes.members[q]))
         _row(mat, [(mat.k0 + mat.k_off[i] + q, 1.0), (c, 1.0), (mat.y0 + i, -mult)], -np.inf, 0.0)
+        if i in setup.per_call:  # off the device wherever the call's discard is: more of S_i - S_{i-1}
+            w = float(cand.classes.class_bytes[q]) / prob.unit
+            mat.rows.append(mat.running_rows[i]), mat.cols.append(c), mat.vals.append(-w)
+            cols.per_call_host.append((c, cand.calls * w))  # every call's copies are on the host at once
+            continue
         per_window[int(windows.candidate_window[i])].append((c, float(cand.classes.class_bytes[q]) / prob.unit))
     for j in range(n_w):
         prev = [] if j == 0 else [(q0 + j - 1, -1.0)]
@@ -123,7 +140,7 @@ def decode_offload(prob: Problem, mat, cols: OffloadColumns, x: np.ndarray) -> t
         rec = np.rint(x[mat.k0 + mat.k_off[i]: mat.k0 + mat.k_off[i + 1]]).astype(np.int64)
         off = np.array([int(round(x[cols.f_col[(i, q)]])) if (i, q) in cols.f_col else 0
                         for q in range(len(cl.members))], dtype=np.int64)
-        save, offload = decisions(cl, cols.setup.options.get(i), rec, off)
+        save, offload = decisions(cl, cols.setup.able(i), rec, off)
         m = prob.stats.module(cand.fqn)
         saved_bytes = sum(op.output_bytes for op, s in zip(m.ops, save) if s)
         if cand.act_saved_bytes - saved_bytes <= 0 and not any(offload):

@@ -23,13 +23,22 @@ copies hide behind the next window's compute; what they outlast is stall,
 (:meth:`OffloadWindows.stall_ms`; F, G: the next window's forward and
 backward compute, without recompute, which makes the stall an upper bound).
 A plan minimises recompute + stall.
+
+A module called more than once (``calls`` > 1, with the stats' per-call counts) offloads *per call* instead:
+each call copies the same ops' outputs to host memory when its forward ends and drops the device copies then
+(after waiting for the copies), and fetches them back when its own recomputation takes them. So a call's
+offloaded bytes are off the device exactly where that call's discard is in effect (the first call by key, the
+later ones by ``repeats``): they count as more of the module's discard (``OffloadPlan.credits``: fqn ->
+bytes). The host holds ``calls`` x the bytes; the copies hide behind nothing (stall = both copies of every
+call, an upper bound). The op a chained call hands on (``chained_calls``) is never offloaded: the next call
+holds it.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -40,7 +49,8 @@ from planner.stats.format import Stats
 from planner.stats.metadata import MIN_HOST_LINK_GBPS
 
 __all__ = ["GBPS_BYTES_PER_MS", "HostLinkFigures", "OffloadOptions", "OffloadPlan", "OffloadSetup", "OffloadWindows",
-           "check_offloads", "decisions", "host_link", "offload_options", "offload_plan", "offload_setup", "offload_windows"]
+           "check_offloads", "decisions", "host_link", "offload_options", "offload_plan", "offload_setup", "offload_windows",
+           "per_call_options"]
 
 GBPS_BYTES_PER_MS = 1e6  # 1 GB/s = 1e9 bytes/s = 1e6 bytes/ms
 
@@ -199,10 +209,11 @@ class OffloadOptions:
 
 
 def offload_options(prob: Problem, windows: OffloadWindows) -> dict[int, OffloadOptions]:
-    """Candidate index -> its offloadable op groups, for the candidates that have any.
+    """Candidate index -> its offloadable op groups, for the candidates that have any (window protocol).
 
     A candidate may offload when it is called once (no repeats, no chained calls) and is not in the last
-    window; a free op group may be offloaded when it has bytes and none of its ops is a view or makes a
+    window (one called more than once: :func:`per_call_options`); a free op group may be offloaded when it has
+    bytes and none of its ops is a view or makes a
     tensor another module holds (``held_tensors``: the holder keeps the device copy alive).
     """
     out: dict[int, OffloadOptions] = {}
@@ -214,6 +225,25 @@ def offload_options(prob: Problem, windows: OffloadWindows) -> dict[int, Offload
             continue
         classes = cand.classes
         groups = tuple(tuple(gi for gi in members if _offloadable(classes, gi, m.ops)) for members in classes.members)
+        if any(groups):
+            out[i] = OffloadOptions(groups)
+    return out
+
+
+def per_call_options(prob: Problem) -> dict[int, OffloadOptions]:
+    """Candidate index -> its offloadable op groups, for the candidates called more than once with per-call
+    counts in the stats (``Problem.model.repeats``): each call offloads them and drops them when it ends (the
+    module doc). Groups as :func:`offload_options`, less the op a chained call hands on to the next call."""
+    out: dict[int, OffloadOptions] = {}
+    for i, cand in enumerate(prob.candidates):
+        m = prob.stats.module(cand.fqn)
+        if cand.calls <= 1 or cand.fqn not in prob.model.repeats or not m.ops:
+            continue
+        chained = m.chained_calls[0] if m.chained_calls is not None else None
+        classes = cand.classes
+        members = classes.groups.members
+        groups = tuple(tuple(gi for gi in mem if _offloadable(classes, gi, m.ops) and chained not in members[gi])
+                       for mem in classes.members)
         if any(groups):
             out[i] = OffloadOptions(groups)
     return out
@@ -257,13 +287,18 @@ class OffloadSetup:
 
     windows: OffloadWindows
     options: dict[int, OffloadOptions]  # candidate index -> its offloadable groups (candidates with any)
+    per_call: dict[int, OffloadOptions] = field(default_factory=dict)  # the same, modules called more than once
+
+    def able(self, i: int) -> OffloadOptions | None:
+        """Candidate ``i``'s offloadable groups, either protocol (None: none)."""
+        return self.options.get(i, self.per_call.get(i))
 
 
 def offload_setup(prob: Problem, link: HostLinkFigures) -> OffloadSetup:
     """The windows and every candidate's offloadable groups of ``prob`` with ``link`` (shared by a sweep)."""
     def build(p: Problem) -> OffloadSetup:
         windows = offload_windows(p, link)
-        return OffloadSetup(windows, offload_options(p, windows))
+        return OffloadSetup(windows, offload_options(p, windows), per_call_options(p))
     return prob.derived(f"offload {link.d2h_gbps!r} {link.h2d_gbps!r}", build)
 
 
@@ -276,27 +311,37 @@ class OffloadPlan:
     module_bytes: dict[str, int]  # fqn -> bytes it offloads
     window_bytes: np.ndarray  # per window
     window_stall_ms: np.ndarray  # per window
+    calls: dict[str, int] = field(default_factory=dict)  # fqn -> calls, for modules offloading per call
+    call_stall_ms: float = 0.0  # their copies' time: every call's, hidden behind nothing
 
     @property
     def stall_ms(self) -> float:
-        return math.fsum(self.window_stall_ms.tolist())
+        return math.fsum(self.window_stall_ms.tolist()) + self.call_stall_ms
 
     @property
     def host_bytes(self) -> int:
-        """Host memory the offloads take (per micro-batch): all of them are there at the forward's end."""
-        return int(sum(self.module_bytes.values()))
+        """Host memory the offloads take (per micro-batch): all of them are there at the forward's end, each
+        call's of a module offloading per call."""
+        return int(sum(b * self.calls.get(f, 1) for f, b in self.module_bytes.items()))
 
     @property
-    def credits(self) -> dict[int, float]:
-        """The memory model's credits (``MemoryModel.profile_bytes(offloaded=)``)."""
-        return self.windows.credits(self.window_bytes)
+    def credits(self) -> dict[int | str, float]:
+        """The memory model's credits (``MemoryModel.profile_bytes(offloaded=)``): credit key -> bytes of the
+        windows, and fqn -> bytes per call of the modules offloading per call (off wherever their discard is)."""
+        out: dict[int | str, float] = dict(self.windows.credits(self.window_bytes))
+        for fqn in self.calls:
+            if self.module_bytes.get(fqn):
+                out[fqn] = float(self.module_bytes[fqn])
+        return out
 
 
 def offload_plan(prob: Problem, windows: OffloadWindows, offloads: Mapping[str, Sequence[int]]) -> OffloadPlan:
     """The :class:`OffloadPlan` of per-module offload lists (fqn -> 1 per op offloaded); ValueError for a list
-    of the wrong length or a module in the last window."""
+    of the wrong length or a module in the last window. A module called more than once offloads per call."""
     post = prob.model.post_pos
     lists, nbytes = {}, {}
+    calls: dict[str, int] = {}
+    call_stall = 0.0
     per_window = np.zeros(len(windows))
     for fqn, offload in offloads.items():
         ops = prob.stats.module(fqn).ops or []
@@ -304,12 +349,17 @@ def offload_plan(prob: Problem, windows: OffloadWindows, offloads: Mapping[str, 
             raise ValueError(f"offload list of {fqn!r} has {len(offload)} entries for its {len(ops)} ops")
         lists[fqn] = [int(v) for v in offload]
         nbytes[fqn] = sum(op.output_bytes for op, v in zip(ops, offload) if v)
+        n_calls = prob.stats.module(fqn).calls
+        if n_calls > 1:  # per call: dropped at the call's end, fetched in its backward, nothing hides the copies
+            calls[fqn] = n_calls
+            call_stall += n_calls * sum(windows.copy_ms(nbytes[fqn]))
+            continue
         j = int(np.searchsorted(windows.end_pos, post[fqn], side="left"))
         if j >= len(windows) - 1 and nbytes[fqn]:
             raise ValueError(f"{fqn!r} is in the last offload window: nothing it offloads leaves the device")
         per_window[j] += nbytes[fqn]
     stall = np.array([windows.stall_ms(j, b) for j, b in enumerate(per_window.tolist())])
-    return OffloadPlan(windows, lists, nbytes, per_window, stall)
+    return OffloadPlan(windows, lists, nbytes, per_window, stall, calls, call_stall)
 
 
 def check_offloads(prob: Problem, setup: OffloadSetup, saves: Mapping[str, Sequence[int]],
@@ -322,9 +372,9 @@ def check_offloads(prob: Problem, setup: OffloadSetup, saves: Mapping[str, Seque
         if not any(offload):
             continue
         i = index.get(fqn)
-        if fqn not in saves or i is None or i not in setup.options:
+        if fqn not in saves or i is None or setup.able(i) is None:
             raise ValueError(f"{fqn!r} offloads, but it is not a checkpointed module that may offload")
-        save, opts = saves[fqn], setup.options[i]
+        save, opts = saves[fqn], setup.able(i)
         for k, (o, s) in enumerate(zip(offload, save)):
             if o and not s:
                 raise ValueError(f"{fqn!r} offloads op {k}, which it does not save")

@@ -364,6 +364,9 @@ def _check_ops(where: str, m: ModuleStats, consistent: set[tuple]) -> None:
             raise ValueError(f"{where}.ops[{k}].inplace_parent {p} is out of range for {n} ops")
         if p is not None and p > k:
             raise ValueError(f"{where}.ops[{k}].inplace_parent {p} comes after the op itself")
+        if op.unsaved_last_ops is not None and len(op.unsaved_last_ops) != len(op.storages or ()):
+            raise ValueError(f"{where}.ops[{k}].unsaved_last_ops has {len(op.unsaved_last_ops)} entries for "
+                             f"{len(op.storages or ())} storages")
         for j in op.compiled_takers or ():
             if not k < j < n:
                 raise ValueError(f"{where}.ops[{k}].compiled_takers: {j} is not a later op of the {n}")

@@ -77,6 +77,18 @@ class OpStats(StrictModel):
         "output that only later modules save is not: the plain step has freed it when this module's backward "
         "starts). A recompute holds each as long (or to its "
         "early stop): what it holds beyond the backward's memory is added at recompute_key. Null: not known.")
+    unsaved_last_ops: list[Annotated[Whole, Field(ge=0, le=2**31)]] | None = Field(
+        None, max_length=64, exclude_if=lambda v: v is None, description="Per storage of storages (same order), "
+        "the index of the module's last op run while it was live in a forward whose autograd saved nothing (the "
+        "module's op count: it outlived them): when it dies under checkpointing if this op is recomputed. Null: "
+        "not known.")
+    forward_key: Whole | None = Field(None, ge=0, le=2**31, exclude_if=lambda v: v is None, description="The key "
+        "of the forward moment (timeline) the op runs in: how many modules of fw_post_order had finished. Null: "
+        "not known.")
+    forward_live_bytes: Bytes | None = Field(None, exclude_if=lambda v: v is None, description="The most live "
+        "bytes but parameters, gradients and optimizer state of the step without checkpointing from the op before "
+        "to this op's outputs (as the timeline's activation_bytes): with forward_key and unsaved_last_ops, a "
+        "checkpointed module's own forward moments (docs/memory-model.md). Null: not known.")
     compiled_takers: list[Annotated[Whole, Field(ge=0)]] | None = Field(
         None, max_length=4096, exclude_if=lambda v: v is None, description="Stats of a step compiled with "
         "aot_eager: the indices of the later ops of this module that take this op's outputs and may be recomputed "
@@ -132,6 +144,9 @@ class CompactOps:
         _set(op, "must_save", None)
         _set(op, "held_tensors", None)
         _set(op, "storages", None)
+        _set(op, "unsaved_last_ops", None)
+        _set(op, "forward_key", None)
+        _set(op, "forward_live_bytes", None)
         _set(op, "compiled_takers", None)
         if (fields_set := self._fields_set.get(given)) is None:
             fields_set = self._fields_set[given] = set(given)

@@ -63,7 +63,8 @@ def offloaded_by_moment(model: Any, plan: dict[str, Any], root: str) -> np.ndarr
 
     Window j's offloaded bytes are off the device at the moments whose key is at least ``B_{j+1}``, one past
     the forward post-order position of window j+1's end module, in forward and backward alike
-    (docs/memory-model.md, "Offloading"); the last window's are never credited. ``plan['offload_windows']``
+    (docs/memory-model.md, "Offloading"); the last window's are never credited; a module offloading per call
+    (``offload_calls``) holds its bytes on the host wherever a call's discard is. ``plan['offload_windows']``
     lists every window, the last one's end module '' (the root, ``root``).
     """
     windows = plan.get("offload_windows")
@@ -73,6 +74,10 @@ def offloaded_by_moment(model: Any, plan: dict[str, Any], root: str) -> np.ndarr
     for window, after in zip(windows, windows[1:]):
         credited_from = model.post_pos[after["end_module"] or root] + 1
         host += float(window["offloaded_bytes"]) * (model.keys >= credited_from)
+    for m in plan.get("modules", []):  # a module called more than once offloads per call: where its discard is
+        if (m.get("offload_calls") or 1) > 1 and m.get("offloaded_bytes") and m["fqn"] in model.post_pos:
+            calls = (model.keys > model.post_pos[m["fqn"]]) + model.repeats.get(m["fqn"], 0.0)
+            host += float(m["offloaded_bytes"]) * calls
     return host
 
 

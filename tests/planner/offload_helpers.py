@@ -162,8 +162,10 @@ def _options(stats, m, keys, backward, windows, block_of, gbps):
     return out
 
 
-def brute_force_offload(stats: Stats, budget_bytes: float, gbps: float) -> float | None:
-    """Least recompute + stall over every non-nested choice (None if nothing fits)."""
+def brute_force_offload(stats: Stats, budget_bytes: float, gbps: float,
+                        host_budget_bytes: float | None = None) -> float | None:
+    """Least recompute + stall over every non-nested choice (None if nothing fits), offloading at most
+    ``host_budget_bytes`` in all when given."""
     windows, block_of = _windows(stats)
     base, keys, backward = _moments(stats)
     cands = [m for m in stats.modules if m.ops]
@@ -180,6 +182,8 @@ def brute_force_offload(stats: Stats, budget_bytes: float, gbps: float) -> float
                 rc += c[1]
                 if c[3]:
                     per_block[c[2]] += c[3]
+        if host_budget_bytes is not None and sum(per_block) > host_budget_bytes:
+            continue
         if (base - freed).max() <= budget_bytes:
             cost = rc + _stall(windows, per_block, gbps)
             if best is None or cost < best:

@@ -41,6 +41,9 @@ def test_an_unknown_option_is_named():
     ("first_step_only", 1, "first_step_only must be true or false, got 1"),
     ("fsdp_units", "Transformer", "fsdp_units must be a list of module fqns, got the string 'Transformer'"),
     ("ac_units", [3], r"ac_units\[0\] must be a module fqn \(a string\), got 3"),
+    ("host_budget_gib", 0, r"host_budget_gib must be a positive number of GiB \(at most \d+\), got 0"),
+    ("host_budget_gib", float("nan"), r"host_budget_gib must be a positive number of GiB \(at most \d+\), got nan"),
+    ("host_budget_gib", "32", r"host_budget_gib must be a positive number of GiB \(at most \d+\), got '32'"),
 ])
 def test_bad_values_name_the_field_and_the_value(field, value, match):
     with pytest.raises(ValueError, match="^" + match):
@@ -53,8 +56,12 @@ def test_cache_fields_treat_unit_lists_as_sets():
     assert a.cache_fields() == b.cache_fields()
     assert a.cache_fields()["ac_units"] == ["a", "b"]
     # every option changes the key; offload's options only when offload is on (an off plan ignores them)
-    assert set(a.cache_fields()) == set(PlanOptions.model_fields) - {"offload", "host_link_gbps"}
-    assert set(PlanOptions(offload="on").cache_fields()) == set(PlanOptions.model_fields)
+    assert set(a.cache_fields()) == set(PlanOptions.model_fields) - {"offload", "host_link_gbps", "host_budget_gib"}
+    # host_budget_gib only when set (keys made before it existed stay valid), and only with offload on
+    assert set(PlanOptions(offload="on").cache_fields()) == set(PlanOptions.model_fields) - {"host_budget_gib"}
+    capped = PlanOptions(offload="on", host_budget_gib=32).cache_fields()
+    assert capped["host_budget_gib"] == 32.0 and isinstance(capped["host_budget_gib"], float)
+    assert "host_budget_gib" not in PlanOptions(host_budget_gib=32).cache_fields()
 
 
 def test_every_option_is_a_cli_flag():
@@ -65,7 +72,7 @@ def test_every_option_is_a_cli_flag():
     flags = {"world_size": "--world-size", "ac_units": "--ac-unit", "fsdp_units": "--fsdp-unit",
              "time_limit_s": "--time-limit", "mip_rel_gap": "--mip-rel-gap", "solver": "--solver",
              "first_step_only": "--first-step-only", "reserve_gib": "--reserve-gib", "offload": "--offload",
-             "host_link_gbps": "--host-link-gbps"}
+             "host_link_gbps": "--host-link-gbps", "host_budget_gib": "--host-budget-gib"}
     assert set(flags) == set(PlanOptions.model_fields)
     for flag in flags.values():
         assert flag in r.stdout

@@ -51,7 +51,8 @@ from planner.solve.stack.offload_joint import joint_block_options
 from planner.solve.stack.relaxation import Stack, find_stack, solve_stack
 from planner.solve.stack.tail import TailStall
 
-__all__ = ["OffloadStack", "StackOffloadResult", "offload_stack", "solve_offload_stack", "stack_first", "with_milp"]
+__all__ = ["OffloadStack", "StackOffloadResult", "better", "evaluate", "fits_budget", "judged", "offload_stack",
+           "solve_offload_stack", "stack_first", "stack_items", "with_milp"]
 
 _WORK = 2e7  # as the DP's stack pass (planner.solve.dp): about a second at most
 
@@ -183,18 +184,19 @@ def solve_offload_stack(prob: Problem, model: OffloadStack, budget_bytes: float,
     plan = evaluate(prob, model, fr, choices)
     target = budget_bytes
     for _ in range(retries):
-        if _fits(prob, plan, budget_bytes):
-            return StackOffloadResult(lower, _judged(plan, lower, mip_rel_gap))
+        if fits_budget(prob, plan, budget_bytes):
+            return StackOffloadResult(lower, judged(plan, lower, mip_rel_gap))
         target -= plan.peak_bytes - budget_bytes + 1.0
         again = _relaxed(prob, model, target, {i: v - (budget_bytes - target) for i, v in held.items()},
                          mip_rel_gap, deadline)
         if again is None or again[2] is None:
             break
         plan = evaluate(prob, model, again[1], again[2])
-    return StackOffloadResult(lower, _judged(plan, lower, mip_rel_gap) if _fits(prob, plan, budget_bytes) else None)
+    fits = fits_budget(prob, plan, budget_bytes)
+    return StackOffloadResult(lower, judged(plan, lower, mip_rel_gap) if fits else None)
 
 
-def _fits(prob: Problem, plan: Solution, budget_bytes: float) -> bool:
+def fits_budget(prob: Problem, plan: Solution, budget_bytes: float) -> bool:
     """Whether the plan meets the budget as every engine counts it: by its peak, and with an input several
     checkpointed modules hold counted once per holder (the MILP's check, planner.solve.milp)."""
     rows = prob.model.peak_bytes(discards(prob, plan.decisions), shared_once=False,
@@ -202,16 +204,27 @@ def _fits(prob: Problem, plan: Solution, budget_bytes: float) -> bool:
     return max(plan.peak_bytes, rows) <= budget_bytes + NEED_TOL_BYTES
 
 
-def _judged(plan: Solution, lower: float, mip_rel_gap: float) -> Solution:
+_RELAXED = ("count-space relaxation of a stack of identical blocks, offload counted at each module's end; its plan "
+            "meets the bound on the full model")
+
+
+def judged(plan: Solution, lower: float, mip_rel_gap: float, how: str = _RELAXED) -> Solution:
     """The plan, "optimal" when its cost is within ``mip_rel_gap`` of the bound, else "feasible" with its gap."""
     cost = plan.overhead_ms
-    gap = max(cost - lower, 0.0) / cost if cost > 0 else 0.0
+    gap = min(1.0, max(cost - lower, 0.0) / cost) if cost > 0 else 0.0
     if gap <= mip_rel_gap:
-        return replace(plan, lower_bound=lower).with_status("optimal", "optimal plan found (count-space relaxation of a stack of identical "
-                                           "blocks, offload counted at each module's end; its plan meets the bound "
-                                           "on the full model)", gap)
+        return replace(plan, lower_bound=lower).with_status("optimal", f"optimal plan found ({how})", gap)
     return replace(plan, lower_bound=lower).with_status("feasible", "best plan of the stack relaxation, with its "
                                                                  "proven gap", gap)
+
+
+def stack_items(prob: Problem, setup: OffloadSetup, joint: bool = False) -> OffloadStack:
+    """The problem's :func:`offload_stack` with ``setup``'s windows and options (each window's stall on its total
+    with ``joint``), built once per problem and link."""
+    link = setup.windows.link
+    name = "offload stack joint" if joint else "offload stack"
+    return prob.derived(f"{name} {link.d2h_gbps!r} {link.h2d_gbps!r}",
+                        lambda p: offload_stack(p, setup.windows, setup.options, joint=joint))
 
 
 def stack_first(prob: Problem, setup: OffloadSetup, budget_bytes: float, *, mip_rel_gap: float,
@@ -219,9 +232,7 @@ def stack_first(prob: Problem, setup: OffloadSetup, budget_bytes: float, *, mip_
     """The stack relaxation's bound and plan, for stacks of at least ``dp.STACK_FIRST_BLOCKS`` identical blocks
     (as without offload: shorter ones are the MILP's); None when it does not apply or gave up. Each module's own
     stall first; each window's on its total when that plan fits but is not proven (the better of the two)."""
-    link = setup.windows.link
-    model = prob.derived(f"offload stack {link.d2h_gbps!r} {link.h2d_gbps!r}",
-                         lambda p: offload_stack(p, setup.windows, setup.options))
+    model = stack_items(prob, setup)
     if model.stack is None or len(model.stack.blocks) < dp.STACK_FIRST_BLOCKS:  # read per call: tests lower it
         return None
     first = solve_offload_stack(prob, model, budget_bytes, mip_rel_gap=mip_rel_gap, deadline=deadline)
@@ -229,24 +240,26 @@ def stack_first(prob: Problem, setup: OffloadSetup, budget_bytes: float, *, mip_
         return first
     # A plan that meets the budget but not the bound: its modules may share their window's copy link (the
     # modules' own stalls add up to less than the window's). Again with each window's stall on its total: slower,
-    # tighter. (A plan missing the budget misses it by where an offload is credited, which that does not change.)
-    joint = prob.derived(f"offload stack joint {link.d2h_gbps!r} {link.h2d_gbps!r}",
-                         lambda p: offload_stack(p, setup.windows, setup.options, joint=True))
+    # tighter. (A plan missing the budget misses it by where an offload is credited, which that does not change:
+    # planner.solve.stack.offload_split is for that.)
+    joint = stack_items(prob, setup, joint=True)
     if joint.stack is None:
         return first
     again = solve_offload_stack(prob, joint, budget_bytes, mip_rel_gap=mip_rel_gap, deadline=deadline)
-    return _better(first, again, mip_rel_gap)
+    return better(first, again, mip_rel_gap)
 
 
-def _better(a: StackOffloadResult | None, b: StackOffloadResult | None, mip_rel_gap: float) -> StackOffloadResult | None:
-    """Two relaxations' results as one: the larger bound (both are bounds), the cheaper plan judged against it."""
+def better(a: StackOffloadResult | None, b: StackOffloadResult | None, mip_rel_gap: float,
+           how: str = _RELAXED) -> StackOffloadResult | None:
+    """Two relaxations' results as one: the larger bound (both are bounds), the cheaper plan judged against it
+    (``how``: how the bound came, for the plan's message)."""
     if a is None or b is None:
         return b if a is None else a
     lower = max(a.lower, b.lower)
     plans = [p for p in (a.plan, b.plan) if p is not None]
     if not plans:
         return StackOffloadResult(lower)
-    return StackOffloadResult(lower, _judged(min(plans, key=lambda p: p.overhead_ms), lower, mip_rel_gap))
+    return StackOffloadResult(lower, judged(min(plans, key=lambda p: p.overhead_ms), lower, mip_rel_gap, how))
 
 
 def with_milp(stacked: StackOffloadResult, sol: Solution, mip_rel_gap: float) -> Solution:

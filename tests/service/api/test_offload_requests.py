@@ -62,7 +62,9 @@ def test_plans_and_sweeps_state_their_offloading(client, mlp6_id, count_rows, as
 
 BAD = [({"offload": "on", "host_link_gbps": 0}, "host_link_gbps", "0"),
        ({"offload": "on", "host_link_gbps": "fast"}, "host_link_gbps", "'fast'"),
-       ({"offload": "maybe"}, "offload", "'maybe'")]
+       ({"offload": "maybe"}, "offload", "'maybe'"),
+       ({"offload": "on", "host_budget_gib": 0}, "host_budget_gib", "0"),
+       ({"offload": "on", "host_budget_gib": "lots"}, "host_budget_gib", "'lots'")]
 
 
 def test_bad_offload_options_are_422_and_store_nothing(client, count_rows):

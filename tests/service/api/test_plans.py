@@ -82,15 +82,20 @@ def test_every_planner_option_is_a_request_field(client, example_id, count_rows)
     assert reserved["cached"] is True
     assert reserved["baseline_peak_bytes"] == first["baseline_peak_bytes"] + 2**28  # the reserve is counted
     # offload's options are in the key only with offload on (an off plan ignores them)
-    assert set(first["request"]) == set(planner.PlanOptions.model_fields) - {"offload", "host_link_gbps"} \
+    assert set(first["request"]) == set(planner.PlanOptions.model_fields) - {"offload", "host_link_gbps",
+                                                                               "host_budget_gib"} \
         | {"memory_budget_gib"}
     assert _plan(client, example_id, 4.5, **base, host_link_gbps=24).json()["cached"] is True  # unused when off
     # offload needs the step's timeline: the service's example document has one
     with_timeline = client.post("/v1/stats", json=json.loads(EXAMPLE_STATS.read_text())).json()["id"]
     offloading = _plan(client, with_timeline, 0.78, **base, offload="on", host_link_gbps=24)
     assert offloading.status_code == 201 and offloading.json()["cached"] is False, offloading.text
-    assert set(offloading.json()["request"]) == set(planner.PlanOptions.model_fields) | {"memory_budget_gib"}
+    assert set(offloading.json()["request"]) == set(planner.PlanOptions.model_fields) - {"host_budget_gib"} \
+        | {"memory_budget_gib"}  # the host memory cap only when set
     assert offloading.json()["offload"] == "on" and offloading.json()["host_link_gbps"] == {"d2h": 24, "h2d": 24}
+    capped = _plan(client, with_timeline, 0.78, **base, offload="on", host_link_gbps=24, host_budget_gib=1e-3)
+    assert capped.status_code == 201 and capped.json()["cached"] is False, capped.text
+    assert capped.json()["request"]["host_budget_gib"] == 1e-3 and capped.json()["host_bytes"] <= 1e-3 * 2**30
     bad = _plan(client, example_id, 4.5, solver="cbc")
     assert bad.status_code == 422 and bad.json()["detail"].startswith("body.solver: solver must be 'auto'")
 

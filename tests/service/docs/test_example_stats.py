@@ -25,13 +25,21 @@ def test_the_example_is_valid_stats_with_a_timeline():
     assert "before planner" not in planner.plan(stats, 0.7).memory_model_note  # not "collected before planner 0.5"
 
 
-def test_the_host_link_field_leaves_the_rest_of_the_example_as_it_was():
+# the ops' forward-moment fields (planner 0.7.x, docs/memory-model.md "Forward moments inside a checkpointed module")
+FORWARD_FIELDS = ("forward_key", "forward_live_bytes", "unsaved_last_ops")
+
+
+def test_the_host_link_and_forward_fields_leave_the_rest_of_the_example_as_it_was():
     """The collector writes metadata.host_link_gbps for a GPU target (A100-80GB: the device table's PCIe Gen4 x16
-    figure); without it the document is the one made before the field existed, hash and all."""
+    figure) and the ops' forward-moment fields; without them the document is the one made before those fields
+    existed, hash and all."""
     link = EXAMPLE_STATS["metadata"]["host_link_gbps"]
     assert (link["d2h"], link["h2d"]) == (24.0, 24.0) and link["source"].startswith("A100-80GB: PCIe Gen4 x16")
-    before = {**EXAMPLE_STATS, "metadata": {k: v for k, v in EXAMPLE_STATS["metadata"].items()
-                                            if k != "host_link_gbps"}}
+    assert any(name in op for m in EXAMPLE_STATS["modules"] for op in m.get("ops") or () for name in FORWARD_FIELDS)
+    modules = [{**m, "ops": None if m.get("ops") is None else [
+        {k: v for k, v in op.items() if k not in FORWARD_FIELDS} for op in m["ops"]]} for m in EXAMPLE_STATS["modules"]]
+    before = {**EXAMPLE_STATS, "modules": modules,
+              "metadata": {k: v for k, v in EXAMPLE_STATS["metadata"].items() if k != "host_link_gbps"}}
     # service/example_stats.json as made at main 625d5f7 (before the field), hashed there
     assert planner.stats_hash(planner.parse_stats(before)) == (
         "ace5d6cd225edab5914d36def3778727c65f27823a3a55b518faa1900604e7d6")
