@@ -85,17 +85,39 @@ def _module_id(n: torch.fx.Node) -> int:
         return 0
 
 
+def _backward_reads(g: torch.fx.Graph) -> set[torch.fx.Node]:
+    """The forward nodes the backward may read: those a backward node takes, and the inputs of a forward node the
+    backward may read that the partitioner may recompute (every one not saved by a tag: outside the planned
+    regions the min-cut partitioner may recompute too). A node tagged for offload outside this set would be
+    copied to the host and let go unread at its window's drop: the plan recomputes such an op
+    (``planner.solve.offload_solve.drop_unread_offloads``), this keeps any other from copying."""
+    backward: set[torch.fx.Node] = set()
+    for node in g.nodes:
+        if (node.op == "placeholder" and node.name.startswith("tangents")) or any(
+                a in backward for a in node.all_input_nodes):
+            backward.add(node)
+    read: set[torch.fx.Node] = set()
+    kept = (CheckpointPolicy.MUST_SAVE, *_OFFLOAD)
+    for node in reversed(g.nodes):
+        if node in backward:
+            read.update(a for a in node.all_input_nodes if a not in backward)
+        elif node in read and node.meta.get("recompute") not in kept:
+            read.update(node.all_input_nodes)
+    return read
+
+
 def offload_joint_pass(gm: torch.fx.GraphModule, joint_inputs: Any) -> torch.fx.GraphModule:
     """Rewrite every node tagged for offload into ``to_host`` / ``from_host`` (see the module doc)."""
     g = gm.graph
     changed = False
+    read = _backward_reads(g)
     for n in list(g.nodes):
         if n.meta.get("recompute") not in _OFFLOAD:
             continue
         val = n.meta.get("val")
         n.meta["recompute"] = CheckpointPolicy.MUST_SAVE
-        if not isinstance(val, torch.Tensor) or val.numel() == 0:
-            continue  # a tuple-valued or empty node: saved as it is (frees nothing to offload)
+        if not isinstance(val, torch.Tensor) or val.numel() == 0 or n not in read:
+            continue  # a tuple-valued or empty node: saved as it is (frees nothing to offload); one no backward reads
         label = f"compiled node {n.name} ({n.target})"
         args = (n, label, _module_id(n))
         with g.inserting_after(n):

@@ -283,6 +283,7 @@ def _op_stats(m: Any, col: Any, held_serials: set[int], fw_keys: list[int]) -> l
                 if unsaved and storages else None,
                 forward_key=key,
                 forward_live_bytes=live,
+                compiled_takers=col.life.compiled_takers(op.new_storages, m.ops, in_module, m.ops[k]),
             )
         )
     # PyTorch's SACEstimator zeroes the last op that is neither view-like nor

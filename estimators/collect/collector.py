@@ -33,7 +33,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from estimators.collect.assemble import build_stats
-from estimators.collect.compile_probe import CompiledProbe, mark_compiled, zero_gradient_outputs
+from estimators.collect import compile_probe, compiled_stats
 from estimators.collect.fake_step import (FakeConverter, eager_loss, fake_loss_fn, fakeify, forward_and_loss,
                                          optimizer_bytes, traced_ops, with_zero_gradients)
 from estimators.collect.emulation import attention_emulation
@@ -251,7 +251,7 @@ def collect_stats(
                          emulation, moe_routing, describe_loop(with_model_settings(metadata, model), optimizer,
                                                                optimizer_kwargs, loop))
     if compile_backend is not None:
-        mark_compiled(stats, compile_backend, step.probe)
+        compiled_stats.mark_compiled(stats, compile_backend, step.probe)
     if parallel is not None:
         record_sharding(stats, fsdp, units, parallel, step.tp_plan)
     if checkpoint_overhead_us_per_op is not None or measure_checkpoint_overhead:
@@ -283,7 +283,7 @@ class _Step:
         self.tp_plan: str | None = None  # what tensor parallel applied
         self.optimizer_built: torch.optim.Optimizer | None = None
         self.compile_backend: str | None = None  # the step runs compiled whole
-        self.probe: CompiledProbe | None = None  # what the compiled step on the fake model showed
+        self.probe: compile_probe.CompiledProbe | None = None  # what the compiled step on the fake model showed
 
     def shard(self, setup: ParallelDims, units: list[str], mesh: Any) -> None:
         """Run the step parallelized: TP over ``mesh``'s ``tp`` dimension, then ``fully_shard`` the (copied)
@@ -311,7 +311,7 @@ class _Step:
             restores.append(restore_loss)
             if self.compile_backend is not None:
                 with fake:
-                    self.probe = zero_gradient_outputs(
+                    self.probe = compile_probe.zero_gradient_outputs(
                         model, lambda m: forward_and_loss(m, fake_in, fake_loss, loss_fn)[1], self.compile_backend)
             book.add_tensors(list(model.parameters()), PARAM)
             book.add_tensors(model.buffers(), BUFFER)

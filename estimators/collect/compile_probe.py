@@ -4,13 +4,14 @@
 ``aot_eager`` does (``inductor`` partitions alike; its kernels only change what runs inside), and the graphs
 run on the fake tensors. What the probe reads: the gradients of zeros the compiled backward is handed for
 graph outputs that get none, and, under ``aot_eager``, what its partitioner saves for the backward per module
-(:func:`credit_compiled_saves`). Where dynamo breaks the graph (Hugging Face's GPT-2 logs a warning before its
+(the stats are made to say so in :mod:`estimators.collect.compiled_stats`). Where dynamo breaks the graph (Hugging Face's GPT-2 logs a warning before its
 loss: the loss is a graph of its own, whose backward sends the logits their real gradient) there are none, so
 it is the compiled run, not the model's outputs, that says which outputs get them.
 """
 
 from __future__ import annotations
 
+import operator
 import re
 from typing import Any
 
@@ -20,8 +21,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from estimators.common import is_view_op, storages_of, tensors_in
 
-__all__ = ["mark_compiled", "zero_gradient_outputs", "CompiledProbe", "credit_compiled_saves",
-           "hold_shared_tensors"]
+__all__ = ["zero_gradient_outputs", "CompiledProbe", "eager_saved_by_module", "saved_by_module",
+           "shared_across_modules"]
 
 _ZERO_MAKERS = {torch.ops.aten.zeros.default, torch.ops.aten.zeros_like.default, torch.ops.aten.new_zeros.default}
 
@@ -37,6 +38,9 @@ class _ZeroTangents(TorchDispatchMode):
         self.made: list[tuple[tuple[int, ...], torch.dtype]] = []
         self.compiled_saved: dict[str, int] = {}  # per module fqn (relative), what the partitioned forward saves
         self.shared: list[tuple[str, tuple[str, ...], int]] = []  # per tensor one forward op makes for several modules
+        # per module taking such a tensor: (the module making it, the taker, bytes: :func:`_kept_outside`)
+        self.kept_for: list[tuple[str, str, int]] = []
+        self.graph_ops: set[str] = set()  # the names of the ops the compiled forward graphs run
 
     @classmethod
     def ignore_compile_internals(cls) -> bool:
@@ -65,11 +69,21 @@ class _ZeroTangents(TorchDispatchMode):
         """``aot_eager``'s partition (the min-cut one), what it saves recorded per module in ``compiled_saved``."""
         from torch._functorch.partitioners import min_cut_rematerialization_partition
 
-        self.shared += shared_across_modules(joint)  # before the partition, which merges them
+        shared = shared_across_modules(joint)  # before the partition, which merges them
+        self.graph_ops.update(str(n.target.overloadpacket) for n in joint.graph.nodes
+                              if n.op == "call_function" and hasattr(n.target, "overloadpacket"))
+        makers = {taker: maker for maker, others, _ in reversed(shared) for taker in others}
+        untagged = _tagged_copy(joint, "") if makers else None  # the partition changes the joint graph
         fw, bw = min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
-        for path, nbytes in saved_by_module(fw, bw).items():
+        saved = saved_by_module(fw, bw)
+        for path, nbytes in saved.items():
             fqn = _relative_fqn(path)
             self.compiled_saved[fqn] = self.compiled_saved.get(fqn, 0) + nbytes
+        self.shared += shared
+        for taker in sorted(makers):  # one copy at a time: a large model's joint graph is large
+            tagged = _tagged_copy(untagged, taker)
+            self.kept_for.append((makers[taker], taker, _kept_outside(taker, saved, saved_by_module(
+                *min_cut_rematerialization_partition(tagged, joint_inputs, **kwargs)))))
         return fw, bw
 
 
@@ -188,6 +202,45 @@ def shared_across_modules(joint: torch.fx.GraphModule) -> list[tuple[str, tuple[
             for node, paths in out.items()]
 
 
+def _within(path: str, fqn: str) -> bool:
+    return path == fqn or path.startswith(fqn + ".")
+
+
+def _tagged_copy(joint: torch.fx.GraphModule, fqn: str) -> torch.fx.GraphModule:
+    """A copy of the joint graph with the forward of module ``fqn`` (a relative path; ``""``: none) tagged as a
+    checkpointed region saving nothing but its random ops, as a plan's policy tags it under compile (random ops
+    and their outputs left untagged: the partitioner never recomputes them)."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    graph = torch.fx.Graph()
+    graph._codegen = joint.graph._codegen  # layout: allow-private (the joint's pytree signature)
+    graph.output(graph.graph_copy(joint.graph, {}))  # a node's meta is copied: the joint's stays untagged
+    backward: set[torch.fx.Node] = set()
+    for node in graph.nodes:
+        if (node.op == "placeholder" and node.name.startswith("tangents")) or any(
+                a in backward for a in node.all_input_nodes):
+            backward.add(node)
+        elif fqn and node.op == "call_function" and _within(_module_path(node), fqn) and not _random(node):
+            node.meta["recompute"] = CheckpointPolicy.PREFER_RECOMPUTE
+            node.meta["ac_graph_id"] = 1
+    return torch.fx.GraphModule(joint, graph)
+
+
+def _random(node: torch.fx.Node) -> bool:
+    if node.target is operator.getitem and isinstance(node.args[0], torch.fx.Node):
+        node = node.args[0]
+    return torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ())
+
+
+def _kept_outside(fqn: str, unplanned: dict[str, int], planned: dict[str, int]) -> int:
+    """The bytes the forward saves outside module ``fqn`` beyond the unplanned graph's when ``fqn`` alone is
+    checkpointed (``saved_by_module`` of both partitions): what its recompute takes from the modules before it
+    instead of a tensor the compiled graph makes once for several modules (a causal mask's indices, kept where
+    the mask is made, when a later layer remakes the mask in its backward)."""
+    return sum(max(0, nbytes - unplanned.get(path, 0)) for path, nbytes in planned.items()
+               if not _within(_relative_fqn(path), fqn))
+
+
 def _hashable(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return tuple(_hashable(v) for v in value)
@@ -233,10 +286,13 @@ class CompiledProbe:
     """What one compiled step on the fake model showed (see :func:`zero_gradient_outputs`)."""
 
     def __init__(self, zero_gradients: list[tuple[tuple[int, ...], torch.dtype]], compiled_saved: dict[str, int],
-                 shared: list[tuple[str, tuple[str, ...], int]] | None = None):
+                 shared: list[tuple[str, tuple[str, ...], int]] | None = None,
+                 kept_for: list[tuple[str, str, int]] | None = None, graph_ops: set[str] | None = None):
         self.zero_gradients = zero_gradients
         self.compiled_saved = compiled_saved  # per fqn relative to the compiled module: what its forward saves
         self.shared = shared or []  # forward ops run once for several modules (:func:`shared_across_modules`)
+        self.kept_for = kept_for or []  # what a taker of one, checkpointed alone, has kept before it
+        self.graph_ops = graph_ops or set()  # the names of the ops the compiled graphs run
         self.fewer_saved: dict[str, int] = {}  # the same, what the eager forward saves more (:meth:`count_eager`)
 
     def count_eager(self, model: nn.Module, eager_step: Any) -> None:
@@ -278,80 +334,4 @@ def zero_gradient_outputs(model: nn.Module, run_step: Any, backend: str) -> Comp
         for p in model.parameters():
             p.grad = None
         torch._dynamo.reset()  # layout: allow-private (the probe's graphs hold the fake model)
-    return CompiledProbe(probe.made, probe.compiled_saved, probe.shared)
-
-
-def _fqn_of(path: str, root: str, fqns: set[str]) -> str:
-    """The stats fqn of a module ``path`` relative to the root: the innermost module of the stats on it."""
-    parts = [p for p in path.split(".") if p]
-    while parts and ".".join([root, *parts]) not in fqns:
-        parts.pop()
-    return ".".join([root, *parts])
-
-
-def credit_compiled_saves(stats: Any, fewer_saved: dict[str, int]) -> None:
-    """Make the stats describe what the compiled step keeps: per module, ``fewer_saved`` bytes (eager saves less
-    the partitioner's, by the innermost module of the node that made them) come off ``act_saved_bytes`` of that
-    module and of every module around it, and off the live activations of every moment while its forward has
-    ended and its backward not begun (forward and backward moments whose key passes its fw_post_order position,
-    as a checkpointing discard is counted). A module a plan checkpoints discards from the compiled figure."""
-    order = stats.fw_post_order
-    fqns = set(order)
-    root = next(m.fqn for m in stats.modules if m.parent is None)
-    per_fqn: dict[str, int] = {}
-    for path, nbytes in fewer_saved.items():
-        fqn = _fqn_of(path, root, fqns)
-        fqn = fqn if fqn in fqns else root
-        per_fqn[fqn] = per_fqn.get(fqn, 0) + nbytes
-    inside: dict[str, int] = {}
-    for fqn, nbytes in per_fqn.items():
-        up: str | None = fqn
-        while up is not None:
-            inside[up] = inside.get(up, 0) + nbytes
-            up = stats.module(up).parent
-    for m in stats.modules:
-        m.act_saved_bytes = max(0, m.act_saved_bytes - inside.get(m.fqn, 0))
-    position = {fqn: k for k, fqn in enumerate(order)}
-    ended = [0] * (len(order) + 1)  # by key: bytes of the modules at positions below it
-    for fqn, nbytes in per_fqn.items():
-        ended[position[fqn] + 1] += nbytes
-    for k in range(1, len(ended)):
-        ended[k] += ended[k - 1]
-    for t in stats.timeline or ():
-        if t.phase in ("forward", "backward"):
-            t.activation_bytes = max(0, t.activation_bytes - ended[min(t.key, len(order))])
-
-
-def hold_shared_tensors(stats: Any, shared: list[tuple[str, tuple[str, ...], int]]) -> None:
-    """Count each tensor the compiled step makes once for several modules (``shared``: the module path making it,
-    the paths of the modules whose own op it replaces, its bytes) as held by the module that makes it and every
-    module around that one short of one around them all: checkpointed, such a module keeps the tensor under
-    compile when a later checkpointed region uses it (the partitioner saves a region's tensors a later region
-    uses), which no op of its eager save list says. Counted always (it bounds the real step from above by at most
-    those bytes when no later region uses it); it offsets the module's discard as its held inputs do."""
-    fqns = set(stats.fw_post_order)
-    root = next(m.fqn for m in stats.modules if m.parent is None)
-    number = 1 + max((k for m in stats.modules for k, _ in m.held_inputs or ()), default=0)
-    for path, others, nbytes in shared:
-        around = {_fqn_of(p, root, fqns) for p in others}
-        up: str | None = _fqn_of(path, root, fqns)
-        while up is not None and up in fqns and not all(o == up or o.startswith(up + ".") for o in around):
-            m = stats.module(up)
-            m.held_input_bytes += nbytes
-            if m.held_inputs is not None:
-                m.held_inputs = [*m.held_inputs, (number, nbytes)]
-            up = m.parent
-        number += 1
-
-
-def mark_compiled(stats: Any, backend: str, probe: CompiledProbe | None = None) -> None:
-    """Record the compile backend in the stats' model settings, and save every random op: a traced
-    recomputation cannot replay the RNG on the CPU, so apply saves random ops under compile. Under
-    ``aot_eager``, the stats then count what its partitioner saves (``probe``: :func:`credit_compiled_saves`);
-    inductor's partitioner runs with settings of its own, not followed here."""
-    stats.metadata.model_settings["compile_backend"] = backend
-    for m in stats.modules:
-        m.force_store_random = m.force_store_random or any(op.random for op in m.ops or ())
-    if backend == "aot_eager" and probe is not None:
-        credit_compiled_saves(stats, probe.fewer_saved)
-        hold_shared_tensors(stats, probe.shared)
+    return CompiledProbe(probe.made, probe.compiled_saved, probe.shared, probe.kept_for, probe.graph_ops)

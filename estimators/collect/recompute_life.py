@@ -65,6 +65,16 @@ class RecomputeLife:
 
         return sum(nbytes for serial, nbytes in new_storages if kept(serial))
 
+    def compiled_takers(self, new_storages: Any, module_ops: list[int], may_recompute: set[int], after: int
+                        ) -> list[int] | None:
+        """Under ``aot_eager``: the positions in ``module_ops`` of the later ops (above ``after``, in
+        ``may_recompute``) that take a storage the op made; None when not compiled."""
+        if not self.compiled:
+            return None
+        taken = {j for serial, _ in new_storages for j in self.taken_by.get(serial, ()) if j > after}
+        takers = [k for k, j in enumerate(module_ops) if j in taken and j in may_recompute]
+        return takers if len(takers) <= 4096 else None  # the format's limit; unknown counts as read
+
     def watch(self, st: torch.UntypedStorage, serial: int, col: Any) -> None:
         """Note when a storage made in the first micro-batch's forward dies."""
         if col.timeline.micro_batch not in (None, 1):

@@ -11,6 +11,7 @@ are derived from their lists) with a bound, or None to leave the budget to the M
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -21,8 +22,9 @@ from planner.solve.problem import Problem
 from planner.solve.solution import Solution, discards, save_lists
 from planner.solve.stack.offload_split import split_first
 from planner.solve.stack.offload_stack import StackOffloadResult, stack_first, with_milp
+from planner.stats.op_format import OpStats
 
-__all__ = ["solve_with_offload", "trim_offloads"]
+__all__ = ["solve_with_offload", "trim_offloads", "drop_unread_offloads", "unread_ops"]
 
 
 def solve_with_offload(prob: Problem, budget_bytes: float, link: HostLinkFigures, *, time_limit_s: float,
@@ -50,7 +52,7 @@ def solve_with_offload(prob: Problem, budget_bytes: float, link: HostLinkFigures
                        host_budget_bytes=host_budget_bytes)
     if sol.decisions is None and sol.status in ("time_limit", "error") and host_budget_bytes is not None:
         sol = _without_offload(prob, setup, budget_bytes, sol, mip_rel_gap, deadline)
-    return trim_offloads(prob, sol if stacked is None else with_milp(stacked, sol, mip_rel_gap), budget_bytes)
+    return _finished(prob, sol if stacked is None else with_milp(stacked, sol, mip_rel_gap), budget_bytes)
 
 
 def _credited_times(prob: Problem, off, fqn: str) -> np.ndarray:
@@ -78,6 +80,59 @@ def _without_offload(prob: Problem, setup, budget_bytes: float, sol: Solution, m
                             offload_plan(prob, setup.windows, {}))
 
 
+def unread_ops(ops: Sequence[OpStats], save: Sequence[int]) -> set[int]:
+    """The ops of a checkpointed module, with save list ``save`` (1: saved or offloaded), whose outputs the
+    compiled backward never reads: no storage of theirs is saved for the backward (``storages``,
+    ``saved_by_autograd``) and no taker it recomputes (``compiled_takers``, a taker not saved) needs them.
+    Empty when the stats do not say (eager stats: no ``compiled_takers``)."""
+    if any(op.compiled_takers is None for op in ops):
+        return set()
+    needed = [False] * len(ops)
+    for k in range(len(ops) - 1, -1, -1):
+        op = ops[k]
+        needed[k] = op.saved_by_autograd or any(saved for _, _, saved in op.storages or ()) or any(
+            needed[j] and not save[j] for j in op.compiled_takers)
+    return {k for k, read in enumerate(needed) if not read}
+
+
+def drop_unread_offloads(prob: Problem, sol: Solution, budget_bytes: float) -> Solution:
+    """``sol`` with each offloaded op group no compiled backward reads (:func:`unread_ops`, given the plan's other
+    decisions) recomputed instead: the partitioner saves nothing of it, so it would be copied to host memory and
+    let go unread; tagged for recompute it is freed after its last forward use, which the discard counts from the
+    module's forward end. Its ms count as recomputed, as the plan's figures count every op it does not save
+    (nothing recomputes it: an over-estimate). Kept as it was where the plan's peak would rise over the budget (a
+    recompute transient the memory model adds)."""
+    off = sol.offload
+    if off is None or not off.modules or sol.decisions is None:
+        return sol
+    decisions, lists = dict(sol.decisions), {fqn: list(v) for fqn, v in off.modules.items()}
+    cand_of = {c.fqn: c for c in prob.candidates}
+    changed = False
+    for fqn, offload in lists.items():
+        save, saved_bytes, saved_ms = decisions[fqn]
+        unread = unread_ops(prob.stats.module(fqn).ops or [], save)
+        groups = cand_of[fqn].classes.groups
+        new_save = list(save)
+        for g, members in enumerate(groups.members):
+            if all(offload[k] for k in members) and unread.issuperset(members):
+                for k in members:
+                    offload[k] = new_save[k] = 0
+                saved_bytes -= int(groups.group_bytes[g])
+                saved_ms -= float(groups.group_ms[g])
+                changed = True
+        decisions[fqn] = (new_save, saved_bytes, saved_ms)
+    if not changed:
+        return sol
+    kept = offload_plan(prob, off.windows, {f: v for f, v in lists.items() if any(v)})
+    dropped = Solution.planned(prob, decisions, sol.status, sol.message, sol.mip_gap or 0.0, sol.lower_bound, kept)
+    return dropped if dropped.peak_bytes <= max(budget_bytes, sol.peak_bytes) else sol
+
+
+def _finished(prob: Problem, sol: Solution, budget_bytes: float) -> Solution:
+    """An engine's plan without the offloads no compiled backward reads, then trimmed (:func:`trim_offloads`)."""
+    return trim_offloads(prob, drop_unread_offloads(prob, sol, budget_bytes), budget_bytes)
+
+
 def _proven(stacked: StackOffloadResult) -> bool:
     return stacked.plan is not None and stacked.plan.status == "optimal"
 
@@ -88,7 +143,7 @@ def _capped(prob: Problem, stacked: StackOffloadResult | None, budget_bytes: flo
     it still offloads more than the host memory cap."""
     if stacked is None or stacked.plan is None:
         return stacked
-    plan = trim_offloads(prob, stacked.plan, budget_bytes)
+    plan = _finished(prob, stacked.plan, budget_bytes)
     host = 0 if plan.offload is None else plan.offload.host_bytes
     if host_budget_bytes is not None and host > host_budget_bytes:
         return StackOffloadResult(stacked.lower)

@@ -367,6 +367,9 @@ def _check_ops(where: str, m: ModuleStats, consistent: set[tuple]) -> None:
         if op.unsaved_last_ops is not None and len(op.unsaved_last_ops) != len(op.storages or ()):
             raise ValueError(f"{where}.ops[{k}].unsaved_last_ops has {len(op.unsaved_last_ops)} entries for "
                              f"{len(op.storages or ())} storages")
+        for j in op.compiled_takers or ():
+            if not k < j < n:
+                raise ValueError(f"{where}.ops[{k}].compiled_takers: {j} is not a later op of the {n}")
     # The SAC conventions must leave every op a consistent decision. They read only the flags and the parents,
     # so an op list like one already checked (every block of a stack has the same) passes without a second look.
     shape = (m.force_store_random, *((op.view_like, op.random, op.inplace_parent) for op in ops))

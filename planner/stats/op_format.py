@@ -89,6 +89,12 @@ class OpStats(StrictModel):
         "bytes but parameters, gradients and optimizer state of the step without checkpointing from the op before "
         "to this op's outputs (as the timeline's activation_bytes): with forward_key and unsaved_last_ops, a "
         "checkpointed module's own forward moments (docs/memory-model.md). Null: not known.")
+    compiled_takers: list[Annotated[Whole, Field(ge=0)]] | None = Field(
+        None, max_length=4096, exclude_if=lambda v: v is None, description="Stats of a step compiled with "
+        "aot_eager: the indices of the later ops of this module that take this op's outputs and may be recomputed "
+        "(not views, random ops, or the op making the module's output autograd saves). The compiled backward "
+        "reads an op's outputs only where a storage is saved (storages) or saved_by_autograd, or a taker it "
+        "recomputes needs them: a plan offloads no op it would not read. Null: not known (eager stats).")
 
 
 OP_FIELDS = ("name", "runtime_ms", "output_bytes", "view_like", "random", "inplace_parent", "saved_by_autograd")
@@ -141,6 +147,7 @@ class CompactOps:
         _set(op, "unsaved_last_ops", None)
         _set(op, "forward_key", None)
         _set(op, "forward_live_bytes", None)
+        _set(op, "compiled_takers", None)
         if (fields_set := self._fields_set.get(given)) is None:
             fields_set = self._fields_set[given] = set(given)
         _set(op, "__pydantic_fields_set__", fields_set)

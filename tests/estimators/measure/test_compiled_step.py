@@ -184,3 +184,30 @@ def test_a_saved_op_costs_what_the_compiled_step_keeps_of_it():
     # attention probabilities (2 x 4 x 16 x 16: fp32 result and bool mask) and the residual dropout (its mask)
     assert dropouts == [2 * 4 * 16 * 16 * 5, 2 * 16 * 64], dropouts
     assert planner.parse_stats(stats.model_dump(mode="json")).model_dump() == stats.model_dump()  # still valid
+
+
+def test_a_later_taker_of_the_shared_mask_holds_the_indices_the_partitioner_keeps_for_it():
+    """With attention dropout SDPA takes a materialized causal mask: AOTAutograd makes it once, in layer 0, for both
+    layers (held there, 2 x 1 x 64 x 64 fp32). Checkpointed alone (layer 0 not), layer 1's attention remakes its
+    mask in its backward from what the root keeps: a cumsum [2, 64] and three index outputs [2, 1, 64, 1] /
+    [2, 1, 1, 64] of int64 (1024 B each) and a bool scalar, 4097 B the stats hold for it (tensor 31 here). Before,
+    they held nothing there, and the fidelity llama's 85% compiled plan went 14612 B over its budget
+    (bench/RESULTS.md, "Real CPU steps under torch.compile")."""
+    config = {**DECODER, "vocab_size": 512, "attention_dropout": 0.1}
+    torch.manual_seed(0)
+    b = build_from_hf_config(config, batch_size=2, seq_len=64, dtype=torch.float32, device=torch.device("cpu"))
+    stats = collect_stats(b.model, b.inputs, optimizer="adamw", device="cpu",
+                          cost_model=RooflineCostModel(device_spec("cpu")), compile_backend="aot_eager")
+    attn = "LlamaForCausalLM.model.layers.{}.self_attn"
+    mask = (2 * 64 * 64 * 4, 4 * 2 * 64 * 8 + 1)
+    held = [[nbytes for _, nbytes in stats.module(attn.format(k)).held_inputs if nbytes in mask] for k in (0, 1)]
+    assert held == [[mask[0]], [mask[1]]], held
+    # one number for the indices, whichever layers take the mask (several checkpointed count them once)
+    assert stats.module(attn.format(1)).held_inputs == stats.module("LlamaForCausalLM.model.layers.1").held_inputs
+    # the collected step builds each attention's causal mask from ones and tril ([64, 64] bool, 4096 B each), the
+    # compiled graph from other ops in the root: saved or offloaded they keep nothing (a 70% plan of the fidelity
+    # llama counted 131072 host bytes for two offloaded trils that no copy made)
+    for k in (0, 1):
+        ops = stats.module(attn.format(k)).ops
+        assert [(op.name, op.output_bytes) for op in ops if op.name in ("aten.ones", "aten.tril")] == [
+            ("aten.ones", 0), ("aten.tril", 0)]
