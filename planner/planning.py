@@ -197,8 +197,8 @@ def _solve(prob: Problem, budget_bytes: float, baseline_bytes: float, opts: Plan
         target -= sol.peak_bytes - budget_bytes + 1
     least = _smallest_peak(prob)  # the plan of least peak may still fit
     if least.peak_bytes is not None and least.peak_bytes <= budget_bytes + NEED_TOL_BYTES:
-        return least.with_status("feasible", "the plan of least peak: plans solved under lowered budgets for the "
-                                 "inputs checkpointed modules hold through their own backward did not fit", None)
+        return least.with_status("feasible", "the plan of least peak: plans solved under lowered budgets for what "
+                                 "checkpointed modules hold in their own forward or backward did not fit", None)
     return Solution.infeasible("no plan found whose held module inputs stay within the budget")
 
 
@@ -228,13 +228,18 @@ def _solve_once(prob: Problem, budget_bytes: float, baseline_bytes: float, opts:
             why = ("a module called more than once discards at every call" if prob.repeat_counts()
                    else "a module frontier is too large")
             raise ValueError(f"solver 'dp' does not apply to these stats ({why}); use 'milp'")
+    dp_over = None
     if (sol is not None and opts.solver == "auto" and prob.model.forward_ops and sol.peak_bytes is not None
             and sol.peak_bytes > budget_bytes + NEED_TOL_BYTES):
-        sol = None  # the DP leaves out what a checkpointed module's own forward holds: the MILP has it exactly
+        dp_over, sol = sol, None  # the DP leaves out what a checkpointed module's own forward holds: the MILP has it
     if sol is None:  # the MILP gets what is left of the time limit
         spent = time.perf_counter() - started
         left = time_left_s - spent if spent < time_left_s else min(time_left_s, 1e-3)
         sol = solve_budget(prob, budget_bytes, time_limit_s=left, mip_rel_gap=gap)
+        if dp_over is not None and sol.peak_bytes is None and sol.status != "infeasible":
+            # none from the MILP (within its tolerances, or in time): the DP's plan, over the budget, goes to
+            # _solve's retries under a lowered budget, as the DP asked for by name does
+            sol = dp_over
     elif sol.status == "feasible" and opts.solver == "auto":
         sol = _with_milp(prob, sol, budget_bytes, gap, started, time_left_s)
     return sol

@@ -55,7 +55,16 @@ def record_unsaved_lives(step: Any, fake_in: Any, fake_loss: Any, loss_fn: Any, 
     col, book, values = step.col, step.book, step.values
     contexts = (emulation, hf_fake_as_real(step.model, values), one_hot_as_on_device(),
                 loop.autocast_context(device.type))
-    _record(col, book, step.mods, values, contexts, lambda: forward_and_loss(step.model, fake_in, fake_loss, loss_fn))
+    # what the stats tag of the step (batch values read, attention kernels) counts its own forward only
+    reads, kernels = len(values.reads), dict(getattr(emulation, "kernels", {}))
+    try:
+        _record(col, book, step.mods, values, contexts,
+                lambda: forward_and_loss(step.model, fake_in, fake_loss, loss_fn))
+    finally:
+        del values.reads[reads:]
+        if hasattr(emulation, "kernels"):
+            emulation.kernels.clear()
+            emulation.kernels.update(kernels)
 
 
 def _record(col: Any, book: StorageBook, mods: dict, values: Any, contexts: Sequence[AbstractContextManager],
