@@ -124,9 +124,7 @@ class MemoryModel:
         backward = None
         for fqn, d in (discarded or {}).items():
             post = self.post_pos[fqn]
-            m[self.keys > post] -= d
-            if fqn in self.repeats:  # every call of a checkpointed module discards, each in its own span
-                m -= self.repeats[fqn] * d
+            self._off_between_calls(m, fqn, d)
             if held and fqn in self.repeats_held:
                 m += self.repeats_held[fqn] * self.held_bytes.get(fqn, 0.0)
             if held and self.held_bytes.get(fqn):
@@ -145,12 +143,17 @@ class MemoryModel:
                     m -= nbytes * (self.repeats.get(fqn, 0.0) + self.repeats_held.get(fqn, 0.0))
         for key, nbytes in (offloaded or {}).items():
             if isinstance(key, str):  # a module offloading per call: off wherever each call's discard is
-                m[self.keys > self.post_pos[key]] -= nbytes
-                if key in self.repeats:
-                    m -= self.repeats[key] * nbytes
+                self._off_between_calls(m, key, nbytes)
                 continue
             m[self.keys >= key] -= nbytes
         return m
+
+    def _off_between_calls(self, m: np.ndarray, fqn: str, nbytes: float) -> None:
+        """Take ``nbytes`` off ``m`` wherever a call of ``fqn`` has ended its forward and not begun its backward
+        (the first call by key; every call of a module called more than once discards, each in its own span)."""
+        m[self.keys > self.post_pos[fqn]] -= nbytes
+        if fqn in self.repeats:
+            m -= self.repeats[fqn] * nbytes
 
     @cached_property
     def _forward(self) -> np.ndarray:
