@@ -35,7 +35,7 @@ from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy
 
 from estimators.apply.offload import HostStore
-from estimators.common import module_fqns
+from estimators.common import backward_nodes, module_fqns
 
 __all__ = ["INDUCTOR_REFUSAL", "OFFLOAD_COMPILE_BACKENDS", "disable_compiled_offload", "enable_compiled_offload", "offload_joint_pass",
            "refuse_offload_backend", "to_host", "from_host"]
@@ -91,11 +91,7 @@ def _backward_reads(g: torch.fx.Graph) -> set[torch.fx.Node]:
     regions the min-cut partitioner may recompute too). A node tagged for offload outside this set would be
     copied to the host and let go unread at its window's drop: the plan recomputes such an op
     (``planner.solve.offload_solve.drop_unread_offloads``), this keeps any other from copying."""
-    backward: set[torch.fx.Node] = set()
-    for node in g.nodes:
-        if (node.op == "placeholder" and node.name.startswith("tangents")) or any(
-                a in backward for a in node.all_input_nodes):
-            backward.add(node)
+    backward = backward_nodes(g)
     read: set[torch.fx.Node] = set()
     kept = (CheckpointPolicy.MUST_SAVE, *_OFFLOAD)
     for node in reversed(g.nodes):

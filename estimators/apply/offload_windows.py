@@ -92,14 +92,14 @@ class _PrefetchMark(torch.autograd.Function):
         return grad, None, None
 
 
-def _started(store: HostStore, mod: nn.Module, args: Any) -> None:
+def _started(store: HostStore) -> None:
     if torch.compiler.is_compiling():
         torch.ops.sacplan.pass_start(store.key)
     else:
         store.start_pass()
 
 
-def _ended(store: HostStore, index: int, mod: nn.Module, args: Any, out: Any) -> Any:
+def _ended(store: HostStore, index: int, out: Any) -> Any:
     if not torch.compiler.is_compiling():
         store.window_ended(index, out)
         return None
@@ -113,11 +113,11 @@ def _ended(store: HostStore, index: int, mod: nn.Module, args: Any, out: Any) ->
 def install_windows(model: nn.Module, store: HostStore, by_fqn: dict[str, nn.Module]) -> None:
     """Hooks for the window protocol: a new pass at the model's forward start, each end module's forward end
     (and, compiled, its backward start)."""
-    hooks = [model.register_forward_pre_hook(lambda mod, args: _started(store, mod, args))]
+    hooks = [model.register_forward_pre_hook(lambda mod, args: _started(store))]
     for index, fqn in enumerate(store.end_modules):
         end = model if fqn == "" else by_fqn[fqn]
         hooks.append(end.register_forward_hook(
-            lambda mod, args, out, index=index: _ended(store, index, mod, args, out)))
+            lambda mod, args, out, index=index: _ended(store, index, out)))
     model.__dict__[_WINDOW_HOOKS] = hooks
 
 

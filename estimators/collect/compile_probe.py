@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from estimators.common import is_view_op, storages_of, tensors_in
+from estimators.common import backward_nodes, is_view_op, storages_of, tensors_in
 
 __all__ = ["zero_gradient_outputs", "CompiledProbe", "eager_saved_by_module", "saved_by_module",
            "shared_across_modules"]
@@ -175,11 +175,9 @@ def shared_across_modules(joint: torch.fx.GraphModule) -> list[tuple[str, tuple[
     first: dict[Any, torch.fx.Node] = {}
     same: dict[torch.fx.Node, torch.fx.Node] = {}  # a repeat -> the first
     out: dict[torch.fx.Node, set[str]] = {}  # the first -> the modules of its repeats
-    backward: set[torch.fx.Node] = set()  # what depends on the tangents
+    backward = backward_nodes(joint.graph)
     for node in joint.graph.nodes:
-        if (node.op == "placeholder" and node.name.startswith("tangents")) or any(
-                a in backward for a in node.all_input_nodes):
-            backward.add(node)
+        if node in backward:
             continue
         target = node.target
         if node.op != "call_function" or getattr(target, "overloadpacket", None) is None or is_view_op(target) \
@@ -215,12 +213,9 @@ def _tagged_copy(joint: torch.fx.GraphModule, fqn: str) -> torch.fx.GraphModule:
     graph = torch.fx.Graph()
     graph._codegen = joint.graph._codegen  # layout: allow-private (the joint's pytree signature)
     graph.output(graph.graph_copy(joint.graph, {}))  # a node's meta is copied: the joint's stays untagged
-    backward: set[torch.fx.Node] = set()
+    backward = backward_nodes(graph)
     for node in graph.nodes:
-        if (node.op == "placeholder" and node.name.startswith("tangents")) or any(
-                a in backward for a in node.all_input_nodes):
-            backward.add(node)
-        elif fqn and node.op == "call_function" and _within(_module_path(node), fqn) and not _random(node):
+        if node not in backward and fqn and node.op == "call_function" and _within(_module_path(node), fqn) and not _random(node):
             node.meta["recompute"] = CheckpointPolicy.PREFER_RECOMPUTE
             node.meta["ac_graph_id"] = 1
     return torch.fx.GraphModule(joint, graph)

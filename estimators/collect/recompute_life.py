@@ -17,6 +17,7 @@ an op a plan saves (:meth:`RecomputeLife.compiled_kept_bytes`).
 
 from __future__ import annotations
 
+import bisect
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -71,8 +72,9 @@ class RecomputeLife:
         ``may_recompute``) that take a storage the op made; None when not compiled."""
         if not self.compiled:
             return None
-        taken = {j for serial, _ in new_storages for j in self.taken_by.get(serial, ()) if j > after}
-        takers = [k for k, j in enumerate(module_ops) if j in taken and j in may_recompute]
+        taken = {j for serial, _ in new_storages for j in self.taken_by.get(serial, ())
+                 if j > after and j in may_recompute}
+        takers = sorted(bisect.bisect_left(module_ops, j) for j in taken)  # module_ops ascends; may_recompute in it
         return takers if len(takers) <= 4096 else None  # the format's limit; unknown counts as read
 
     def watch(self, st: torch.UntypedStorage, serial: int, col: Any) -> None:

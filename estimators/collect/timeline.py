@@ -97,16 +97,19 @@ class TimelineRecorder:
     def backward_key(self, position: tuple[int | None, int], fw_post_order: Sequence[str]) -> int:
         """The key of the backward moment a :meth:`position` taken in the backward falls in."""
         micro_batch, count = position
-        events = {ph: self.events[(micro_batch, ph)] for ph in (FORWARD, BACKWARD)}
-        return _states(events, {f: i for i, f in enumerate(fw_post_order)}, ())[BACKWARD][count][0]
+        return self._states_of(micro_batch, fw_post_order)[BACKWARD][count][0]
 
     def forward_keys(self, fw_post_order: Sequence[str]) -> list[int]:
         """The first micro-batch's forward: per count of its events so far, the key of its moment."""
         micro_batch = 1 if (1, FORWARD) in self.events else None
         if (micro_batch, FORWARD) not in self.events:
             return []
+        return [state[0] for state in self._states_of(micro_batch, fw_post_order)[FORWARD]]
+
+    def _states_of(self, micro_batch: int | None, fw_post_order: Sequence[str]) -> dict[str, list[tuple]]:
+        """Per phase of ``micro_batch``, per count of its events, its state (the key first), as :func:`_states`."""
         events = {ph: self.events[(micro_batch, ph)] for ph in (FORWARD, BACKWARD)}
-        return [state[0] for state in _states(events, {f: i for i, f in enumerate(fw_post_order)}, ())[FORWARD]]
+        return _states(events, {f: i for i, f in enumerate(fw_post_order)}, ())
 
     def on_alloc(self, category: str, live: dict[str, int]) -> None:
         """A :attr:`StorageBook.on_alloc` callback: keep the instant if it is the most memory of its count."""

@@ -12,8 +12,8 @@ FSDP2; ``parallel_dims``: the one description of a job's parallelism (FSDP2, ten
 imports another subpackage of ``estimators``.
 """
 
-from estimators.common.aten_ops import (SAC_IGNORED_OPS, is_inplace_op, is_random_op, is_view_op, op_name,
-                                       written_tensors)
+from estimators.common.aten_ops import (SAC_IGNORED_OPS, backward_nodes, is_inplace_op, is_random_op, is_view_op,
+                                       op_name, written_tensors)
 from estimators.common.fsdp_units import MIXED_PRECISION, FsdpSetup, default_units, shard_model, unit_fqns
 from estimators.common.model_settings import (BATCH_VALUES_TAG, CONFIG_SETTINGS, DTYPE_NAMES, UNKNOWN_VALUES_TAG,
                                               experts_implementation, model_config, model_configs, model_dtype_name,
@@ -37,7 +37,7 @@ __all__ = [
     "SAC_IGNORED_OPS", "TEMP", "UNKNOWN_VALUES_TAG", "DecoderStage", "FsdpSetup", "PipelineSetup", "RankChunks", "StorageBook",
     "TrainingLoop", "autocast_name", "build_stages", "call_model", "decoder_parts", "default_loss",
     "default_units", "experts_implementation", "follow_storage_resizes", "is_inplace_op", "is_random_op",
-    "is_view_op", "make_optimizer", "model_config", "model_configs", "model_dtype_name", "model_settings_of",
+    "backward_nodes", "is_view_op", "make_optimizer", "model_config", "model_configs", "model_dtype_name", "model_settings_of",
     "module_fqns", "op_name", "optimizer_class", "shard_model", "stage_layer_ids", "storages_of", "switch_off_kv_cache", "tensors_in",
     "unit_fqns", "written_tensors",
 ]

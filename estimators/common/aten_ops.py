@@ -11,7 +11,8 @@ try:  # the ops the selective-checkpoint dispatch modes pass through without ask
 except ImportError:  # older torch: the same set, spelled out
     SAC_IGNORED_OPS = {torch.ops.aten.detach.default, torch.ops.prim.device.default}
 
-__all__ = ["SAC_IGNORED_OPS", "op_name", "is_view_op", "is_inplace_op", "is_random_op", "written_tensors"]
+__all__ = ["SAC_IGNORED_OPS", "backward_nodes", "op_name", "is_view_op", "is_inplace_op", "is_random_op",
+           "written_tensors"]
 
 
 def op_name(func: Any) -> str:
@@ -57,3 +58,14 @@ def written_tensors(func: Any, args: tuple, kwargs: dict) -> list[torch.Tensor]:
             x = kwargs[a.name] if a.name in kwargs else args[i] if i < len(args) else None
             out += [t for t in tree_flatten(x)[0] if isinstance(t, torch.Tensor)]
     return out
+
+
+def backward_nodes(graph: Any) -> set[Any]:
+    """The nodes of a joint fx graph (AOTAutograd's forward and backward in one) that depend on the tangents: its
+    backward."""
+    backward: set[Any] = set()
+    for node in graph.nodes:
+        if (node.op == "placeholder" and node.name.startswith("tangents")) or any(
+                a in backward for a in node.all_input_nodes):
+            backward.add(node)
+    return backward

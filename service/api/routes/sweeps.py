@@ -84,6 +84,10 @@ async def sweep_chart(sweep_id: IdPath, project: ProjectDep, factory: SessionFac
     return Response(png, media_type="image/png")
 
 
+# the request fields only plans with offload on read: the sweep's second curve plans without them
+_OFFLOAD_ONLY = ("host_link_gbps", "host_budget_gib")
+
+
 async def _plan_without_offload(factory: sessionmaker[Session], solver: SolverPool, project: str, stats_id: str,
                                 budgets: list[float], body: SweepRequest, started: float) -> None:
     """Plan ``budgets`` as ``body`` asks but without offloading, into the plan cache (the sweep's chart reads them
@@ -91,7 +95,8 @@ async def _plan_without_offload(factory: sessionmaker[Session], solver: SolverPo
     chart's second curve short, and says so in the log."""
     try:
         await cached_or_solved(factory, solver, project, stats_id, budgets,
-                               body.model_copy(update={"offload": "off", "host_link_gbps": None, "host_budget_gib": None}), started=started)
+                               body.model_copy(update={"offload": "off", **dict.fromkeys(_OFFLOAD_ONLY)}),
+                               started=started)
     except ServiceError as exc:
         log.info("sweep of stats %s: the plans without offloading were not made (%s)", stats_id, exc)
 
@@ -104,6 +109,6 @@ def _sweep_with(factory: sessionmaker[Session], project: str,
         row, stats, plans = get_sweep(session, project, sweep_id)
         if row.request.get("offload") != "on":
             return row, stats, plans, []
-        fields = {k: v for k, v in row.request.items() if k not in ("offload", "host_link_gbps", "host_budget_gib", "budgets_gib")}
+        fields = {k: v for k, v in row.request.items() if k not in ("offload", *_OFFLOAD_ONLY, "budgets_gib")}
         _, found = find_plans(session, project, row.stats_id, fields, row.request["budgets_gib"])
         return row, stats, plans, list(found.values())
