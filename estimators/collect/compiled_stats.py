@@ -64,18 +64,10 @@ def hold_shared_tensors(stats: Any, shared: list[tuple[str, tuple[str, ...], int
     compile when a later checkpointed region uses it (the partitioner saves a region's tensors a later region
     uses), which no op of its eager save list says. Counted always (it bounds the real step from above by at most
     those bytes when no later region uses it); it offsets the module's discard as its held inputs do."""
-    fqns = set(stats.fw_post_order)
-    root = next(m.fqn for m in stats.modules if m.parent is None)
-    number = 1 + max((k for m in stats.modules for k, _ in m.held_inputs or ()), default=0)
+    fqns, root, number = _fqns_root_number(stats)
     for path, others, nbytes in shared:
         around = {_fqn_of(p, root, fqns) for p in others}
-        up: str | None = _fqn_of(path, root, fqns)
-        while up is not None and up in fqns and not all(o == up or o.startswith(up + ".") for o in around):
-            m = stats.module(up)
-            m.held_input_bytes += nbytes
-            if m.held_inputs is not None:
-                m.held_inputs = [*m.held_inputs, (number, nbytes)]
-            up = m.parent
+        _hold_up(stats, fqns, _fqn_of(path, root, fqns), around, number, nbytes)
         number += 1
 
 
@@ -85,24 +77,35 @@ def hold_for_takers(stats: Any, kept_for: list[tuple[str, str, int]]) -> None:
     held by the taker and every module around it short of one around the maker: checkpointed, it keeps them
     until its backward remakes the tensor (the partitioner saves its ingredients, not the tensor). Takers
     keeping the same bytes for one maker share a tensor number, so several checkpointed ones count it once."""
-    fqns = set(stats.fw_post_order)
-    root = next(m.fqn for m in stats.modules if m.parent is None)
-    number = 1 + max((k for m in stats.modules for k, _ in m.held_inputs or ()), default=0)
+    fqns, root, number = _fqns_root_number(stats)
     numbers: dict[tuple[str, int], int] = {}
     for maker, taker, nbytes in kept_for:
         made_in = _fqn_of(maker, root, fqns)
-        up: str | None = _fqn_of(taker, root, fqns)
+        up = _fqn_of(taker, root, fqns)
         if nbytes <= 0 or up == made_in:
             continue
         if (maker, nbytes) not in numbers:
             numbers[(maker, nbytes)] = number
             number += 1
-        while up is not None and up in fqns and not (made_in == up or made_in.startswith(up + ".")):
-            m = stats.module(up)
-            m.held_input_bytes += nbytes
-            if m.held_inputs is not None:
-                m.held_inputs = [*m.held_inputs, (numbers[(maker, nbytes)], nbytes)]
-            up = m.parent
+        _hold_up(stats, fqns, up, {made_in}, numbers[(maker, nbytes)], nbytes)
+
+
+def _fqns_root_number(stats: Any) -> tuple[set[str], str, int]:
+    """The stats' module fqns, the root's, and the first tensor number no held input uses yet."""
+    fqns = set(stats.fw_post_order)
+    root = next(m.fqn for m in stats.modules if m.parent is None)
+    return fqns, root, 1 + max((k for m in stats.modules for k, _ in m.held_inputs or ()), default=0)
+
+
+def _hold_up(stats: Any, fqns: set[str], up: str | None, inner: set[str], number: int, nbytes: int) -> None:
+    """Count tensor ``number`` (``nbytes``) as held by module ``up`` and every module around it, up to (not
+    including) the first one around all of ``inner``."""
+    while up is not None and up in fqns and not all(o == up or o.startswith(up + ".") for o in inner):
+        m = stats.module(up)
+        m.held_input_bytes += nbytes
+        if m.held_inputs is not None:
+            m.held_inputs = [*m.held_inputs, (number, nbytes)]
+        up = m.parent
 
 
 def free_ops_compile_never_runs(stats: Any, graph_ops: set[str]) -> None:
